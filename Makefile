@@ -1,0 +1,46 @@
+# One entry point. `make run` runs the service on the local RabbitMQ and PostgreSQL;
+# `make test` runs lint, type checks and the whole test suite. Both set themselves up.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+
+.PHONY: run test lint typecheck pytest services migrate topology install clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed (set PYTHON=...)")'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install --quiet --upgrade pip
+	@$(PY) -m pip install --quiet -e '.[dev]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+install: $(STAMP)
+
+services:
+	@deploy/local/services.sh
+
+migrate: install services
+	@$(PY) -m consumer migrate --create-database
+
+topology: install services
+	@$(PY) -m topology apply
+
+run: migrate topology
+	@exec $(PY) -m consumer run
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+pytest: install services
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+test: lint typecheck pytest
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

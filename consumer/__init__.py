@@ -1,0 +1,22 @@
+"""Apply RabbitMQ events to PostgreSQL exactly once.
+
+Handler authors need only what is exported here::
+
+    from consumer import Envelope, PermanentError, TransientError, register
+
+    @register("inventory.restock", payload=Restock)
+    async def restock(event: Envelope[Restock], conn: Connection) -> None: ...
+"""
+
+from consumer.envelope import Envelope
+from consumer.errors import HandlerTimeout, PermanentError, TransientError
+from consumer.registry import Connection, register
+
+__all__ = [
+    "Connection",
+    "Envelope",
+    "HandlerTimeout",
+    "PermanentError",
+    "TransientError",
+    "register",
+]

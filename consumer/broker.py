@@ -1,0 +1,140 @@
+"""One connection to RabbitMQ and its two channels, for as long as the connection lives.
+
+The consume channel carries deliveries and their acks (its prefetch bounds what is in flight); the
+publish channel is in confirm mode, for retry and dead-letter copies. A :class:`BrokerSession`
+never reconnects by itself: when the connection or a channel closes, :attr:`closed` resolves and
+the service opens a new session. Delivery tags of the old channel die with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import aiormq
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractConnection,
+    AbstractIncomingMessage,
+    AbstractQueue,
+)
+
+from consumer.amqp import connect, describe_amqp_error
+from consumer.publisher import Publisher
+from consumer.settings import Settings
+from topology.apply import check_topology
+from topology.model import Topology
+
+
+class ConnectionLost(ConnectionError):
+    """The broker connection or one of the session's channels closed."""
+
+
+class BrokerSession:
+    """An open connection, a consume channel and a confirm-mode publish channel."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        topology: Topology,
+        work_queue: str,
+        on_message: Callable[[AbstractIncomingMessage], Any],
+    ) -> None:
+        self._settings = settings
+        self._topology = topology
+        self._work_queue = work_queue
+        self._on_message = on_message
+        self._connection: AbstractConnection | None = None
+        self._consume_channel: AbstractChannel | None = None
+        self._consume_underlay: Any = None
+        self._queue: AbstractQueue | None = None
+        self._consumer_tag: str | None = None
+        self.publisher: Publisher | None = None
+        self.closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def __aenter__(self) -> BrokerSession:
+        self._connection = await connect(self._settings, "consumer")
+        try:
+            self._connection.close_callbacks.add(self._closed_callback("connection"))
+            await check_topology(self._connection, self._topology)
+            self._consume_channel = await self._connection.channel(publisher_confirms=False)
+            self._consume_channel.close_callbacks.add(self._closed_callback("consume channel"))
+            await self._consume_channel.set_qos(prefetch_count=self._settings.prefetch)
+            self._consume_underlay = await self._consume_channel.get_underlay_channel()
+            self._consume_underlay.on_consumer_cancel_callbacks.add(self._cancelled_by_broker)
+            publish_channel = await self._connection.channel(
+                publisher_confirms=True, on_return_raises=True
+            )
+            publish_channel.close_callbacks.add(self._closed_callback("publish channel"))
+            self.publisher = Publisher(publish_channel, timeout=self._settings.publish_timeout)
+            self._queue = await self._consume_channel.get_queue(self._work_queue, ensure=False)
+        except BaseException:
+            await self._close()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._close()
+
+    def _closed_callback(self, what: str) -> Callable[..., None]:
+        def closed(_: object, reason: BaseException | None = None, *__: object) -> None:
+            if not self.closed.done():
+                detail = describe_amqp_error(reason) if reason is not None else "closed"
+                self.closed.set_result(f"{what} closed: {detail}")
+
+        return closed
+
+    def _cancelled_by_broker(self, _: object) -> None:
+        # The work queue was deleted (or its leader moved away): start over with a new session,
+        # whose topology check says what is missing.
+        if not self.closed.done():
+            self.closed.set_result("the broker cancelled our consumer")
+
+    async def _close(self) -> None:
+        connection, self._connection = self._connection, None
+        self._consumer_tag = None
+        if not self.closed.done():
+            self.closed.set_result("closed by the service")
+        if connection is not None and not connection.is_closed:
+            with contextlib.suppress(
+                TimeoutError, OSError, aiormq.exceptions.AMQPError, RuntimeError
+            ):
+                await asyncio.wait_for(connection.close(), timeout=5)
+
+    @property
+    def is_open(self) -> bool:
+        return self._connection is not None and not self.closed.done()
+
+    async def start_consuming(self) -> None:
+        if self._queue is None:
+            raise RuntimeError("the session is not open")
+        if self._consumer_tag is None:
+            self._consumer_tag = await self._queue.consume(self._on_message, no_ack=False)
+
+    async def stop_consuming(self) -> None:
+        """Cancel the consumer: no new deliveries; those already here stay ours to settle."""
+        tag, self._consumer_tag = self._consumer_tag, None
+        if tag is None or self._queue is None or not self.is_open:
+            return
+        # If the channel is going away, it takes the consumer with it.
+        with contextlib.suppress(
+            TimeoutError, aiormq.exceptions.AMQPError, RuntimeError, ConnectionError
+        ):
+            await self._queue.cancel(tag, timeout=self._settings.publish_timeout.total_seconds())
+
+    @property
+    def is_consuming(self) -> bool:
+        """True only if the broker still has our consumer on the work queue."""
+        channel = self._consume_channel
+        if self._consumer_tag is None or channel is None or not self.is_open or channel.is_closed:
+            return False
+        # The broker cancels a consumer when its queue is deleted: aiormq then drops the tag.
+        return self._consumer_tag in self._consume_underlay.consumers

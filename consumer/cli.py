@@ -1,0 +1,213 @@
+"""``python -m consumer {run,migrate,publish,dlq}``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+from uuid import UUID
+
+import asyncpg
+from prometheus_client import CollectorRegistry
+
+from consumer.amqp import BrokerUnreachable
+from consumer.database import database_name, describe_database_error
+from consumer.errors import ConfigError, MigrationError, PipelineFault, TopologyMissing
+from consumer.http import HttpServer, build_app
+from consumer.logs import Logger, make_logger, route_library_logs
+from consumer.metrics import Metrics
+from consumer.migrations import DEFAULT_DIRECTORY, create_database_if_missing, migrate
+from consumer.publish import PublishRequest, publish_event
+from consumer.registry import HandlerRegistry
+from consumer.service import Service
+from consumer.settings import Settings
+from consumer.startup import EXIT_CONFIG, EXIT_FAILURE, fail, load_handlers, load_settings
+from consumer.watchdog import LoopWatchdog
+
+T = TypeVar("T")
+
+EXIT_SECOND_SIGNAL = 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m consumer",
+        description="Apply RabbitMQ events to PostgreSQL exactly once.",
+        epilog="Settings come from CONSUMER_* environment variables; see the README.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("run", help="consume the work queue until SIGTERM or SIGINT")
+
+    migrate_cmd = commands.add_parser("migrate", help="apply the SQL migrations in sql/")
+    migrate_cmd.add_argument(
+        "--create-database",
+        action="store_true",
+        help="create the database named in CONSUMER_DATABASE_URL if it does not exist",
+    )
+    migrate_cmd.add_argument(
+        "--dir", type=Path, default=DEFAULT_DIRECTORY, help="migrations folder"
+    )
+
+    publish_cmd = commands.add_parser("publish", help="publish one event by hand")
+    publish_cmd.add_argument("--type", required=True, help="event type, also the routing key")
+    body = publish_cmd.add_mutually_exclusive_group(required=True)
+    body.add_argument("--payload", help="the payload as a JSON object")
+    body.add_argument("--raw-body", help="send this exact body instead of an envelope")
+    publish_cmd.add_argument("--event-id", type=UUID, help="defaults to a new UUID")
+    publish_cmd.add_argument("--correlation-id")
+
+    from consumer.dlq_cli import add_dlq_parser
+
+    add_dlq_parser(commands)
+    return parser
+
+
+def _event_loop_run(coroutine: Coroutine[Any, Any, T]) -> T:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = _parser().parse_args(argv)
+    settings = load_settings()
+    if arguments.command == "run":
+        return _run(settings)
+    if arguments.command == "migrate":
+        return asyncio.run(_migrate(settings, arguments.dir, arguments.create_database))
+    if arguments.command == "publish":
+        return asyncio.run(_publish(settings, arguments))
+    from consumer.dlq_cli import run_dlq
+
+    return run_dlq(settings, arguments)
+
+
+# -- run ----------------------------------------------------------------------------------------
+
+
+def _run(settings: Settings) -> int:
+    registry = load_handlers(settings)
+    logger = make_logger(settings)
+    route_library_logs(logger)
+    metrics = Metrics(CollectorRegistry(), registry)
+    return _event_loop_run(serve(settings, registry, logger, metrics))
+
+
+async def serve(
+    settings: Settings, registry: HandlerRegistry, logger: Logger, metrics: Metrics
+) -> int:
+    """Run the service until SIGTERM or SIGINT; a second signal exits at once."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals_seen = 0
+
+    def on_signal(received: signal.Signals) -> None:
+        nonlocal signals_seen
+        signals_seen += 1
+        if signals_seen == 1:
+            logger.info("stopping: finishing in-flight messages", signal=received.name)
+            stop.set()
+            return
+        logger.warning("second signal: exiting now", signal=received.name)
+        sys.stdout.flush()
+        os._exit(EXIT_SECOND_SIGNAL)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+
+    service = Service(settings=settings, registry=registry, logger=logger, metrics=metrics)
+    logger.info("starting", settings=settings.describe(), handlers=list(registry))
+    try:
+        async with (
+            LoopWatchdog(limit=settings.hard_timeout.total_seconds(), logger=logger),
+            HttpServer(
+                build_app(metrics.registry, service.readiness),
+                host=settings.http_host,
+                port=settings.http_port,
+            ),
+        ):
+            logger.info("serving HTTP", host=settings.http_host, port=settings.http_port)
+            await service.run(stop)
+    except OSError as error:
+        return _fatal(
+            logger,
+            f"CONSUMER_HTTP_HOST/CONSUMER_HTTP_PORT: cannot listen on "
+            f"{settings.http_host}:{settings.http_port}: {error.strerror or error}",
+            EXIT_CONFIG,
+        )
+    except ConfigError as error:
+        return _fatal(logger, str(error), EXIT_CONFIG)
+    except (TopologyMissing, PipelineFault, BrokerUnreachable) as error:
+        return _fatal(logger, str(error), EXIT_FAILURE)
+    logger.info("stopped")
+    return 0
+
+
+def _fatal(logger: Logger, message: str, code: int) -> int:
+    logger.error("cannot run", error=message)
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+# -- migrate ------------------------------------------------------------------------------------
+
+
+async def _migrate(settings: Settings, directory: Path, create_database: bool) -> int:
+    dsn = settings.database_url.get_secret_value()
+    try:
+        if create_database:
+            name = database_name(settings)
+            admin = await asyncpg.connect(dsn, database="postgres")
+            try:
+                if await create_database_if_missing(admin, name):
+                    print(f"created database {name}")
+            finally:
+                await admin.close()
+        conn = await asyncpg.connect(dsn)
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+        fail(f"cannot connect to {settings.safe_database_url}: {describe_database_error(error)}")
+    try:
+        applied = await migrate(conn, directory)
+    except MigrationError as error:
+        fail(str(error))
+    finally:
+        await conn.close()
+    for filename in applied:
+        print(f"applied {filename}")
+    if not applied:
+        print("database is up to date")
+    return 0
+
+
+# -- publish ------------------------------------------------------------------------------------
+
+
+async def _publish(settings: Settings, arguments: argparse.Namespace) -> int:
+    if arguments.payload is not None:
+        try:
+            payload = json.loads(arguments.payload)
+        except json.JSONDecodeError as error:
+            fail(f"--payload is not JSON: {error}", EXIT_CONFIG)
+        if not isinstance(payload, dict):
+            fail("--payload must be a JSON object", EXIT_CONFIG)
+    request = PublishRequest(
+        event_type=arguments.type,
+        payload=payload if arguments.payload is not None else None,
+        raw_body=arguments.raw_body.encode() if arguments.raw_body is not None else None,
+        event_id=arguments.event_id,
+        correlation_id=arguments.correlation_id,
+    )
+    try:
+        event_id = await publish_event(settings, request)
+    except (BrokerUnreachable, ConfigError) as error:
+        fail(str(error))
+    print(event_id)
+    return 0

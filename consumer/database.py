@@ -1,0 +1,132 @@
+"""The PostgreSQL connection pool, and the translation of "cannot reach it" into one error type."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from types import TracebackType
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+import asyncpg
+
+from consumer.errors import ConfigError, DatabaseUnavailable
+from consumer.redact import scrub
+from consumer.settings import Settings
+
+Connection = asyncpg.Connection
+
+# Connecting can fail like this without anything being wrong with the settings.
+_CONNECT_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.ConnectionDoesNotExistError,
+)
+
+# These mean the settings are wrong: waiting will not help.
+_CONFIG_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.InvalidCatalogNameError,
+    asyncpg.InvalidAuthorizationSpecificationError,
+    asyncpg.InvalidPasswordError,
+    asyncpg.InsufficientPrivilegeError,
+)
+
+ACQUIRE_TIMEOUT = 5.0
+PROBE_TIMEOUT = 2.0
+
+
+def describe_database_error(error: BaseException) -> str:
+    text = str(error) or type(error).__name__
+    return scrub(f"{type(error).__name__}: {text}")
+
+
+def database_name(settings: Settings) -> str:
+    return urlsplit(settings.database_url.get_secret_value()).path.lstrip("/") or "postgres"
+
+
+class Database:
+    """A pool of at most ``CONSUMER_DB_POOL_SIZE`` connections, opened lazily.
+
+    The pool starts empty so the service can start while the database is down: it pauses and
+    probes instead of exiting.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._pool: asyncpg.Pool[Any] | None = None
+
+    async def __aenter__(self) -> Database:
+        if self._pool is not None:
+            raise RuntimeError("Database is already open")
+        self._pool = await asyncpg.create_pool(
+            self._settings.database_url.get_secret_value(),
+            min_size=0,
+            max_size=self._settings.db_pool_size,
+            # Handlers run under the soft time limit; this only stops a hung server holding a
+            # connection forever.
+            command_timeout=self._settings.hard_timeout.total_seconds() * 3,
+            server_settings={"application_name": self._settings.name},
+        )
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        try:
+            await asyncio.wait_for(pool.close(), timeout=5)
+        except (TimeoutError, OSError, asyncpg.PostgresError):
+            pool.terminate()
+
+    @property
+    def pool(self) -> asyncpg.Pool[Any]:
+        if self._pool is None:
+            raise RuntimeError("Database is not open")
+        return self._pool
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[asyncpg.Connection[Any]]:
+        """A pooled connection; :class:`DatabaseUnavailable` when none can be had."""
+        try:
+            conn = await self.pool.acquire(timeout=ACQUIRE_TIMEOUT)
+        except _CONFIG_ERRORS as error:
+            raise ConfigError(f"CONSUMER_DATABASE_URL: {describe_database_error(error)}") from None
+        except _CONNECT_ERRORS as error:
+            raise DatabaseUnavailable(describe_database_error(error)) from error
+        try:
+            # A pooled proxy that forwards to asyncpg.Connection; handlers see it as one.
+            yield cast("asyncpg.Connection[Any]", conn)
+        finally:
+            # A broken connection makes release raise after the pool has terminated it.
+            with contextlib.suppress(Exception):
+                await self.pool.release(conn)
+
+    async def probe(self) -> None:
+        """Raise :class:`DatabaseUnavailable` unless the database answers."""
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT), self.connection() as conn:
+                await conn.fetchval("SELECT 1")
+        except _CONNECT_ERRORS as error:
+            raise DatabaseUnavailable(describe_database_error(error)) from error
+
+    @property
+    def size(self) -> int:
+        return self._pool.get_size() if self._pool is not None else 0
+
+    @property
+    def in_use(self) -> int:
+        if self._pool is None:
+            return 0
+        return self._pool.get_size() - self._pool.get_idle_size()

@@ -1,0 +1,184 @@
+"""``python -m consumer dlq {list,show,replay,purge}``: the operator's tools for ``<name>.dead``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+import aiormq
+
+from consumer.amqp import BrokerUnreachable, connect
+from consumer.dlq import DeadLetterQueue, DeadMessage, Selection, counts, replay
+from consumer.durations import parse_duration
+from consumer.publisher import Publisher
+from consumer.settings import Settings
+from consumer.startup import EXIT_CONFIG, fail, load_handlers
+from topology.plan import names_for
+
+
+def _since(value: str) -> datetime:
+    """``--since 2h`` (that long ago) or ``--since 2026-11-29T10:00:00+00:00``."""
+    try:
+        return datetime.now(UTC) - parse_duration(value)
+    except ValueError:
+        pass
+    try:
+        stamp = datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is neither a duration (2h) nor a timestamp"
+        ) from None
+    return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
+
+
+def _add_filters(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--reason", help="e.g. permanent_failure, retries_exhausted, not_json")
+    parser.add_argument("--type", help="event type")
+    parser.add_argument(
+        "--since", type=_since, help="dead-lettered within (2h) or after (ISO time)"
+    )
+
+
+def add_dlq_parser(commands: Any) -> None:
+    dlq = commands.add_parser(
+        "dlq",
+        help="inspect, replay or purge the dead-letter queue",
+        description="Browsing holds the messages unacked and returns them in order; nothing is "
+        "removed except by replay or purge.",
+    )
+    actions = dlq.add_subparsers(dest="dlq_command", required=True)
+
+    list_cmd = actions.add_parser("list", help="list dead letters with counts by reason and type")
+    _add_filters(list_cmd)
+    list_cmd.add_argument("--json", action="store_true", help="one JSON object per line")
+
+    show = actions.add_parser("show", help="headers, body and why it failed")
+    show.add_argument("id", help="event id or message id")
+
+    replay_cmd = actions.add_parser(
+        "replay", help="send dead letters back to the ingress exchange, attempts reset"
+    )
+    replay_cmd.add_argument("ids", nargs="*", help="event ids or message ids")
+    _add_filters(replay_cmd)
+    replay_cmd.add_argument("--all", action="store_true", help="replay every dead letter")
+    replay_cmd.add_argument("--dry-run", action="store_true", help="say what would be replayed")
+
+    purge = actions.add_parser("purge", help="delete every dead letter")
+    purge.add_argument("--yes", action="store_true", help="do not ask")
+
+
+def _selection(arguments: argparse.Namespace) -> Selection:
+    return Selection(
+        ids=frozenset(getattr(arguments, "ids", None) or ()),
+        reason=arguments.reason,
+        type=arguments.type,
+        since=arguments.since,
+        everything=getattr(arguments, "all", False),
+    )
+
+
+def run_dlq(settings: Settings, arguments: argparse.Namespace) -> int:
+    if arguments.dlq_command == "replay" and _selection(arguments).empty:
+        fail("say what to replay: ids, --reason, --type, --since or --all", EXIT_CONFIG)
+    if arguments.dlq_command == "purge" and not arguments.yes:
+        answer = input(f"Delete every message in {names_for(settings).dead}? Type 'yes': ")
+        if answer.strip().lower() != "yes":
+            print("nothing deleted")
+            return 1
+    try:
+        return asyncio.run(_run(settings, arguments))
+    except BrokerUnreachable as error:
+        fail(str(error))
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        fail(f"{names_for(settings).dead} does not exist: run `python -m topology apply`")
+
+
+async def _run(settings: Settings, arguments: argparse.Namespace) -> int:
+    registry = load_handlers(settings)
+    names = names_for(settings)
+    connection = await connect(settings, "dlq")
+    try:
+        async with DeadLetterQueue(
+            connection, queue=names.dead, registry=registry, max_body_bytes=settings.max_body_bytes
+        ) as dead:
+            command = arguments.dlq_command
+            if command == "purge":
+                print(f"purged {await dead.purge()} messages from {names.dead}")
+                return 0
+            letters = await dead.read()
+            if command == "list":
+                return _list(letters, _selection(arguments), as_json=arguments.json)
+            if command == "show":
+                return _show(letters, arguments.id)
+            chosen = [letter for letter in letters if _selection(arguments).matches(letter)]
+            if arguments.dry_run:
+                for letter in chosen:
+                    print(
+                        f"would replay {letter.id} {letter.type} -> {settings.exchange} "
+                        f"{letter.original_routing_key!r} ({letter.reason})"
+                    )
+                print(f"{len(chosen)} of {len(letters)} would be replayed")
+                return 0
+            channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+            publisher = Publisher(channel, timeout=settings.publish_timeout)
+            result = await replay(dead, chosen, publisher, exchange=settings.exchange)
+            for letter in result.replayed:
+                print(f"replayed {letter.id} {letter.type} -> {letter.original_routing_key!r}")
+            for letter, error in result.failed:
+                print(f"kept     {letter.id}: {error}", file=sys.stderr)
+            print(
+                f"replayed {len(result.replayed)}, kept {len(result.failed)} after a failed publish"
+            )
+            return 0 if not result.failed else 1
+    finally:
+        await connection.close()
+
+
+def _list(letters: list[DeadMessage], selection: Selection, *, as_json: bool) -> int:
+    chosen = [letter for letter in letters if selection.matches(letter)]
+    if as_json:
+        for letter in chosen:
+            print(json.dumps(letter.summary()))
+        return 0
+    for letter in chosen:
+        row = letter.summary()
+        print(
+            f"{row['id']:<36}  {row['type'] or '?'!s:<24}  {row['reason']:<18}  "
+            f"attempts={row['attempts']}  at={row['dead_lettered_at'] or '?'}  "
+            f"{row['error_class'] or ''} {(row['error'] or '')[:80]}"
+        )
+    by_reason, by_type = counts(chosen)
+    print(f"{len(chosen)} dead letters (of {len(letters)} in the queue)")
+    print("by reason: " + (", ".join(f"{k}={v}" for k, v in by_reason.most_common()) or "-"))
+    print("by type:   " + (", ".join(f"{k}={v}" for k, v in by_type.most_common()) or "-"))
+    return 0
+
+
+def _show(letters: list[DeadMessage], ident: str) -> int:
+    matches = [
+        letter for letter in letters if ident in (letter.id, letter.event_id, letter.message_id)
+    ]
+    if not matches:
+        print(f"no dead letter with id {ident}", file=sys.stderr)
+        return 1
+    for letter in matches:
+        print(f"id:              {letter.id}")
+        print(f"type:            {letter.type or '?'}")
+        print(f"reason:          {letter.reason}")
+        print(f"attempts:        {letter.attempts}")
+        print(f"dead-lettered:   {letter.dead_lettered_at or '?'}")
+        print(f"original:        {letter.original_exchange or '?'} {letter.original_routing_key!r}")
+        print(f"error:           {letter.error_class or ''} {letter.error_message or ''}".rstrip())
+        if letter.poison_detail:
+            print(f"parse error:     {letter.poison_detail}")
+        print(f"browsed:         {letter.deliveries} times")
+        print("headers:")
+        for key, value in sorted(letter.headers.items()):
+            print(f"  {key}: {value}")
+        print("body:")
+        print("  " + letter.body.decode("utf-8", errors="backslashreplace")[:4000])
+    return 0

@@ -1,0 +1,37 @@
+"""``notification.requested``: record a notification for a sender to pick up."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import asyncpg
+from pydantic import BaseModel, ConfigDict, Field
+
+from consumer.envelope import Envelope
+from consumer.registry import register
+
+
+class NotificationRequested(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    recipient: str = Field(min_length=1, max_length=320)
+    template: str = Field(min_length=1, max_length=100)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+_INSERT = """
+INSERT INTO notifications (event_id, recipient, template, params)
+VALUES ($1, $2, $3, $4::jsonb)
+"""
+
+
+@register("notification.requested", payload=NotificationRequested)
+async def notification_requested(
+    event: Envelope[NotificationRequested], conn: asyncpg.Connection[Any]
+) -> None:
+    """Insert the notification row: the auditable task a sender delivers and marks sent."""
+    payload = event.payload
+    await conn.execute(
+        _INSERT, event.event_id, payload.recipient, payload.template, json.dumps(payload.params)
+    )

@@ -1,0 +1,153 @@
+"""The message headers the service reads and writes.
+
+The service's own headers are named ``consumer-*``: RabbitMQ 4 ignores (and may strip) client-set
+``x-*`` headers, and headers-exchange bindings never match on them. The attempt count is read from
+:data:`ATTEMPT`, never from ``x-death``, whose shape differs between broker versions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+ATTEMPT = "consumer-attempt"
+"""Retries published so far for this event (absent on the first delivery)."""
+RETRY_RUNG = "consumer-retry-rung"
+"""The rung a retry copy is for (``5s``); the retry exchange routes on it."""
+FIRST_FAILURE_AT = "consumer-first-failure-at"
+LAST_FAILURE_AT = "consumer-last-failure-at"
+ERROR_CLASS = "consumer-error-class"
+ERROR_MESSAGE = "consumer-error-message"
+REASON = "consumer-dead-reason"
+"""Why the service dead-lettered the event: ``permanent_failure`` or ``retries_exhausted``."""
+ORIGINAL_EXCHANGE = "consumer-original-exchange"
+ORIGINAL_ROUTING_KEY = "consumer-original-routing-key"
+SERVICE = "consumer-service"
+DEAD_LETTERED_AT = "consumer-dead-lettered-at"
+REPLAYS = "consumer-replays"
+"""How many times an operator replayed this event from the dead-letter queue."""
+
+_FAILURE_HEADERS = (
+    ATTEMPT,
+    RETRY_RUNG,
+    FIRST_FAILURE_AT,
+    LAST_FAILURE_AT,
+    ERROR_CLASS,
+    ERROR_MESSAGE,
+    REASON,
+    DEAD_LETTERED_AT,
+)
+
+ERROR_MESSAGE_LIMIT = 500
+MAX_ATTEMPT = 10_000
+
+Headers = dict[str, Any]
+
+
+def text(value: object) -> str | None:
+    """A header value as text: AMQP gives strings as ``str`` or ``bytes``."""
+    if value is None:
+        return None
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", errors="replace")
+    return str(value)
+
+
+def attempts_so_far(headers: Mapping[str, Any] | None) -> int:
+    """Retries already published for this event (:data:`ATTEMPT`); 0 if absent or unreadable."""
+    if not headers:
+        return 0
+    value = headers.get(ATTEMPT)
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return min(max(value, 0), MAX_ATTEMPT)
+    raw = text(value)
+    if raw is None or not raw.strip().isdigit():
+        return 0
+    return min(int(raw.strip()), MAX_ATTEMPT)
+
+
+def without_broker_headers(headers: Mapping[str, Any] | None) -> Headers:
+    """The headers minus every ``x-*`` one: ``x-death``, ``x-first-death-*``, ``x-delivery-count``.
+
+    A republished copy must not carry ``x-death``: RabbitMQ drops a message dead-lettered into a
+    queue it already passed through when the cycle holds no rejection, which is what a
+    retried-then-replayed message looks like.
+    """
+    return {
+        key: value for key, value in (headers or {}).items() if not key.lower().startswith("x-")
+    }
+
+
+def truncate(message: str, limit: int = ERROR_MESSAGE_LIMIT) -> str:
+    """One line of at most ``limit`` characters."""
+    flat = " ".join(message.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _failure(
+    headers: Mapping[str, Any] | None, error_class: str, error_message: str, now: str
+) -> Headers:
+    copy = without_broker_headers(headers)
+    copy.setdefault(FIRST_FAILURE_AT, now)
+    copy[LAST_FAILURE_AT] = now
+    copy[ERROR_CLASS] = error_class
+    copy[ERROR_MESSAGE] = truncate(error_message)
+    return copy
+
+
+def retry_headers(
+    headers: Mapping[str, Any] | None,
+    *,
+    attempt: int,
+    rung: str,
+    error_class: str,
+    error_message: str,
+    original_exchange: str,
+    original_routing_key: str,
+    now: datetime,
+) -> Headers:
+    """Headers for the copy published to a retry rung."""
+    copy = _failure(headers, error_class, error_message, now.isoformat())
+    copy[ATTEMPT] = attempt
+    copy[RETRY_RUNG] = rung
+    copy.setdefault(ORIGINAL_EXCHANGE, original_exchange)
+    copy.setdefault(ORIGINAL_ROUTING_KEY, original_routing_key)
+    return copy
+
+
+def dead_letter_headers(
+    headers: Mapping[str, Any] | None,
+    *,
+    reason: str,
+    attempts: int,
+    error_class: str,
+    error_message: str,
+    original_exchange: str,
+    original_routing_key: str,
+    service: str,
+    now: datetime,
+) -> Headers:
+    """Headers for the copy published to the dead-letter exchange: what an operator needs."""
+    stamp = now.isoformat()
+    copy = _failure(headers, error_class, error_message, stamp)
+    copy.pop(RETRY_RUNG, None)
+    copy[REASON] = reason
+    copy[ATTEMPT] = attempts
+    copy[DEAD_LETTERED_AT] = stamp
+    copy[SERVICE] = service
+    copy.setdefault(ORIGINAL_EXCHANGE, original_exchange)
+    copy.setdefault(ORIGINAL_ROUTING_KEY, original_routing_key)
+    return copy
+
+
+def replay_headers(headers: Mapping[str, Any] | None) -> Headers:
+    """Headers for a dead letter sent back for another try: failure state gone, attempts reset."""
+    copy = without_broker_headers(headers)
+    replays = attempts_so_far({ATTEMPT: copy.get(REPLAYS)})
+    for key in _FAILURE_HEADERS:
+        copy.pop(key, None)
+    copy[REPLAYS] = replays + 1
+    return copy

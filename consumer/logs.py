@@ -1,0 +1,103 @@
+"""Structured logs: JSON lines on stdout, or a readable console form when stdout is a terminal.
+
+The logger is built in ``main()`` and passed in; nothing here is configured at import. Every string
+that goes out passes :func:`consumer.redact.scrub`, so a password in a URL never reaches a log.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Mapping, MutableMapping
+from typing import Any, TextIO
+
+import structlog
+from structlog.typing import EventDict, FilteringBoundLogger, Processor, WrappedLogger
+
+from consumer.redact import scrub
+from consumer.settings import Settings
+
+Logger = FilteringBoundLogger
+
+_LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING}
+_LEVELS["ERROR"] = logging.ERROR
+
+
+def _scrub_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, Mapping):
+        return {key: _scrub_value(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_scrub_value(item) for item in value]
+    return value
+
+
+def scrub_secrets(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+    """Replace the password of every URL in every value with ``***``."""
+    return {key: _scrub_value(value) for key, value in event_dict.items()}
+
+
+def _processors(console: bool) -> list[Processor]:
+    shared: list[Processor] = [
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    if console:
+        return [
+            *shared,
+            structlog.processors.format_exc_info,
+            scrub_secrets,
+            structlog.dev.ConsoleRenderer(colors=False),
+        ]
+    return [
+        *shared,
+        structlog.processors.dict_tracebacks,
+        scrub_secrets,
+        structlog.processors.JSONRenderer(),
+    ]
+
+
+def _wants_console(settings: Settings, stream: TextIO) -> bool:
+    if settings.log_format == "auto":
+        return stream.isatty()
+    return settings.log_format == "console"
+
+
+def make_logger(settings: Settings, stream: TextIO | None = None) -> Logger:
+    """The service's logger, writing to ``stream`` (stdout by default) at ``CONSUMER_LOG_LEVEL``."""
+    out = stream if stream is not None else sys.stdout
+    logger: Logger = structlog.wrap_logger(
+        structlog.PrintLogger(out),
+        processors=_processors(_wants_console(settings, out)),
+        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[settings.log_level]),
+        cache_logger_on_first_use=False,
+    )
+    return logger.bind(service=settings.name)
+
+
+class _LibraryHandler(logging.Handler):
+    """Sends the libraries' stdlib log records (aio-pika, asyncpg) through the service's logger."""
+
+    def __init__(self, logger: Logger) -> None:
+        super().__init__()
+        self._logger = logger
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            fields: MutableMapping[str, Any] = {"logger": record.name}
+            if record.exc_info and record.exc_info[1] is not None:
+                fields["error"] = repr(record.exc_info[1])
+            self._logger.log(record.levelno, record.getMessage(), **fields)
+        except Exception:
+            self.handleError(record)
+
+
+def route_library_logs(logger: Logger, level: str = "WARNING") -> None:
+    """Send warnings and errors from the libraries through ``logger`` as JSON (called in main)."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, _LibraryHandler):
+            root.removeHandler(handler)
+    root.addHandler(_LibraryHandler(logger))
+    root.setLevel(_LEVELS.get(level, logging.WARNING))

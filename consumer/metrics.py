@@ -1,0 +1,123 @@
+"""Prometheus metrics, registered on a registry that is passed in (never the global one).
+
+Labels stay low-cardinality: event types come from the registered handlers only (anything else is
+``unknown``), outcomes and reasons are fixed sets, rungs are the configured ladder.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable, Iterable
+from importlib import metadata
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from consumer.outcome import OutcomeKind
+
+UNKNOWN_TYPE = "unknown"
+
+_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 20)
+_LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+
+
+def package_version() -> str:
+    try:
+        return metadata.version("rabbit-pg-consumer")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+class Metrics:
+    """Every metric the service exports, named ``consumer_*``."""
+
+    def __init__(self, registry: CollectorRegistry, event_types: Iterable[str]) -> None:
+        self.registry = registry
+        self._known_types = frozenset(event_types)
+        self.messages = Counter(
+            "consumer_messages_total",
+            "Messages by event type and outcome.",
+            ["type", "outcome"],
+            registry=registry,
+        )
+        self.handler_duration = Histogram(
+            "consumer_handler_duration_seconds",
+            "Time spent in the handler, inside the transaction.",
+            ["type"],
+            buckets=_DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.lag = Histogram(
+            "consumer_event_lag_seconds",
+            "From the event's occurred_at to the commit of its effect.",
+            ["type"],
+            buckets=_LAG_BUCKETS,
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "consumer_in_flight", "Deliveries received and not yet settled.", registry=registry
+        )
+        self.retries = Counter(
+            "consumer_retries_published_total",
+            "Copies published to a retry rung, by rung.",
+            ["rung"],
+            registry=registry,
+        )
+        self.redeliveries = Counter(
+            "consumer_redeliveries_total",
+            "Deliveries the broker flagged as redelivered.",
+            registry=registry,
+        )
+        self.dead_letters = Counter(
+            "consumer_dead_letters_total",
+            "Messages sent to the dead-letter exchange, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.publish_failures = Counter(
+            "consumer_publish_failures_total",
+            "Retry or dead-letter publishes not confirmed (the original was returned).",
+            registry=registry,
+        )
+        self.settle_lost = Counter(
+            "consumer_settle_lost_total",
+            "Acks or nacks not sent because their channel had closed (the broker redelivers).",
+            registry=registry,
+        )
+        self.broker_connected = Gauge(
+            "consumer_broker_connected", "1 while connected to RabbitMQ.", registry=registry
+        )
+        self.consuming = Gauge(
+            "consumer_consuming",
+            "1 while a consumer is registered on the work queue.",
+            registry=registry,
+        )
+        self.paused = Gauge(
+            "consumer_paused",
+            "1 while consumption is paused because the database cannot be reached.",
+            registry=registry,
+        )
+        self.pool_in_use = Gauge(
+            "consumer_db_pool_in_use", "Database connections checked out.", registry=registry
+        )
+        self.pool_size = Gauge(
+            "consumer_db_pool_size", "Database connections open in the pool.", registry=registry
+        )
+        self.build_info = Gauge(
+            "consumer_build_info",
+            "Always 1; the labels say what is running.",
+            ["version", "python"],
+            registry=registry,
+        )
+        self.build_info.labels(version=package_version(), python=platform.python_version()).set(1)
+
+    def type_label(self, event_type: str | None) -> str:
+        """The event type if a handler is registered for it, else ``unknown`` (bounded labels)."""
+        return event_type if event_type in self._known_types else UNKNOWN_TYPE
+
+    def count(self, event_type: str | None, outcome: OutcomeKind) -> None:
+        self.messages.labels(type=self.type_label(event_type), outcome=outcome.value).inc()
+
+    def watch_pool(self, size: Callable[[], int], in_use: Callable[[], int]) -> None:
+        """Read the pool's numbers at scrape time."""
+        self.pool_size.set_function(size)
+        self.pool_in_use.set_function(in_use)

@@ -1,0 +1,204 @@
+"""Receipt + effect in one transaction, and the verdict on each delivery.
+
+::
+
+    parse (bytes -> envelope -> handler's payload model) --invalid--> Rejected (poison)
+    BEGIN
+      INSERT receipt ON CONFLICT DO NOTHING --already there--> Applied(duplicate)
+      handler(event, conn) under the soft time limit
+    COMMIT -------------------------------------------------> Applied
+    the handler raised: ROLLBACK -> Failed(error, policy's decision)
+
+Several deliveries can share one transaction (``CONSUMER_BATCH_SIZE``): each runs in a savepoint,
+so a failing one rolls back only itself. If the commit itself fails, each is applied again alone.
+Nothing here talks to the broker; :mod:`consumer.settle` turns verdicts into acks and publishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+from consumer.database import Database
+from consumer.delivery import Delivery
+from consumer.durations import format_duration
+from consumer.envelope import Envelope, Poison, check_content_type, parse_envelope
+from consumer.errors import (
+    ConfigError,
+    DatabaseUnavailable,
+    ErrorKind,
+    HandlerTimeout,
+    PipelineFault,
+    classify,
+)
+from consumer.headers import attempts_so_far
+from consumer.outcome import Applied, Failed, Outcome, Rejected, Verdict
+from consumer.registry import Handler, HandlerRegistry
+from consumer.retry import RetryPolicy
+from consumer.settings import Settings
+
+_INSERT_RECEIPT = """
+INSERT INTO receipts (consumer, event_id, type) VALUES ($1, $2, $3)
+ON CONFLICT DO NOTHING
+RETURNING true
+"""
+
+
+@dataclass(slots=True)
+class _Ready:
+    """A delivery that parsed: its handler and its bound event."""
+
+    delivery: Delivery
+    handler: Handler
+    event: Envelope[Any]
+    handler_seconds: float | None = None
+
+
+class _ApplyAlone(Exception):
+    """The batch's transaction failed as a whole; apply each event in its own."""
+
+
+class Pipeline:
+    """Applies deliveries to the database and returns one :class:`Outcome` per delivery."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        registry: HandlerRegistry,
+        database: Database,
+        policy: RetryPolicy,
+    ) -> None:
+        self._consumer = settings.name
+        self._max_body = settings.max_body_bytes
+        self._default_timeout = settings.handler_timeout.total_seconds()
+        self._registry = registry
+        self._database = database
+        self._policy = policy
+
+    def prepare(self, delivery: Delivery) -> tuple[Handler, Envelope[Any]]:
+        """Parse and bind a delivery, or raise :class:`Poison`."""
+        message = delivery.message
+        check_content_type(message.content_type, message.content_encoding)
+        raw = parse_envelope(delivery.body, max_bytes=self._max_body)
+        return self._registry.resolve(raw)
+
+    async def process(self, deliveries: Sequence[Delivery]) -> list[Outcome]:
+        """Verdicts for ``deliveries``, in their order."""
+        outcomes: dict[int, Outcome] = {}
+        ready: list[tuple[int, _Ready]] = []
+        for index, delivery in enumerate(deliveries):
+            try:
+                handler, event = self.prepare(delivery)
+            except Poison as poison:
+                outcomes[index] = Outcome(delivery, Rejected(poison))
+            else:
+                ready.append((index, _Ready(delivery, handler, event)))
+        if ready:
+            verdicts = await self._apply([item for _, item in ready])
+            for (index, item), verdict in zip(ready, verdicts, strict=True):
+                outcomes[index] = Outcome(item.delivery, verdict, item.event, item.handler_seconds)
+        return [outcomes[index] for index in range(len(deliveries))]
+
+    async def _apply(self, items: list[_Ready]) -> list[Verdict]:
+        if len(items) == 1:
+            return [await self._apply_alone(items[0])]
+        try:
+            return await self._apply_together(items)
+        except _ApplyAlone:
+            return [await self._apply_alone(item) for item in items]
+
+    async def _apply_alone(self, item: _Ready) -> Verdict:
+        try:
+            async with self._database.connection() as conn:
+                try:
+                    async with conn.transaction():
+                        fresh = await self._apply_one(conn, item)
+                except Exception as error:
+                    _raise_if_connection_lost(conn, error)
+                    raise
+        except (ConfigError, PipelineFault):
+            raise
+        except Exception as error:
+            return self._failed(item, error)
+        return Applied(duplicate=not fresh, committed_at=datetime.now(UTC))
+
+    async def _apply_together(self, items: list[_Ready]) -> list[Verdict]:
+        verdicts: list[Verdict | None] = [None] * len(items)
+        try:
+            async with self._database.connection() as conn:
+                try:
+                    async with conn.transaction():
+                        for index, item in enumerate(items):
+                            try:
+                                async with conn.transaction():  # a savepoint per event
+                                    fresh = await self._apply_one(conn, item)
+                            except (ConfigError, PipelineFault):
+                                raise
+                            except Exception as error:
+                                _raise_if_connection_lost(conn, error)
+                                if classify(error) is ErrorKind.UNAVAILABLE:
+                                    raise
+                                verdicts[index] = self._failed(item, error)
+                            else:
+                                verdicts[index] = Applied(not fresh, _EPOCH)
+                except Exception as error:
+                    _raise_if_connection_lost(conn, error)
+                    raise
+        except (ConfigError, PipelineFault):
+            raise
+        except Exception as error:
+            if classify(error) is ErrorKind.UNAVAILABLE:
+                return [self._failed(item, error) for item in items]
+            raise _ApplyAlone from error
+        committed_at = datetime.now(UTC)
+        return [
+            Applied(v.duplicate, committed_at) if isinstance(v, Applied) else v
+            for v in verdicts
+            if v is not None
+        ]
+
+    async def _apply_one(self, conn: asyncpg.Connection[Any], item: _Ready) -> bool:
+        """Insert the receipt and, if it is new, run the handler. True if the effect was applied."""
+        event = item.event
+        try:
+            fresh = await conn.fetchval(_INSERT_RECEIPT, self._consumer, event.event_id, event.type)
+        except Exception as error:
+            if classify(error) is ErrorKind.PERMANENT:
+                # Not the event's fault: the receipts table itself is broken or missing.
+                raise PipelineFault(f"cannot write receipts: {error}") from error
+            raise
+        if not fresh:
+            return False
+        handler = item.handler
+        limit = handler.timeout.total_seconds() if handler.timeout else self._default_timeout
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(limit):
+                await handler.func(event, conn)
+        except TimeoutError as error:
+            if time.perf_counter() - started >= limit:
+                shown = format_duration(timedelta(seconds=limit))
+                raise HandlerTimeout(f"{handler.qualname} ran past its {shown} limit") from error
+            raise
+        finally:
+            item.handler_seconds = time.perf_counter() - started
+        return True
+
+    def _failed(self, item: _Ready, error: BaseException) -> Failed:
+        attempts = attempts_so_far(item.delivery.message.headers)
+        return Failed(error, self._policy.decide(error, attempts), attempts)
+
+
+_EPOCH = datetime.fromtimestamp(0, UTC)
+
+
+def _raise_if_connection_lost(conn: asyncpg.Connection[Any], error: BaseException) -> None:
+    if conn.is_closed() and not isinstance(error, DatabaseUnavailable):
+        raise DatabaseUnavailable(f"the database connection was lost: {error}") from error

@@ -1,0 +1,87 @@
+"""Publishing events the way producers should: persistent, JSON, routing key = type, confirmed."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import DeliveryMode
+
+from consumer.amqp import connect
+from consumer.errors import ConfigError, PublishFailed
+from consumer.publisher import Publisher
+from consumer.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class PublishRequest:
+    event_type: str
+    payload: dict[str, Any] | None = None
+    raw_body: bytes | None = None
+    event_id: uuid.UUID | None = None
+    correlation_id: str | None = None
+
+
+def envelope_body(
+    event_type: str,
+    payload: dict[str, Any],
+    *,
+    event_id: uuid.UUID,
+    occurred_at: datetime | None = None,
+    correlation_id: str | None = None,
+) -> bytes:
+    """The JSON envelope producers publish."""
+    envelope: dict[str, Any] = {
+        "event_id": str(event_id),
+        "type": event_type,
+        "occurred_at": (occurred_at or datetime.now(UTC)).isoformat(),
+        "payload": payload,
+    }
+    if correlation_id is not None:
+        envelope["correlation_id"] = correlation_id
+    return json.dumps(envelope, separators=(",", ":")).encode()
+
+
+def event_message(body: bytes, *, message_id: str | None = None) -> aio_pika.Message:
+    return aio_pika.Message(
+        body,
+        content_type="application/json",
+        delivery_mode=DeliveryMode.PERSISTENT,
+        message_id=message_id,
+    )
+
+
+async def publish_event(settings: Settings, request: PublishRequest) -> uuid.UUID:
+    """Publish one event to the ingress exchange and wait for the confirm; return its event id."""
+    event_id = request.event_id or uuid.uuid4()
+    if request.raw_body is not None:
+        body = request.raw_body
+    else:
+        body = envelope_body(
+            request.event_type,
+            request.payload or {},
+            event_id=event_id,
+            correlation_id=request.correlation_id,
+        )
+    connection = await connect(settings, "publish")
+    try:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        publisher = Publisher(channel, timeout=settings.publish_timeout)
+        try:
+            await publisher.publish(
+                event_message(body, message_id=str(event_id)),
+                exchange=settings.exchange,
+                routing_key=request.event_type,
+            )
+        except PublishFailed as error:
+            raise ConfigError(
+                f"{error}: is the topology applied (`python -m topology apply`) and a handler "
+                f"registered for {request.event_type!r}?"
+            ) from None
+    finally:
+        await connection.close()
+    return event_id

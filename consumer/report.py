@@ -1,0 +1,80 @@
+"""One log line and the metrics for each settled delivery."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from pydantic import BaseModel
+
+from consumer.errors import error_name
+from consumer.headers import attempts_so_far, truncate
+from consumer.logs import Logger
+from consumer.metrics import Metrics
+from consumer.outcome import Applied, Failed, Outcome, OutcomeKind, Rejected
+from consumer.retry import DeadLetter, Retry, rung_label
+from consumer.settle import Settled
+
+
+class OutcomeReporter:
+    """Logs ``message settled`` with the fields an operator filters on, and moves the metrics."""
+
+    def __init__(self, logger: Logger, metrics: Metrics, *, log_payloads: bool = False) -> None:
+        self._logger = logger
+        self._metrics = metrics
+        self._log_payloads = log_payloads
+
+    def report(self, outcome: Outcome, settled: Settled) -> None:
+        delivery, verdict, event = outcome.delivery, outcome.verdict, outcome.event
+        metrics = self._metrics
+        event_type = event.type if event is not None else None
+        type_label = metrics.type_label(event_type)
+        metrics.count(event_type, settled.kind)
+        metrics.in_flight.dec()
+        fields: dict[str, Any] = {
+            "event_id": str(event.event_id) if event is not None else None,
+            "type": event_type,
+            "message_id": delivery.message_id,
+            "routing_key": delivery.routing_key,
+            "redelivered": delivery.redelivered,
+            "attempt": attempts_so_far(delivery.message.headers),
+            "outcome": settled.kind.value,
+            "duration_ms": round((time.monotonic() - delivery.received_at) * 1000, 2),
+        }
+        if outcome.handler_seconds is not None:
+            metrics.handler_duration.labels(type=type_label).observe(outcome.handler_seconds)
+            fields["handler_ms"] = round(outcome.handler_seconds * 1000, 2)
+        if isinstance(verdict, Applied) and not verdict.duplicate and event is not None:
+            lag = (verdict.committed_at - event.occurred_at).total_seconds()
+            metrics.lag.labels(type=type_label).observe(max(lag, 0.0))
+        if isinstance(verdict, Rejected):
+            fields["reason"] = verdict.poison.reason.value
+            fields["error"] = truncate(verdict.poison.detail, 300)
+            if settled.kind is OutcomeKind.POISON and not settled.channel_gone:
+                metrics.dead_letters.labels(reason=verdict.poison.reason.value).inc()
+        if isinstance(verdict, Failed):
+            fields["error_class"] = error_name(verdict.error)
+            fields["error"] = truncate(str(verdict.error), 300)
+            decision = verdict.decision
+            if isinstance(decision, Retry):
+                fields["rung"] = rung_label(decision.delay)
+                if settled.kind is OutcomeKind.RETRIED:
+                    metrics.retries.labels(rung=fields["rung"]).inc()
+            elif isinstance(decision, DeadLetter):
+                fields["reason"] = decision.reason.value
+                if settled.kind is OutcomeKind.DEAD_LETTERED:
+                    metrics.dead_letters.labels(reason=decision.reason.value).inc()
+        if settled.publish_error is not None:
+            metrics.publish_failures.inc()
+            fields["publish_error"] = str(settled.publish_error)
+        if settled.channel_gone:
+            metrics.settle_lost.inc()
+            fields["channel_gone"] = True
+        if self._log_payloads and event is not None:
+            payload = event.payload
+            fields["payload"] = (
+                payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
+            )
+        bad = settled.kind in (OutcomeKind.DEAD_LETTERED, OutcomeKind.POISON)
+        self._logger.log(logging.WARNING if bad else logging.INFO, "message settled", **fields)

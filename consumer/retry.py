@@ -1,0 +1,94 @@
+"""The retry policy: a pure function from (error, attempts so far, ladder) to a decision.
+
+The ladder is the list of delays in ``CONSUMER_RETRY_DELAYS``; rung ``i`` is the delay queue a
+message waits in before its ``i+1``-th retry. The attempt count travels in the message (a header the
+service owns), never in process memory, so a restart cannot reset it.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+from consumer.durations import format_duration
+from consumer.errors import ErrorKind, classify
+
+
+class DeadLetterReason(enum.StrEnum):
+    """Why the service dead-lettered an event it could parse."""
+
+    PERMANENT_FAILURE = "permanent_failure"
+    RETRIES_EXHAUSTED = "retries_exhausted"
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Publish to rung ``rung`` (0-based); the copy carries ``attempt`` (1 for the first retry)."""
+
+    rung: int
+    delay: timedelta
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """Publish to the dead-letter exchange with ``reason``; no receipt, no effect."""
+
+    reason: DeadLetterReason
+
+
+@dataclass(frozen=True, slots=True)
+class Return:
+    """Give the message back to the work queue without counting an attempt (database down)."""
+
+
+Decision = Retry | DeadLetter | Return
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Bounded retries along a TTL ladder; see :meth:`decide`."""
+
+    ladder: tuple[timedelta, ...]
+
+    @classmethod
+    def from_delays(cls, delays: Sequence[timedelta]) -> RetryPolicy:
+        return cls(tuple(delays))
+
+    def decide(self, error: BaseException, attempts_so_far: int) -> Decision:
+        """What to do with an event that raised ``error`` after ``attempts_so_far`` retries.
+
+        Transient errors climb the ladder until it is exhausted; permanent ones are dead-lettered
+        at once; a database that cannot be reached returns the message, counting nothing.
+        """
+        kind = classify(error)
+        if kind is ErrorKind.UNAVAILABLE:
+            return Return()
+        if kind is ErrorKind.PERMANENT:
+            return DeadLetter(DeadLetterReason.PERMANENT_FAILURE)
+        attempts_so_far = max(attempts_so_far, 0)
+        if attempts_so_far >= len(self.ladder):
+            return DeadLetter(DeadLetterReason.RETRIES_EXHAUSTED)
+        return Retry(
+            rung=attempts_so_far, delay=self.ladder[attempts_so_far], attempt=attempts_so_far + 1
+        )
+
+
+def rung_label(delay: timedelta) -> str:
+    """The rung's name part: ``1s``, ``500ms``, ``2m``."""
+    return format_duration(delay)
+
+
+def jittered_expiration(delay: timedelta, jitter: float, rng: random.Random) -> timedelta | None:
+    """A per-message expiration in ``[delay * (1 - jitter), delay]``, or None without jitter.
+
+    A delay queue is FIFO and only expires messages at its head, so a shorter expiration behind a
+    longer one waits for it: jitter can only shorten a wait among messages that arrive spread out,
+    which is why it is a fraction of the rung and off by default.
+    """
+    if jitter <= 0:
+        return None
+    return delay * (1.0 - jitter * rng.random())

@@ -1,0 +1,134 @@
+"""The one place that turns a verdict into broker actions.
+
+===================  =====================================================================
+verdict              broker action
+===================  =====================================================================
+Applied              ack (the commit has already returned)
+Rejected (poison)    nack without requeue: the work queue dead-letters it through the DLX
+Failed -> Retry      publish a copy to the rung, wait for the confirm, then ack
+Failed -> DeadLetter publish a copy to the DLX with reason headers, wait for the confirm, then ack
+Failed -> Return     nack with requeue (database down: no attempt is counted)
+publish not confirmed nack with requeue: the original is never lost
+===================  =====================================================================
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from consumer.delivery import ChannelGone, Delivery
+from consumer.errors import PublishFailed, error_name
+from consumer.headers import dead_letter_headers, retry_headers
+from consumer.outcome import Applied, Failed, Outcome, OutcomeKind, Rejected
+from consumer.publisher import Publisher, copy_message
+from consumer.retry import DeadLetter, Retry, jittered_expiration, rung_label
+from topology.names import Names
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """The label the delivery ends with, and whether its ack or nack reached the broker."""
+
+    kind: OutcomeKind
+    channel_gone: bool = False
+    publish_error: PublishFailed | None = None
+
+
+class Settler:
+    """Maps each :class:`Outcome` to exactly one broker action (see the module's table)."""
+
+    def __init__(
+        self,
+        *,
+        names: Names,
+        publisher: Publisher,
+        jitter: float = 0.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._names = names
+        self._publisher = publisher
+        self._jitter = jitter
+        self._rng = rng or random.Random()
+
+    async def settle(self, outcome: Outcome) -> Settled:
+        delivery, verdict = outcome.delivery, outcome.verdict
+        try:
+            if isinstance(verdict, Applied):
+                await delivery.ack()
+                return Settled(
+                    OutcomeKind.DUPLICATE if verdict.duplicate else OutcomeKind.PROCESSED
+                )
+            if isinstance(verdict, Rejected):
+                await delivery.nack(requeue=False)
+                return Settled(OutcomeKind.POISON)
+            return await self._settle_failure(delivery, verdict)
+        except ChannelGone:
+            return Settled(label_for(verdict), channel_gone=True)
+
+    async def _settle_failure(self, delivery: Delivery, failed: Failed) -> Settled:
+        decision = failed.decision
+        if not isinstance(decision, Retry | DeadLetter):
+            await delivery.nack(requeue=True)
+            return Settled(OutcomeKind.RETURNED)
+        if not delivery.channel_open:
+            # The broker has the original back already; a copy now would be a second one.
+            raise ChannelGone("the delivery's channel closed before its failure was settled")
+        try:
+            if isinstance(decision, Retry):
+                await self._publish_retry(delivery, failed, decision)
+                kind = OutcomeKind.RETRIED
+            else:
+                await self._publish_dead_letter(delivery, failed, decision)
+                kind = OutcomeKind.DEAD_LETTERED
+        except PublishFailed as error:
+            await delivery.nack(requeue=True)
+            return Settled(OutcomeKind.RETURNED, publish_error=error)
+        await delivery.ack()
+        return Settled(kind)
+
+    async def _publish_retry(self, delivery: Delivery, failed: Failed, retry: Retry) -> None:
+        rung = rung_label(retry.delay)
+        headers = retry_headers(
+            delivery.message.headers,
+            attempt=retry.attempt,
+            rung=rung,
+            error_class=error_name(failed.error),
+            error_message=str(failed.error),
+            original_exchange=delivery.exchange,
+            original_routing_key=delivery.routing_key,
+            now=datetime.now(UTC),
+        )
+        expiration = jittered_expiration(retry.delay, self._jitter, self._rng)
+        message = copy_message(delivery.message, headers=headers, expiration=expiration)
+        await self._publisher.publish(
+            message, exchange=self._names.retry, routing_key=delivery.routing_key
+        )
+
+    async def _publish_dead_letter(
+        self, delivery: Delivery, failed: Failed, dead: DeadLetter
+    ) -> None:
+        headers = dead_letter_headers(
+            delivery.message.headers,
+            reason=dead.reason.value,
+            attempts=failed.attempts_so_far,
+            error_class=error_name(failed.error),
+            error_message=str(failed.error),
+            original_exchange=delivery.exchange,
+            original_routing_key=delivery.routing_key,
+            service=self._names.service,
+            now=datetime.now(UTC),
+        )
+        message = copy_message(delivery.message, headers=headers)
+        await self._publisher.publish(
+            message, exchange=self._names.dlx, routing_key=delivery.routing_key
+        )
+
+
+def label_for(verdict: Applied | Rejected | Failed) -> OutcomeKind:
+    if isinstance(verdict, Applied):
+        return OutcomeKind.DUPLICATE if verdict.duplicate else OutcomeKind.PROCESSED
+    if isinstance(verdict, Rejected):
+        return OutcomeKind.POISON
+    return OutcomeKind.RETURNED

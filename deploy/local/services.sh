@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Make sure the local RabbitMQ and PostgreSQL answer, starting them (Debian's packages) if not.
+# Used by `make run`, `make test` and .ci/run; a no-op when both are already up.
+set -euo pipefail
+
+AMQP_PORT=${LOCAL_AMQP_PORT:-5672}
+PG_PORT=${LOCAL_PG_PORT:-5432}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+wait_for_port() {
+  local port=$1 what=$2 tries=0
+  until port_open "$port"; do
+    tries=$((tries + 1))
+    if [ "$tries" -gt 120 ]; then
+      echo "error: $what did not start listening on 127.0.0.1:$port within 60s" >&2
+      exit 1
+    fi
+    sleep 0.5
+  done
+}
+
+if ! port_open "$AMQP_PORT"; then
+  if ! command -v rabbitmq-server >/dev/null; then
+    echo "error: RabbitMQ is not answering on 127.0.0.1:$AMQP_PORT and rabbitmq-server is not installed" >&2
+    exit 1
+  fi
+  echo "starting RabbitMQ"
+  rabbitmq-server -detached
+  wait_for_port "$AMQP_PORT" RabbitMQ
+  rabbitmqctl await_startup >/dev/null 2>&1 || true
+fi
+
+if ! port_open "$PG_PORT"; then
+  if ! command -v pg_ctlcluster >/dev/null; then
+    echo "error: PostgreSQL is not answering on 127.0.0.1:$PG_PORT and pg_ctlcluster is not installed" >&2
+    exit 1
+  fi
+  echo "starting PostgreSQL"
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | sort -V | tail -n 1)" main start
+  wait_for_port "$PG_PORT" PostgreSQL
+fi

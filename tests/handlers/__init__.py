@@ -1,0 +1,1 @@
+"""Handlers that only tests load (through ``CONSUMER_HANDLERS``), never product code."""

@@ -1,0 +1,76 @@
+"""``test.behave``: a handler told by its payload how to fail, for failure-path tests.
+
+Each call is recorded in ``handler_calls`` over a connection of its own (outside the event's
+transaction, so failed attempts are counted too); the effect is a row in ``test_effects``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import asyncpg
+from pydantic import BaseModel, Field
+
+from consumer import Envelope, PermanentError, TransientError, register
+
+
+class Behaviour(BaseModel):
+    key: str = Field(min_length=1)
+    fail_transient: int = 0
+    """Raise TransientError on this many first calls."""
+    permanent: bool = False
+    bug: bool = False
+    """Raise an unclassified exception (a programming error: permanent)."""
+    crash: bool = False
+    """End the process on every call, as a segfault or OOM kill would."""
+    block_s: float = 0.0
+    """Block the event loop this long (synchronous sleep)."""
+    sleep_s: float = 0.0
+    """Await this long before applying (cooperative)."""
+
+
+class _CallLog:
+    """A small pool per process for recording calls outside the event's transaction."""
+
+    pool: asyncpg.Pool[Any] | None = None
+    lock = asyncio.Lock()
+
+    @classmethod
+    async def record(cls, event_id: object) -> int:
+        async with cls.lock:
+            if cls.pool is None:
+                cls.pool = await asyncpg.create_pool(
+                    os.environ["CONSUMER_DATABASE_URL"], min_size=1, max_size=4
+                )
+        return int(
+            await cls.pool.fetchval(
+                "WITH added AS (INSERT INTO handler_calls (event_id, pid) VALUES ($1, $2)) "
+                "SELECT count(*) + 1 FROM handler_calls WHERE event_id = $1",
+                event_id,
+                os.getpid(),
+            )
+        )
+
+
+@register("test.behave", payload=Behaviour)
+async def behave(event: Envelope[Behaviour], conn: asyncpg.Connection[Any]) -> None:
+    spec = event.payload
+    call = await _CallLog.record(event.event_id)
+    if spec.crash:
+        os._exit(17)
+    if spec.block_s:
+        time.sleep(spec.block_s)  # deliberately blocks the loop: the hard limit's test
+    if spec.sleep_s:
+        await asyncio.sleep(spec.sleep_s)
+    if call <= spec.fail_transient:
+        raise TransientError(f"call {call} of {spec.fail_transient} planned failures")
+    if spec.permanent:
+        raise PermanentError("this event can never succeed")
+    if spec.bug:
+        raise ZeroDivisionError("a bug in the handler")
+    await conn.execute(
+        "INSERT INTO test_effects (event_id, key) VALUES ($1, $2)", event.event_id, spec.key
+    )

@@ -1,0 +1,392 @@
+"""Helpers for integration tests: a test's own names and database, the service as a real process,
+a fast confirmed producer, and reading queues, rows and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import aiohttp
+import aiormq
+import asyncpg
+from aio_pika.abc import AbstractChannel, AbstractConnection, DeliveryMode
+from prometheus_client.parser import text_string_to_metric_families
+
+from consumer.publish import envelope_body
+from consumer.registry import HandlerRegistry
+from consumer.settings import Settings
+from topology.apply import apply_topology
+from topology.model import Topology
+from topology.names import Names
+from topology.plan import build_topology, names_for
+
+REPO = Path(__file__).resolve().parent.parent
+TEST_HANDLERS = "consumer.handlers.inventory,consumer.handlers.notifications,tests.handlers.behave"
+
+
+async def wait_until(
+    predicate: Callable[[], Awaitable[bool]],
+    *,
+    timeout: float = 30,
+    interval: float = 0.1,
+    what: str = "condition",
+) -> None:
+    """Poll ``predicate`` until true; fail the test naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if await predicate():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+@dataclass
+class TestEnv:
+    """One test's world: its own name prefix, database, HTTP port and settings."""
+
+    __test__ = False
+
+    name: str
+    database_url: str
+    amqp_url: str
+    http_port: int
+    log_dir: Path
+    overrides: dict[str, str] = field(default_factory=dict)
+    topologies: list[Topology] = field(default_factory=list)
+
+    def env(self, **overrides: str) -> dict[str, str]:
+        """Environment for a service process; ``overrides`` are field names (``prefetch="5"``)."""
+        values = {
+            "CONSUMER_NAME": self.name,
+            "CONSUMER_DATABASE_URL": self.database_url,
+            "CONSUMER_AMQP_URL": self.amqp_url,
+            "CONSUMER_HTTP_PORT": str(self.http_port),
+            "CONSUMER_HANDLERS": TEST_HANDLERS,
+            "CONSUMER_RETRY_DELAYS": "200ms,400ms,800ms",
+            "CONSUMER_LOG_FORMAT": "json",
+            "CONSUMER_SHUTDOWN_GRACE": "10s",
+            "CONSUMER_RECONNECT_MAX_DELAY": "1s",
+        }
+        for key, value in {**self.overrides, **overrides}.items():
+            values[f"CONSUMER_{key.upper()}"] = value
+        base = {k: v for k, v in os.environ.items() if not k.startswith("CONSUMER_")}
+        return {**base, **values, "PYTHONPATH": str(REPO)}
+
+    def settings(self, **overrides: str) -> Settings:
+        environment = self.env(**overrides)
+        values = {
+            key.removeprefix("CONSUMER_").lower(): value
+            for key, value in environment.items()
+            if key.startswith("CONSUMER_")
+        }
+        return Settings.model_validate(values)
+
+    @property
+    def names(self) -> Names:
+        return names_for(self.settings())
+
+    def topology(self, **overrides: str) -> Topology:
+        settings = self.settings(**overrides)
+        return build_topology(settings, HandlerRegistry.from_modules(settings.handlers))
+
+    async def apply_topology(self, **overrides: str) -> Topology:
+        topology = self.topology(**overrides)
+        connection = await aio_pika.connect(self.amqp_url)
+        try:
+            await apply_topology(connection, topology)
+        finally:
+            await connection.close()
+        self.topologies.append(topology)
+        return topology
+
+    async def cleanup_broker(self) -> None:
+        connection = await aio_pika.connect(self.amqp_url)
+        try:
+            channel = await connection.channel()
+            ingress = self.settings().exchange
+            for topology in self.topologies:
+                for queue in topology.queues:
+                    await channel.queue_delete(queue.name)
+                for exchange in topology.exchanges:
+                    if exchange.name != ingress:
+                        await channel.exchange_delete(exchange.name)
+        finally:
+            await connection.close()
+
+
+class ServiceProcess:
+    """``python -m consumer run`` as a child process, with its JSON log captured to a file."""
+
+    def __init__(self, test_env: TestEnv, label: str = "service", **overrides: str) -> None:
+        self.test_env = test_env
+        self.environment = test_env.env(**overrides)
+        self.port = int(self.environment["CONSUMER_HTTP_PORT"])
+        self.log_path = test_env.log_dir / f"{label}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ServiceProcess:
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "consumer", "run"],
+            env=self.environment,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+        log.close()
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        assert self.process is not None
+        return self.process.poll()
+
+    async def readyz(self) -> tuple[int, dict[str, Any]]:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(
+                f"http://127.0.0.1:{self.port}/readyz", timeout=aiohttp.ClientTimeout(3)
+            ) as response,
+        ):
+            return response.status, await response.json()
+
+    async def is_ready(self) -> bool:
+        try:
+            status, _ = await self.readyz()
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+        return status == 200
+
+    async def wait_ready(self, timeout: float = 30) -> ServiceProcess:
+        async def ready() -> bool:
+            if self.returncode is not None:
+                raise AssertionError(
+                    f"service exited with {self.returncode} before ready:\n"
+                    + self.log_text()[-3000:]
+                )
+            return await self.is_ready()
+
+        await wait_until(ready, timeout=timeout, what="the service to be ready")
+        return self
+
+    async def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """Every sample of ``/metrics``, keyed by (name, sorted labels)."""
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{self.port}/metrics") as response,
+        ):
+            text = await response.text()
+        samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+        return samples
+
+    async def metric(self, name: str, **labels: str) -> float:
+        return (await self.metrics()).get((name, tuple(sorted(labels.items()))), 0.0)
+
+    def signal(self, sig: signal.Signals) -> None:
+        assert self.process is not None
+        self.process.send_signal(sig)
+
+    def kill(self) -> int:
+        assert self.process is not None
+        self.process.kill()
+        return self.process.wait(timeout=10)
+
+    async def wait_exit(self, timeout: float = 30) -> int:
+        assert self.process is not None
+        deadline = time.monotonic() + timeout
+        while self.process.poll() is None:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"service did not exit within {timeout}s")
+            await asyncio.sleep(0.05)
+        return self.process.returncode
+
+    async def stop(self, timeout: float = 30) -> int:
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else 0
+        self.signal(signal.SIGTERM)
+        try:
+            return await self.wait_exit(timeout)
+        except AssertionError:
+            return self.kill()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        lines = []
+        for line in self.log_text().splitlines():
+            try:
+                decoded = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(decoded, dict):
+                lines.append(decoded)
+        return lines
+
+
+class Producer:
+    """Publishes persistent events with publisher confirms, many at a time."""
+
+    def __init__(self, url: str, exchange: str = "events") -> None:
+        self._url = url
+        self._exchange_name = exchange
+        self._connection: AbstractConnection | None = None
+        self._channel: AbstractChannel | None = None
+
+    async def __aenter__(self) -> Producer:
+        self._connection = await aio_pika.connect(self._url)
+        self._channel = await self._connection.channel(publisher_confirms=True)
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        if self._connection is not None:
+            await self._connection.close()
+
+    async def send_raw(
+        self,
+        body: bytes,
+        routing_key: str,
+        *,
+        content_type: str | None = "application/json",
+        content_encoding: str | None = None,
+        headers: dict[str, Any] | None = None,
+        exchange: str | None = None,
+    ) -> None:
+        assert self._channel is not None
+        target = await self._channel.get_exchange(exchange or self._exchange_name, ensure=False)
+        await target.publish(
+            aio_pika.Message(
+                body,
+                content_type=content_type,
+                content_encoding=content_encoding,
+                delivery_mode=DeliveryMode.PERSISTENT,
+                headers=headers,
+                message_id=str(uuid.uuid4()),
+            ),
+            routing_key,
+            timeout=30,
+        )
+
+    async def send(
+        self, event_type: str, payload: dict[str, Any], *, event_id: uuid.UUID | None = None
+    ) -> uuid.UUID:
+        event_id = event_id or uuid.uuid4()
+        await self.send_raw(envelope_body(event_type, payload, event_id=event_id), event_type)
+        return event_id
+
+    async def send_many(
+        self, events: Iterable[tuple[str, dict[str, Any], uuid.UUID]], chunk: int = 500
+    ) -> int:
+        """Publish ``(type, payload, event_id)`` triples, ``chunk`` confirms in flight at a time."""
+        pending: list[Awaitable[Any]] = []
+        sent = 0
+        for event_type, payload, event_id in events:
+            pending.append(self.send(event_type, payload, event_id=event_id))
+            if len(pending) >= chunk:
+                await asyncio.gather(*pending)
+                sent += len(pending)
+                pending = []
+        await asyncio.gather(*pending)
+        return sent + len(pending)
+
+
+async def queue_depth(url: str, queue: str) -> int:
+    """Ready messages in ``queue`` (passive declare; unacked ones are not counted)."""
+    connection = await aio_pika.connect(url)
+    try:
+        channel = await connection.channel()
+        declared = await channel.declare_queue(queue, passive=True)
+        return int(declared.declaration_result.message_count or 0)
+    finally:
+        await connection.close()
+
+
+async def drain_queue(
+    url: str, queue: str, *, ack: bool = True
+) -> list[aio_pika.abc.AbstractIncomingMessage]:
+    """Every message now in ``queue``; acked (removed) unless ``ack`` is False (then returned)."""
+    connection = await aio_pika.connect(url)
+    messages = []
+    try:
+        channel = await connection.channel()
+        target = await channel.get_queue(queue)
+        while (message := await target.get(no_ack=False, fail=False)) is not None:
+            messages.append(message)
+        for message in messages:
+            if ack:
+                await message.ack()
+            else:
+                await message.nack(requeue=True)
+    finally:
+        await connection.close()
+    return messages
+
+
+async def queue_exists(url: str, queue: str) -> bool:
+    connection = await aio_pika.connect(url)
+    try:
+        channel = await connection.channel()
+        try:
+            await channel.declare_queue(queue, passive=True)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            return False
+        return True
+    finally:
+        await connection.close()
+
+
+async def fetchval(dsn: str, query: str, *args: Any) -> Any:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await conn.fetchval(query, *args)
+    finally:
+        await conn.close()
+
+
+async def fetch(dsn: str, query: str, *args: Any) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return list(await conn.fetch(query, *args))
+    finally:
+        await conn.close()
+
+
+def run_cli(
+    module: str, *args: str, env: dict[str, str], input_text: str | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``python -m <module> args`` with ``env``; output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        input=input_text,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def behave(key: str, **spec: Any) -> dict[str, Any]:
+    """A ``test.behave`` payload."""
+    return {"key": key, **spec}

@@ -1,0 +1,57 @@
+from datetime import timedelta
+
+import asyncpg
+import pytest
+
+from consumer.errors import (
+    DatabaseUnavailable,
+    ErrorKind,
+    HandlerTimeout,
+    PermanentError,
+    TransientError,
+    classify,
+)
+from consumer.retry import DeadLetter, DeadLetterReason, Retry, RetryPolicy, Return
+
+LADDER = (timedelta(seconds=1), timedelta(seconds=5), timedelta(seconds=30))
+POLICY = RetryPolicy(LADDER)
+
+
+@pytest.mark.parametrize(
+    ("error", "attempts", "decision"),
+    [
+        (TransientError("x"), 0, Retry(rung=0, delay=LADDER[0], attempt=1)),
+        (TransientError("x"), 1, Retry(rung=1, delay=LADDER[1], attempt=2)),
+        (TransientError("x"), 2, Retry(rung=2, delay=LADDER[2], attempt=3)),
+        (TransientError("x"), 3, DeadLetter(DeadLetterReason.RETRIES_EXHAUSTED)),
+        (TransientError("x"), 99, DeadLetter(DeadLetterReason.RETRIES_EXHAUSTED)),
+        (TransientError("x"), -1, Retry(rung=0, delay=LADDER[0], attempt=1)),
+        (HandlerTimeout("slow"), 0, Retry(rung=0, delay=LADDER[0], attempt=1)),
+        (asyncpg.SerializationError("40001"), 0, Retry(rung=0, delay=LADDER[0], attempt=1)),
+        (asyncpg.DeadlockDetectedError("40P01"), 2, Retry(rung=2, delay=LADDER[2], attempt=3)),
+        (asyncpg.LockNotAvailableError("55P03"), 0, Retry(rung=0, delay=LADDER[0], attempt=1)),
+        (TimeoutError(), 0, Retry(rung=0, delay=LADDER[0], attempt=1)),
+        (ConnectionResetError(), 0, Retry(rung=0, delay=LADDER[0], attempt=1)),
+        (PermanentError("rule"), 0, DeadLetter(DeadLetterReason.PERMANENT_FAILURE)),
+        (ValueError("bug"), 0, DeadLetter(DeadLetterReason.PERMANENT_FAILURE)),
+        (KeyError("bug"), 2, DeadLetter(DeadLetterReason.PERMANENT_FAILURE)),
+        (asyncpg.UniqueViolationError("23505"), 0, DeadLetter(DeadLetterReason.PERMANENT_FAILURE)),
+        (DatabaseUnavailable("down"), 0, Return()),
+        (DatabaseUnavailable("down"), 3, Return()),
+        (asyncpg.ConnectionDoesNotExistError("gone"), 1, Return()),
+        (asyncpg.CannotConnectNowError("starting"), 0, Return()),
+    ],
+)
+def test_decision_table(error: BaseException, attempts: int, decision: object) -> None:
+    assert POLICY.decide(error, attempts) == decision
+
+
+def test_an_empty_ladder_dead_letters_transient_failures_at_once() -> None:
+    assert RetryPolicy(()).decide(TransientError("x"), 0) == DeadLetter(
+        DeadLetterReason.RETRIES_EXHAUSTED
+    )
+
+
+def test_classification_is_by_type_not_message() -> None:
+    assert classify(ValueError("connection refused")) is ErrorKind.PERMANENT
+    assert classify(TransientError("permanent")) is ErrorKind.TRANSIENT

@@ -1,0 +1,92 @@
+"""The topology as frozen data: a plan that can be printed, compared and applied."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+Arguments = Mapping[str, Any]
+
+
+def _frozen(arguments: Mapping[str, Any] | None) -> Arguments:
+    return MappingProxyType(dict(arguments or {}))
+
+
+class ExchangeType(enum.StrEnum):
+    TOPIC = "topic"
+    FANOUT = "fanout"
+    DIRECT = "direct"
+    HEADERS = "headers"
+
+
+class QueueType(enum.StrEnum):
+    QUORUM = "quorum"
+    CLASSIC = "classic"
+
+
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    name: str
+    type: ExchangeType
+    durable: bool = True
+
+    def describe(self) -> str:
+        return f"exchange {self.name} ({self.type.value}{', durable' if self.durable else ''})"
+
+
+@dataclass(frozen=True, slots=True)
+class Queue:
+    name: str
+    type: QueueType
+    arguments: Arguments = field(default_factory=dict)
+    durable: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "arguments", _frozen(self.arguments))
+
+    @property
+    def declare_arguments(self) -> dict[str, Any]:
+        """The arguments as declared: the queue type included."""
+        return {"x-queue-type": self.type.value, **self.arguments}
+
+    def describe(self) -> str:
+        arguments = ", ".join(f"{key}={value}" for key, value in sorted(self.arguments.items()))
+        return f"queue {self.name} ({self.type.value}{'; ' + arguments if arguments else ''})"
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    exchange: str
+    queue: str
+    routing_key: str = ""
+    arguments: Arguments = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "arguments", _frozen(self.arguments))
+
+    def describe(self) -> str:
+        match = f" where {dict(self.arguments)}" if self.arguments else ""
+        key = f" with routing key {self.routing_key!r}" if self.routing_key else ""
+        return f"bind {self.exchange} -> {self.queue}{key}{match}"
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """Everything to declare, in an order that declares each thing before what refers to it."""
+
+    exchanges: tuple[Exchange, ...]
+    queues: tuple[Queue, ...]
+    bindings: tuple[Binding, ...]
+
+    @property
+    def declarables(self) -> tuple[Exchange | Queue, ...]:
+        """Exchanges, then queues: what has arguments a declaration can conflict on."""
+        return (*self.exchanges, *self.queues)
+
+    def describe(self) -> list[str]:
+        """One line per declaration, in the order they are declared."""
+        lines = [item.describe() for item in self.declarables]
+        return lines + [binding.describe() for binding in self.bindings]

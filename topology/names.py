@@ -1,0 +1,45 @@
+"""The names of everything the service owns on the broker, derived from ``CONSUMER_NAME``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from consumer.durations import format_duration
+
+
+@dataclass(frozen=True, slots=True)
+class Names:
+    """Queue and exchange names for a service called ``service`` reading from ``ingress``."""
+
+    service: str
+    ingress: str
+
+    @property
+    def work(self) -> str:
+        """The quorum queue the service consumes."""
+        return f"{self.service}.work"
+
+    @property
+    def dlx(self) -> str:
+        """The dead-letter exchange: poison, delivery-limit drops and published dead letters."""
+        return f"{self.service}.dlx"
+
+    @property
+    def dead(self) -> str:
+        """The operator's queue behind the dead-letter exchange."""
+        return f"{self.service}.dead"
+
+    @property
+    def retry(self) -> str:
+        """The headers exchange a failed event is published to; a header picks the rung."""
+        return f"{self.service}.retry"
+
+    @property
+    def redeliver(self) -> str:
+        """The exchange expired retries are dead-lettered through: bound to the work queue only."""
+        return f"{self.service}.redeliver"
+
+    def rung(self, delay: timedelta) -> str:
+        """The delay queue for one rung of the retry ladder, e.g. ``svc.retry.5s``."""
+        return f"{self.service}.retry.{format_duration(delay)}"

@@ -1,19 +1,16 @@
 """The one place that turns a verdict into broker actions.
 
-===================  =====================================================================
-verdict              broker action
-===================  =====================================================================
-Applied              ack (the commit has already returned)
-Rejected (poison)    nack without requeue: the work queue dead-letters it through the DLX
-Failed -> Retry      publish a copy to the rung, wait for the confirm, then ack
-Failed -> DeadLetter publish a copy to the DLX with reason headers, wait for the confirm, then ack
-Failed -> Return     nack with requeue (database down: no attempt is counted)
-publish not confirmed nack with requeue: the original is never lost
-===================  =====================================================================
+- Applied: ack (the commit has already returned).
+- Rejected (poison): nack without requeue; the work queue dead-letters it through the DLX.
+- Failed -> Retry: publish a copy to the rung, wait for the confirm, then ack.
+- Failed -> DeadLetter: publish a copy to the DLX with reason headers, wait for the confirm, ack.
+- Failed -> Return: nack with requeue (the database is down; no attempt is counted).
+- A publish the broker does not confirm: wait a second, then nack with requeue. Never lost.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -46,10 +43,12 @@ class Settler:
         publisher: Publisher,
         jitter: float = 0.0,
         rng: random.Random | None = None,
+        publish_failure_pause: float = 1.0,
     ) -> None:
         self._names = names
         self._publisher = publisher
         self._jitter = jitter
+        self._publish_failure_pause = publish_failure_pause
         self._rng = rng or random.Random()
 
     async def settle(self, outcome: Outcome) -> Settled:
@@ -83,6 +82,9 @@ class Settler:
                 await self._publish_dead_letter(delivery, failed, decision)
                 kind = OutcomeKind.DEAD_LETTERED
         except PublishFailed as error:
+            # Holding the original a moment keeps a broker that refuses publishes from turning
+            # the redelivery into a hot loop that burns through the delivery limit.
+            await asyncio.sleep(self._publish_failure_pause)
             await delivery.nack(requeue=True)
             return Settled(OutcomeKind.RETURNED, publish_error=error)
         await delivery.ack()

@@ -97,6 +97,7 @@ async def env(
         log_dir=tmp_path,
     )
     yield test_env
+    test_env.kill_processes()
     await test_env.cleanup_broker()
     await drop_database(admin_dsn, database)
 

@@ -65,6 +65,7 @@ class TestEnv:
     log_dir: Path
     overrides: dict[str, str] = field(default_factory=dict)
     topologies: list[Topology] = field(default_factory=list)
+    processes: list[ServiceProcess] = field(default_factory=list)
 
     def env(self, **overrides: str) -> dict[str, str]:
         """Environment for a service process; ``overrides`` are field names (``prefetch="5"``)."""
@@ -111,6 +112,12 @@ class TestEnv:
         self.topologies.append(topology)
         return topology
 
+    def kill_processes(self) -> None:
+        """End every service process the test started and left running."""
+        for service in self.processes:
+            if service.process is not None and service.process.poll() is None:
+                service.kill()
+
     async def cleanup_broker(self) -> None:
         connection = await aio_pika.connect(self.amqp_url)
         try:
@@ -135,6 +142,7 @@ class ServiceProcess:
         self.port = int(self.environment["CONSUMER_HTTP_PORT"])
         self.log_path = test_env.log_dir / f"{label}.log"
         self.process: subprocess.Popen[bytes] | None = None
+        test_env.processes.append(self)
 
     def start(self) -> ServiceProcess:
         log = self.log_path.open("ab")

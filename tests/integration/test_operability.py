@@ -1,0 +1,285 @@
+"""What lets someone run it: metrics, health, logs, graceful shutdown and the two time limits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+import uuid
+
+import aio_pika
+import aiohttp
+import pytest
+
+from tests.support import (
+    Producer,
+    ServiceProcess,
+    TestEnv,
+    behave,
+    fetchval,
+    queue_depth,
+    run_cli,
+    wait_until,
+)
+
+
+async def test_each_metric_moves_when_it_should(env: TestEnv) -> None:
+    await env.apply_topology()
+    service = await ServiceProcess(env, db_pool_size="3").start().wait_ready()
+    assert await service.metric("consumer_broker_connected") == 1
+    assert await service.metric("consumer_consuming") == 1
+    assert await service.metric("consumer_paused") == 0
+    metrics = await service.metrics()
+    assert any(name == "consumer_build_info" and value == 1 for (name, _), value in metrics.items())
+
+    async with Producer(env.amqp_url) as producer:
+        await producer.send("test.behave", behave("slow", sleep_s=1.5))
+
+        async def busy() -> bool:
+            return (
+                await service.metric("consumer_in_flight") == 1
+                and await service.metric("consumer_db_pool_in_use") >= 1
+            )
+
+        await wait_until(busy, what="one event in flight")
+        assert await service.metric("consumer_db_pool_size") >= 1
+
+        ok = await producer.send("test.behave", behave("ok"))
+        await producer.send("test.behave", behave("ok"), event_id=ok)  # a duplicate
+        await producer.send("test.behave", behave("retry", fail_transient=1))
+        await producer.send("test.behave", behave("dead", permanent=True))
+        await producer.send_raw(b"garbage", "test.behave")
+
+    async def settled() -> bool:
+        return await service.metric("consumer_in_flight") == 0 and await _effects(env) == 3
+
+    await wait_until(settled, timeout=30, what="everything settled")
+    counts = {
+        outcome: await service.metric("consumer_messages_total", type=type_, outcome=outcome)
+        for outcome, type_ in [
+            ("processed", "test.behave"),
+            ("duplicate", "test.behave"),
+            ("retried", "test.behave"),
+            ("dead_lettered", "test.behave"),
+            ("poison", "unknown"),
+        ]
+    }
+    assert counts == {"processed": 3, "duplicate": 1, "retried": 1, "dead_lettered": 1, "poison": 1}
+    assert await service.metric("consumer_retries_published_total", rung="200ms") == 1
+    assert await service.metric("consumer_dead_letters_total", reason="permanent_failure") == 1
+    assert await service.metric("consumer_dead_letters_total", reason="not_json") == 1
+    assert await service.metric("consumer_handler_duration_seconds_count", type="test.behave") == 5
+    assert await service.metric("consumer_handler_duration_seconds_sum", type="test.behave") >= 1.5
+    assert await service.metric("consumer_event_lag_seconds_count", type="test.behave") == 3
+    assert await service.metric("consumer_db_pool_in_use") == 0
+
+    # A redelivery: kill a worker holding an event, the next one sees it flagged redelivered.
+    async with Producer(env.amqp_url) as producer:
+        await producer.send("test.behave", behave("held", sleep_s=2))
+    await wait_until(
+        lambda: _metric_at_least(service, "consumer_in_flight", 1), what="the held event"
+    )
+    service.kill()
+    second = await ServiceProcess(env, "second").start().wait_ready()
+    await wait_until(
+        lambda: _metric_at_least(second, "consumer_redeliveries_total", 1), what="a redelivery"
+    )
+
+
+async def test_health_endpoints_and_nothing_else(env: TestEnv) -> None:
+    await env.apply_topology()
+    service = await ServiceProcess(env).start().wait_ready()
+    base = f"http://127.0.0.1:{service.port}"
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{base}/healthz") as response:
+            assert response.status == 200
+        async with session.get(f"{base}/readyz") as response:
+            assert response.status == 200
+            assert await response.json() == {
+                "broker_connected": True,
+                "consuming": True,
+                "database": True,
+                "paused": False,
+                "ready": True,
+            }
+        async with session.get(f"{base}/metrics") as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"].startswith("text/plain")
+        async with session.get(f"{base}/admin") as response:
+            assert response.status == 404
+        async with session.post(f"{base}/metrics") as response:
+            assert response.status == 405
+
+    # Readiness means really consuming: a deleted work queue makes it false at once.
+    connection = await aio_pika.connect(env.amqp_url)
+    channel = await connection.channel()
+    await channel.queue_delete(env.names.work)
+    await connection.close()
+
+    async def not_ready() -> bool:
+        status, body = await service.readyz()
+        return status == 503 and body["consuming"] is False
+
+    await wait_until(not_ready, what="readyz to turn false")
+
+
+async def test_one_log_line_per_outcome_without_payloads_or_passwords(
+    env: TestEnv, amqp_url: str
+) -> None:
+    # Trust authentication ignores the password, so it can be a canary here.
+    canary = "Canary-Pa55word-" + uuid.uuid4().hex[:6]
+    database_url = env.database_url.replace("postgres@", f"postgres:{canary}@")
+    await env.apply_topology()
+    service = await ServiceProcess(env, database_url=database_url).start().wait_ready()
+    async with Producer(env.amqp_url) as producer:
+        good = await producer.send("test.behave", behave("secret-payload-value"))
+        bad = await producer.send("test.behave", behave("also-secret", permanent=True))
+
+    async def two_lines() -> bool:
+        return len([x for x in service.log_lines() if x.get("event") == "message settled"]) == 2
+
+    await wait_until(two_lines, what="two outcome lines")
+    lines = {x["event_id"]: x for x in service.log_lines() if x.get("event") == "message settled"}
+    for event_id, outcome in ((good, "processed"), (bad, "dead_lettered")):
+        line = lines[str(event_id)]
+        assert line["outcome"] == outcome
+        assert line["type"] == "test.behave"
+        assert line["redelivered"] is False
+        assert line["attempt"] == 0
+        assert isinstance(line["duration_ms"], float)
+        assert line["message_id"]
+    assert lines[str(bad)]["error_class"] == "PermanentError"
+    assert "error_class" not in lines[str(good)]
+
+    # A failing start-up prints the URL too: it must come out without the password.
+    failing = run_cli(
+        "consumer",
+        "migrate",
+        env=env.env(database_url=f"postgresql://nobody:{canary}@127.0.0.1:1/x"),
+    )
+    assert failing.returncode == 1
+    assert "nobody:***@" in failing.stderr
+    assert await service.stop() == 0
+    everything = service.log_text() + failing.stdout + failing.stderr
+    assert canary not in everything
+    assert "secret-payload-value" not in everything
+    assert "also-secret" not in everything
+
+
+async def test_sigterm_under_load_drains_exits_0_and_loses_nothing(env: TestEnv) -> None:
+    await env.apply_topology()
+    ids = [uuid.uuid4() for _ in range(1500)]
+    async with Producer(env.amqp_url) as producer:
+        await producer.send_many(
+            ("test.behave", behave(f"k{n}", sleep_s=0.05), event_id)
+            for n, event_id in enumerate(ids)
+        )
+    service = await ServiceProcess(env, shutdown_grace="5s").start().wait_ready()
+    await wait_until(lambda: _effects_at_least(env, 100), what="100 effects")
+
+    started = time.monotonic()
+    service.signal(signal.SIGTERM)
+    assert await service.wait_exit(timeout=10) == 0
+    assert time.monotonic() - started < 5
+    draining = next(x for x in service.log_lines() if x.get("event") == "draining")
+    assert draining["returned_to_queue"] > 0  # prefetched, never started: back to the queue
+    applied = await _effects(env)
+    assert applied < 1500
+
+    await ServiceProcess(env, "after").start().wait_ready()
+    await wait_until(lambda: _effects_at_least(env, 1500), timeout=120, what="all effects")
+    await asyncio.sleep(0.5)
+    assert await _effects(env) == 1500
+    assert await fetchval(env.database_url, "SELECT count(*) FROM receipts") == 1500
+    assert await queue_depth(env.amqp_url, env.names.dead) == 0
+
+
+async def test_a_second_signal_exits_at_once(env: TestEnv) -> None:
+    await env.apply_topology()
+    service = await ServiceProcess(env, shutdown_grace="60s").start().wait_ready()
+    async with Producer(env.amqp_url) as producer:
+        event_id = await producer.send("test.behave", behave("long", sleep_s=30))
+    await wait_until(lambda: _metric_at_least(service, "consumer_in_flight", 1), what="in flight")
+    service.signal(signal.SIGTERM)
+    await asyncio.sleep(0.5)
+    assert service.returncode is None  # still draining the 30s handler
+    started = time.monotonic()
+    service.signal(signal.SIGINT)
+    assert await service.wait_exit(timeout=5) == 130
+    assert time.monotonic() - started < 2
+    # The unfinished event was never acked: it is back in the queue, not lost.
+    await wait_until(
+        lambda: _depth_at_least(env, env.names.work, 1), what="the event back in the queue"
+    )
+    assert await fetchval(env.database_url, "SELECT count(*) FROM receipts") == 0
+    assert event_id is not None
+
+
+async def test_the_soft_limit_cancels_rolls_back_and_retries(env: TestEnv) -> None:
+    await env.apply_topology()
+    service = ServiceProcess(env, handler_timeout="300ms", hard_timeout="5s").start()
+    await service.wait_ready()
+    async with Producer(env.amqp_url) as producer:
+        event_id = await producer.send("test.behave", behave("slowpoke", sleep_s=1))
+
+    await wait_until(
+        lambda: _depth_at_least(env, env.names.dead, 1), timeout=30, what="the dead letter"
+    )
+    calls = await fetchval(
+        env.database_url, "SELECT count(*) FROM handler_calls WHERE event_id = $1", event_id
+    )
+    assert calls == 4  # the first try and three retries, each cut off at 300ms
+    assert await _effects(env) == 0
+    assert await service.metric("consumer_retries_published_total", rung="800ms") == 1
+    timed_out = [x for x in service.log_lines() if x.get("error_class") == "HandlerTimeout"]
+    assert len(timed_out) == 4
+    assert "ran past its 300ms limit" in timed_out[0]["error"]
+
+
+@pytest.mark.parametrize("limit", ["2"])
+async def test_the_hard_limit_ends_a_blocked_process_and_the_delivery_limit_ends_the_loop(
+    env: TestEnv, limit: str
+) -> None:
+    await env.apply_topology(delivery_limit=limit)
+    async with Producer(env.amqp_url) as producer:
+        blocker = await producer.send("test.behave", behave("blocks", block_s=30))
+    runs = 0
+    while await queue_depth(env.amqp_url, env.names.dead) == 0:
+        assert runs < 6
+        service = ServiceProcess(
+            env, f"run-{runs}", handler_timeout="500ms", hard_timeout="1500ms", delivery_limit=limit
+        ).start()
+        started = time.monotonic()
+        code = await service.wait_exit(timeout=30)
+        assert code == 3
+        assert time.monotonic() - started < 15
+        [critical] = [x for x in service.log_lines() if x.get("level") == "critical"]
+        assert critical["event_id"] == str(blocker)
+        assert critical["type"] == "test.behave"
+        assert critical["handler"] == "tests.handlers.behave.behave"
+        runs += 1
+        await asyncio.sleep(0.2)
+    assert runs == int(limit) + 1
+    listed = run_cli("consumer", "dlq", "list", "--json", env=env.env())
+    [letter] = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert letter["reason"] == "delivery_limit"
+
+
+async def _effects(env: TestEnv) -> int:
+    return int(await fetchval(env.database_url, "SELECT count(*) FROM test_effects"))
+
+
+async def _effects_at_least(env: TestEnv, expected: int) -> bool:
+    return await _effects(env) >= expected
+
+
+async def _depth_at_least(env: TestEnv, queue: str, expected: int) -> bool:
+    return await queue_depth(env.amqp_url, queue) >= expected
+
+
+async def _metric_at_least(service: ServiceProcess, name: str, expected: float) -> bool:
+    try:
+        return await service.metric(name) >= expected
+    except (aiohttp.ClientError, OSError):
+        return False

@@ -1,0 +1,118 @@
+"""Surviving the broker and the database going away, on throwaway servers of the test's own."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+
+import pytest
+
+from tests.conftest import make_template
+from tests.servers import ThrowawayPostgres, ThrowawayRabbit
+from tests.support import Producer, ServiceProcess, TestEnv, fetchval, queue_depth, wait_until
+
+
+def restocks(count: int) -> list[tuple[str, dict[str, object], uuid.UUID]]:
+    return [("inventory.restock", {"sku": "SKU", "qty": 1}, uuid.uuid4()) for _ in range(count)]
+
+
+async def movements(dsn: str) -> int:
+    return int(await fetchval(dsn, "SELECT count(*) FROM stock_movements"))
+
+
+async def assert_exactly_once(dsn: str, count: int) -> None:
+    assert await movements(dsn) == count
+    assert await fetchval(dsn, "SELECT count(*) FROM receipts") == count
+    assert await fetchval(dsn, "SELECT available FROM stock WHERE sku = 'SKU'") == count
+
+
+@pytest.fixture
+def broker_env(env: TestEnv, rabbit: ThrowawayRabbit) -> TestEnv:
+    return dataclasses.replace(env, amqp_url=rabbit.url, topologies=[])
+
+
+async def test_connection_closes_and_a_broker_restart_lose_and_double_nothing(
+    broker_env: TestEnv, rabbit: ThrowawayRabbit
+) -> None:
+    env = broker_env
+    await env.apply_topology()
+    async with Producer(env.amqp_url) as producer:
+        await producer.send_many(restocks(3000))
+    service = await ServiceProcess(env).start().wait_ready()
+
+    await wait_until(lambda: _at_least(env, 300), timeout=60, what="300 applied")
+    rabbit.close_all_connections()  # the broker drops us mid-stream
+
+    await wait_until(lambda: _at_least(env, 1500), timeout=60, what="1,500 applied")
+    rabbit.stop()
+
+    async def disconnected() -> bool:
+        status, body = await service.readyz()
+        return status == 503 and body["broker_connected"] is False
+
+    await wait_until(disconnected, timeout=15, what="readyz false while the broker is down")
+    assert await service.metric("consumer_broker_connected") == 0
+    rabbit.start()
+
+    await wait_until(lambda: _at_least(env, 3000), timeout=120, what="all 3,000 applied")
+    await service.wait_ready(timeout=30)
+    await asyncio.sleep(1)
+    await assert_exactly_once(env.database_url, 3000)
+    assert await queue_depth(env.amqp_url, env.names.dead) == 0
+    assert await queue_depth(env.amqp_url, env.names.work) == 0
+    assert await service.metric("consumer_broker_connected") == 1
+    assert await service.stop() == 0
+
+
+async def test_a_database_outage_longer_than_the_ladder_pauses_and_dead_letters_nothing(
+    env: TestEnv, postgres: ThrowawayPostgres
+) -> None:
+    await make_template(postgres.admin_dsn, "consumer")
+    dsn = postgres.dsn("consumer")
+    env = dataclasses.replace(env, database_url=dsn)
+    await env.apply_topology(delivery_limit="3")
+    service = await ServiceProcess(env, delivery_limit="3").start().wait_ready()
+    events = restocks(600)
+
+    async def publish_steadily() -> None:
+        async with Producer(env.amqp_url) as producer:
+            for start in range(0, len(events), 20):
+                await producer.send_many(events[start : start + 20])
+                await asyncio.sleep(0.1)  # about 200 events a second, for three seconds
+
+    publishing = asyncio.create_task(publish_steadily())
+    await wait_until(lambda: _at_least(env, 100), timeout=30, what="100 applied")
+    postgres.stop()
+
+    async def paused() -> bool:
+        status, body = await service.readyz()
+        return status == 503 and body["paused"] is True and body["database"] is False
+
+    await wait_until(paused, timeout=15, what="the service to pause")
+    assert await service.metric("consumer_paused") == 1
+    assert await service.metric("consumer_consuming") == 0
+    # Down for longer than the whole retry ladder (200ms + 400ms + 800ms) while events arrive.
+    await asyncio.sleep(4)
+    await publishing
+    postgres.start()
+
+    await wait_until(lambda: _at_least(env, 600), timeout=90, what="all 600 applied")
+    await service.wait_ready(timeout=30)
+    await asyncio.sleep(0.5)
+    await assert_exactly_once(dsn, 600)
+    assert await queue_depth(env.amqp_url, env.names.dead) == 0
+    assert await service.metric("consumer_paused") == 0
+    assert await service.metric("consumer_retries_published_total", rung="200ms") == 0
+    for reason in ("permanent_failure", "retries_exhausted"):
+        assert await service.metric("consumer_dead_letters_total", reason=reason) == 0
+    paused_lines = [x for x in service.log_lines() if x.get("event") == "paused"]
+    assert paused_lines, "the pause is logged"
+    assert await service.stop() == 0
+
+
+async def _at_least(env: TestEnv, expected: int) -> bool:
+    try:
+        return await movements(env.database_url) >= expected
+    except OSError:
+        return False

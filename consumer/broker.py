@@ -10,19 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
 import aiormq
-from aio_pika.abc import (
-    AbstractChannel,
-    AbstractConnection,
-    AbstractIncomingMessage,
-    AbstractQueue,
-)
+from aio_pika.abc import AbstractChannel, AbstractConnection
+from aiormq.abc import DeliveredMessage
 
+from consumer.acker import Acker
 from consumer.amqp import connect, describe_amqp_error
+from consumer.delivery import Delivery
 from consumer.publisher import Publisher
 from consumer.settings import Settings
 from topology.apply import check_topology
@@ -41,16 +39,18 @@ class BrokerSession:
         settings: Settings,
         topology: Topology,
         work_queue: str,
-        on_message: Callable[[AbstractIncomingMessage], Any],
+        on_delivery: Callable[[Delivery], Awaitable[None]],
+        on_lost_acks: Callable[[int], None],
     ) -> None:
         self._settings = settings
         self._topology = topology
         self._work_queue = work_queue
-        self._on_message = on_message
+        self._on_delivery = on_delivery
+        self._on_lost_acks = on_lost_acks
         self._connection: AbstractConnection | None = None
         self._consume_channel: AbstractChannel | None = None
         self._consume_underlay: Any = None
-        self._queue: AbstractQueue | None = None
+        self._acker: Acker | None = None
         self._consumer_tag: str | None = None
         self.publisher: Publisher | None = None
         self.closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -65,12 +65,14 @@ class BrokerSession:
             await self._consume_channel.set_qos(prefetch_count=self._settings.prefetch)
             self._consume_underlay = await self._consume_channel.get_underlay_channel()
             self._consume_underlay.on_consumer_cancel_callbacks.add(self._cancelled_by_broker)
+            self._acker = Acker(self._consume_underlay, on_lost=self._on_lost_acks)
             publish_channel = await self._connection.channel(
                 publisher_confirms=True, on_return_raises=True
             )
             publish_channel.close_callbacks.add(self._closed_callback("publish channel"))
-            self.publisher = Publisher(publish_channel, timeout=self._settings.publish_timeout)
-            self._queue = await self._consume_channel.get_queue(self._work_queue, ensure=False)
+            self.publisher = await Publisher.on(
+                publish_channel, confirm_within=self._settings.publish_timeout
+            )
         except BaseException:
             await self._close()
             raise
@@ -99,6 +101,11 @@ class BrokerSession:
             self.closed.set_result("the broker cancelled our consumer")
 
     async def _close(self) -> None:
+        if self._acker is not None:
+            # Acks for what has committed go out before the channel closes.
+            if self.is_open:
+                await self._acker.drain()
+            self._acker.close()
         connection, self._connection = self._connection, None
         self._consumer_tag = None
         if not self.closed.done():
@@ -113,22 +120,34 @@ class BrokerSession:
     def is_open(self) -> bool:
         return self._connection is not None and not self.closed.done()
 
+    async def _deliver(self, message: DeliveredMessage) -> None:
+        assert self._acker is not None
+        delivery = Delivery(message, self._acker)
+        # Called in delivery order, before any await: the acker learns every tag in order.
+        self._acker.received(delivery.delivery_tag)
+        await self._on_delivery(delivery)
+
     async def start_consuming(self) -> None:
-        if self._queue is None:
+        if self._consume_underlay is None:
             raise RuntimeError("the session is not open")
         if self._consumer_tag is None:
-            self._consumer_tag = await self._queue.consume(self._on_message, no_ack=False)
+            consume_ok = await self._consume_underlay.basic_consume(
+                self._work_queue, self._deliver, no_ack=False
+            )
+            self._consumer_tag = consume_ok.consumer_tag
 
     async def stop_consuming(self) -> None:
         """Cancel the consumer: no new deliveries; those already here stay ours to settle."""
         tag, self._consumer_tag = self._consumer_tag, None
-        if tag is None or self._queue is None or not self.is_open:
+        if tag is None or self._consume_underlay is None or not self.is_open:
             return
         # If the channel is going away, it takes the consumer with it.
         with contextlib.suppress(
             TimeoutError, aiormq.exceptions.AMQPError, RuntimeError, ConnectionError
         ):
-            await self._queue.cancel(tag, timeout=self._settings.publish_timeout.total_seconds())
+            await self._consume_underlay.basic_cancel(
+                tag, timeout=self._settings.publish_timeout.total_seconds()
+            )
 
     @property
     def is_consuming(self) -> bool:

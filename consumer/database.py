@@ -51,6 +51,14 @@ def database_name(settings: Settings) -> str:
     return urlsplit(settings.database_url.get_secret_value()).path.lstrip("/") or "postgres"
 
 
+async def _keep_session(_: asyncpg.Connection[Any]) -> None:
+    """Skip asyncpg's RESET ALL round trip on every release.
+
+    The pool still rolls back a transaction left open; the service keeps no other session state,
+    and handlers must not either (use ``SET LOCAL``, which ends with the transaction).
+    """
+
+
 class Database:
     """A pool of at most ``CONSUMER_DB_POOL_SIZE`` connections, opened lazily.
 
@@ -73,6 +81,7 @@ class Database:
             # connection forever.
             command_timeout=self._settings.hard_timeout.total_seconds() * 3,
             server_settings={"application_name": self._settings.name},
+            reset=_keep_session,
         )
         return self
 

@@ -6,23 +6,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiormq
-from aio_pika.abc import AbstractIncomingMessage
+from aiormq.abc import DeliveredMessage
+from pamqp.commands import Basic
 
+from consumer.acker import Acker, ChannelGone
 
-class ChannelGone(Exception):
-    """The channel a delivery came on is closed: its tag means nothing any more.
-
-    The broker has already put the message back in the queue; acking it on another channel would
-    ack a different message, so the service never tries.
-    """
+__all__ = ["ChannelGone", "Delivery"]
 
 
 @dataclass(slots=True)
 class Delivery:
-    """A delivered message plus what the service learns about it on the way."""
+    """A delivered message and the :class:`Acker` of the channel it came on."""
 
-    message: AbstractIncomingMessage
+    message: DeliveredMessage
+    acker: Acker
     received_at: float = field(default_factory=time.monotonic)
 
     @property
@@ -30,8 +27,24 @@ class Delivery:
         return self.message.body
 
     @property
+    def properties(self) -> Basic.Properties:
+        return self.message.header.properties
+
+    @property
     def headers(self) -> dict[str, Any]:
-        return dict(self.message.headers or {})
+        return self.message.header.properties.headers or {}
+
+    @property
+    def content_type(self) -> str | None:
+        return self.message.header.properties.content_type
+
+    @property
+    def content_encoding(self) -> str | None:
+        return self.message.header.properties.content_encoding
+
+    @property
+    def message_id(self) -> str | None:
+        return self.message.header.properties.message_id
 
     @property
     def routing_key(self) -> str:
@@ -46,27 +59,19 @@ class Delivery:
         return bool(self.message.redelivered)
 
     @property
-    def message_id(self) -> str | None:
-        return self.message.message_id
+    def delivery_tag(self) -> int:
+        tag = self.message.delivery_tag
+        assert tag is not None
+        return tag
 
     @property
     def channel_open(self) -> bool:
-        channel = self.message.channel
-        return not channel.is_closed
+        return self.acker.is_open
 
-    async def ack(self) -> None:
-        await self._settle(self.message.ack)
+    def ack(self) -> None:
+        """Ack after the commit; sent with the channel's next flush (see :mod:`consumer.acker`)."""
+        self.acker.ack(self.delivery_tag)
 
     async def nack(self, *, requeue: bool) -> None:
         """Reject this one message; never ``multiple=True``, which takes innocent ones along."""
-        await self._settle(self.message.nack, requeue=requeue)
-
-    async def _settle(self, method: Any, **kwargs: Any) -> None:
-        if not self.channel_open:
-            raise ChannelGone(
-                f"delivery tag {self.message.delivery_tag} belongs to a closed channel"
-            )
-        try:
-            await method(**kwargs)
-        except (aiormq.exceptions.AMQPError, RuntimeError, ConnectionError) as error:
-            raise ChannelGone(str(error)) from error
+        await self.acker.nack(self.delivery_tag, requeue=requeue)

@@ -23,7 +23,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMe
 from consumer import headers as h
 from consumer.envelope import Poison, check_content_type, parse_envelope
 from consumer.errors import PublishFailed
-from consumer.publisher import Publisher, copy_message
+from consumer.publisher import Publisher, copy_properties
 from consumer.registry import HandlerRegistry
 
 # What the broker's own dead-lettering reasons mean here.
@@ -276,10 +276,13 @@ async def replay(
     failed: list[tuple[DeadMessage, str]] = []
     for letter in letters:
         original = dead.message(letter)
-        copy = copy_message(original, headers=h.replay_headers(letter.headers))
+        properties = copy_properties(original.properties, headers=h.replay_headers(letter.headers))
         try:
             await publisher.publish(
-                copy, exchange=exchange, routing_key=letter.original_routing_key
+                original.body,
+                properties,
+                exchange=exchange,
+                routing_key=letter.original_routing_key,
             )
         except PublishFailed as error:
             failed.append((letter, str(error)))

@@ -124,7 +124,7 @@ async def _run(settings: Settings, arguments: argparse.Namespace) -> int:
                 print(f"{len(chosen)} of {len(letters)} would be replayed")
                 return 0
             channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-            publisher = Publisher(channel, timeout=settings.publish_timeout)
+            publisher = await Publisher.on(channel, confirm_within=settings.publish_timeout)
             result = await replay(dead, chosen, publisher, exchange=settings.exchange)
             for letter in result.replayed:
                 print(f"replayed {letter.id} {letter.type} -> {letter.original_routing_key!r}")

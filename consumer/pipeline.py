@@ -22,12 +22,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 import asyncpg
 
 from consumer.database import Database
 from consumer.delivery import Delivery
-from consumer.durations import format_duration
+from consumer.durations import format_duration, to_milliseconds
 from consumer.envelope import Envelope, Poison, check_content_type, parse_envelope
 from consumer.errors import (
     ConfigError,
@@ -48,6 +49,31 @@ INSERT INTO receipts (consumer, event_id, type) VALUES ($1, $2, $3)
 ON CONFLICT DO NOTHING
 RETURNING true
 """
+
+# Sorted, so concurrent batches take the receipts' row locks in the same order (no deadlock).
+_INSERT_RECEIPTS = """
+INSERT INTO receipts (consumer, event_id, type)
+SELECT $1, batch.event_id, batch.type
+FROM unnest($2::uuid[], $3::text[]) AS batch (event_id, type)
+ORDER BY batch.event_id
+ON CONFLICT DO NOTHING
+RETURNING event_id
+"""
+
+_DELETE_RECEIPT = "DELETE FROM receipts WHERE consumer = $1 AND event_id = $2"
+
+# One savepoint name, re-established between events: one round trip per event.
+_FIRST_SAVEPOINT = "SAVEPOINT consumer_event"
+_NEXT_SAVEPOINT = "RELEASE SAVEPOINT consumer_event; SAVEPOINT consumer_event"
+_ROLLBACK_TO_SAVEPOINT = "ROLLBACK TO SAVEPOINT consumer_event"
+
+# Conflicts that batching can cause between concurrent transactions: a lock wait past
+# CONSUMER_BATCH_LOCK_TIMEOUT, a deadlock, a serialization failure.
+_CONTENTION = (
+    asyncpg.DeadlockDetectedError,
+    asyncpg.SerializationError,
+    asyncpg.LockNotAvailableError,
+)
 
 
 @dataclass(slots=True)
@@ -78,14 +104,15 @@ class Pipeline:
         self._consumer = settings.name
         self._max_body = settings.max_body_bytes
         self._default_timeout = settings.handler_timeout.total_seconds()
+        lock_ms = to_milliseconds(settings.batch_lock_timeout)
+        self._batch_lock_timeout = f"SET LOCAL lock_timeout = '{lock_ms}ms'"
         self._registry = registry
         self._database = database
         self._policy = policy
 
     def prepare(self, delivery: Delivery) -> tuple[Handler, Envelope[Any]]:
         """Parse and bind a delivery, or raise :class:`Poison`."""
-        message = delivery.message
-        check_content_type(message.content_type, message.content_encoding)
+        check_content_type(delivery.content_type, delivery.content_encoding)
         raw = parse_envelope(delivery.body, max_bytes=self._max_body)
         return self._registry.resolve(raw)
 
@@ -119,7 +146,9 @@ class Pipeline:
             async with self._database.connection() as conn:
                 try:
                     async with conn.transaction():
-                        fresh = await self._apply_one(conn, item)
+                        fresh = await self._insert_receipt(conn, item)
+                        if fresh:
+                            await self._run_handler(conn, item)
                 except Exception as error:
                     _raise_if_connection_lost(conn, error)
                     raise
@@ -130,24 +159,43 @@ class Pipeline:
         return Applied(duplicate=not fresh, committed_at=datetime.now(UTC))
 
     async def _apply_together(self, items: list[_Ready]) -> list[Verdict]:
-        verdicts: list[Verdict | None] = [None] * len(items)
+        """One transaction: every receipt in one statement, each handler in a savepoint.
+
+        A handler that fails rolls back to its savepoint and takes its receipt back out; the
+        others commit. Lock conflicts that batching itself can cause (deadlock, serialization
+        failure) do not cost the event an attempt: it is applied again alone after the commit.
+        """
+        verdicts: list[Verdict] = []
+        alone: list[int] = []
         try:
             async with self._database.connection() as conn:
                 try:
                     async with conn.transaction():
+                        # A batch holds its row locks until it commits: never wait long behind
+                        # another one (see _CONTENTION), so lock convoys cannot build up.
+                        await conn.execute(self._batch_lock_timeout)
+                        fresh = await self._insert_receipts(conn, items)
+                        claimed: set[UUID] = set()
                         for index, item in enumerate(items):
+                            event_id = item.event.event_id
+                            if event_id not in fresh or event_id in claimed:
+                                verdicts.append(Applied(True, _EPOCH))
+                                continue
+                            await conn.execute(_NEXT_SAVEPOINT if claimed else _FIRST_SAVEPOINT)
+                            claimed.add(event_id)
                             try:
-                                async with conn.transaction():  # a savepoint per event
-                                    fresh = await self._apply_one(conn, item)
-                            except (ConfigError, PipelineFault):
-                                raise
+                                await self._run_handler(conn, item)
                             except Exception as error:
                                 _raise_if_connection_lost(conn, error)
                                 if classify(error) is ErrorKind.UNAVAILABLE:
                                     raise
-                                verdicts[index] = self._failed(item, error)
+                                await conn.execute(_ROLLBACK_TO_SAVEPOINT)
+                                await conn.execute(_DELETE_RECEIPT, self._consumer, event_id)
+                                if isinstance(error, _CONTENTION):
+                                    alone.append(index)
+                                verdicts.append(self._failed(item, error))
                             else:
-                                verdicts[index] = Applied(not fresh, _EPOCH)
+                                verdicts.append(Applied(False, _EPOCH))
                 except Exception as error:
                     _raise_if_connection_lost(conn, error)
                     raise
@@ -158,30 +206,44 @@ class Pipeline:
                 return [self._failed(item, error) for item in items]
             raise _ApplyAlone from error
         committed_at = datetime.now(UTC)
-        return [
-            Applied(v.duplicate, committed_at) if isinstance(v, Applied) else v
-            for v in verdicts
-            if v is not None
+        verdicts = [
+            Applied(v.duplicate, committed_at) if isinstance(v, Applied) else v for v in verdicts
         ]
+        for index in alone:
+            verdicts[index] = await self._apply_alone(items[index])
+        return verdicts
 
-    async def _apply_one(self, conn: asyncpg.Connection[Any], item: _Ready) -> bool:
-        """Insert the receipt and, if it is new, run the handler. True if the effect was applied."""
+    async def _insert_receipt(self, conn: asyncpg.Connection[Any], item: _Ready) -> bool:
         event = item.event
         try:
-            fresh = await conn.fetchval(_INSERT_RECEIPT, self._consumer, event.event_id, event.type)
+            return bool(
+                await conn.fetchval(_INSERT_RECEIPT, self._consumer, event.event_id, event.type)
+            )
         except Exception as error:
-            if classify(error) is ErrorKind.PERMANENT:
-                # Not the event's fault: the receipts table itself is broken or missing.
-                raise PipelineFault(f"cannot write receipts: {error}") from error
+            _stop_if_receipts_broken(error)
             raise
-        if not fresh:
-            return False
+
+    async def _insert_receipts(
+        self, conn: asyncpg.Connection[Any], items: list[_Ready]
+    ) -> set[UUID]:
+        """Insert every receipt of the batch; the event ids whose receipt is new."""
+        ids = [item.event.event_id for item in items]
+        types = [item.event.type for item in items]
+        try:
+            rows = await conn.fetch(_INSERT_RECEIPTS, self._consumer, ids, types)
+        except Exception as error:
+            _stop_if_receipts_broken(error)
+            raise
+        return {row[0] for row in rows}
+
+    async def _run_handler(self, conn: asyncpg.Connection[Any], item: _Ready) -> None:
+        """The handler under its soft time limit; a timeout becomes :class:`HandlerTimeout`."""
         handler = item.handler
         limit = handler.timeout.total_seconds() if handler.timeout else self._default_timeout
         started = time.perf_counter()
         try:
             async with asyncio.timeout(limit):
-                await handler.func(event, conn)
+                await handler.func(item.event, conn)
         except TimeoutError as error:
             if time.perf_counter() - started >= limit:
                 shown = format_duration(timedelta(seconds=limit))
@@ -189,14 +251,19 @@ class Pipeline:
             raise
         finally:
             item.handler_seconds = time.perf_counter() - started
-        return True
 
     def _failed(self, item: _Ready, error: BaseException) -> Failed:
-        attempts = attempts_so_far(item.delivery.message.headers)
+        attempts = attempts_so_far(item.delivery.headers)
         return Failed(error, self._policy.decide(error, attempts), attempts)
 
 
 _EPOCH = datetime.fromtimestamp(0, UTC)
+
+
+def _stop_if_receipts_broken(error: Exception) -> None:
+    if classify(error) is ErrorKind.PERMANENT:
+        # Not the event's fault: the receipts table itself is broken or missing.
+        raise PipelineFault(f"cannot write receipts: {error}") from error
 
 
 def _raise_if_connection_lost(conn: asyncpg.Connection[Any], error: BaseException) -> None:

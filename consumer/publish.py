@@ -8,12 +8,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import aio_pika
-from aio_pika.abc import DeliveryMode
+from pamqp.commands import Basic
 
 from consumer.amqp import connect
 from consumer.errors import ConfigError, PublishFailed
-from consumer.publisher import Publisher
+from consumer.publisher import PERSISTENT, Publisher
 from consumer.settings import Settings
 
 
@@ -46,12 +45,10 @@ def envelope_body(
     return json.dumps(envelope, separators=(",", ":")).encode()
 
 
-def event_message(body: bytes, *, message_id: str | None = None) -> aio_pika.Message:
-    return aio_pika.Message(
-        body,
-        content_type="application/json",
-        delivery_mode=DeliveryMode.PERSISTENT,
-        message_id=message_id,
+def event_properties(*, message_id: str | None = None) -> Basic.Properties:
+    """Persistent JSON, as the contract asks of producers."""
+    return Basic.Properties(
+        content_type="application/json", delivery_mode=PERSISTENT, message_id=message_id
     )
 
 
@@ -70,10 +67,11 @@ async def publish_event(settings: Settings, request: PublishRequest) -> uuid.UUI
     connection = await connect(settings, "publish")
     try:
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        publisher = Publisher(channel, timeout=settings.publish_timeout)
+        publisher = await Publisher.on(channel, confirm_within=settings.publish_timeout)
         try:
             await publisher.publish(
-                event_message(body, message_id=str(event_id)),
+                body,
+                event_properties(message_id=str(event_id)),
                 exchange=settings.exchange,
                 routing_key=request.event_type,
             )

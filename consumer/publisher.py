@@ -5,37 +5,39 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-import aio_pika
 import aiormq
-from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage, DeliveryMode
+from aio_pika.abc import AbstractChannel
+from pamqp.commands import Basic
 
+from consumer.durations import to_milliseconds
 from consumer.errors import PublishFailed
 
+PERSISTENT = 2
 
-def copy_message(
-    original: AbstractIncomingMessage,
+
+def copy_properties(
+    original: Basic.Properties,
     *,
     headers: dict[str, Any],
     expiration: timedelta | None = None,
-) -> aio_pika.Message:
-    """A persistent copy of a delivered message: same body and properties, new headers.
+) -> Basic.Properties:
+    """The original's properties with new headers, made persistent.
 
     ``user_id`` is dropped: the broker refuses a publish whose user_id is not the publisher's own.
     The original's expiration is dropped too: a retry copy waits exactly as long as its rung.
     """
-    return aio_pika.Message(
-        original.body,
-        headers=headers,
+    return Basic.Properties(
         content_type=original.content_type,
         content_encoding=original.content_encoding,
-        delivery_mode=DeliveryMode.PERSISTENT,
+        headers=headers,
+        delivery_mode=PERSISTENT,
         priority=original.priority,
         correlation_id=original.correlation_id,
         reply_to=original.reply_to,
-        expiration=expiration,
+        expiration=str(to_milliseconds(expiration)) if expiration is not None else None,
         message_id=original.message_id,
         timestamp=original.timestamp,
-        type=original.type,
+        message_type=original.message_type,
         app_id=original.app_id,
     )
 
@@ -47,27 +49,32 @@ class Publisher:
     nobody would receive is not "published".
     """
 
-    def __init__(self, channel: AbstractChannel, *, timeout: timedelta) -> None:
+    def __init__(self, channel: Any, *, timeout: timedelta) -> None:
         self._channel = channel
         self._timeout = timeout.total_seconds()
-        self._exchanges: dict[str, AbstractExchange] = {}
+
+    @classmethod
+    async def on(cls, channel: AbstractChannel, *, confirm_within: timedelta) -> Publisher:
+        """A publisher on an aio-pika channel opened with ``publisher_confirms=True``."""
+        return cls(await channel.get_underlay_channel(), timeout=confirm_within)
 
     @property
     def is_open(self) -> bool:
         return not self._channel.is_closed
 
-    async def _exchange(self, name: str) -> AbstractExchange:
-        exchange = self._exchanges.get(name)
-        if exchange is None:
-            exchange = await self._channel.get_exchange(name, ensure=False)
-            self._exchanges[name] = exchange
-        return exchange
-
-    async def publish(self, message: aio_pika.Message, *, exchange: str, routing_key: str) -> None:
+    async def publish(
+        self, body: bytes, properties: Basic.Properties, *, exchange: str, routing_key: str
+    ) -> None:
         """Publish and wait for the confirm; raise :class:`PublishFailed` otherwise."""
         try:
-            target = await self._exchange(exchange)
-            await target.publish(message, routing_key, mandatory=True, timeout=self._timeout)
+            result = await self._channel.basic_publish(
+                body,
+                exchange=exchange,
+                routing_key=routing_key,
+                properties=properties,
+                mandatory=True,
+                timeout=self._timeout,
+            )
         except aiormq.exceptions.PublishError as error:
             raise PublishFailed(f"{exchange!r} could not route {routing_key!r}") from error
         except aiormq.exceptions.DeliveryError as error:
@@ -76,3 +83,5 @@ class Publisher:
             raise PublishFailed(f"no confirm from the broker within {self._timeout:g}s") from error
         except (aiormq.exceptions.AMQPError, RuntimeError, ConnectionError) as error:
             raise PublishFailed(f"publishing channel failed: {type(error).__name__}") from error
+        if not isinstance(result, Basic.Ack):
+            raise PublishFailed(f"the broker did not confirm the message for {exchange!r}")

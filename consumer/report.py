@@ -38,7 +38,7 @@ class OutcomeReporter:
             "message_id": delivery.message_id,
             "routing_key": delivery.routing_key,
             "redelivered": delivery.redelivered,
-            "attempt": attempts_so_far(delivery.message.headers),
+            "attempt": attempts_so_far(delivery.headers),
             "outcome": settled.kind.value,
             "duration_ms": round((time.monotonic() - delivery.received_at) * 1000, 2),
         }

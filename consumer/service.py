@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiormq
-from aio_pika.abc import AbstractIncomingMessage
 
 from consumer.amqp import BrokerUnreachable
 from consumer.backoff import Backoff
@@ -215,7 +214,11 @@ class Service:
         while not stop.is_set() and self._fatal is None:
             try:
                 async with BrokerSession(
-                    self._settings, self._topology, self._names.work, self._on_message
+                    self._settings,
+                    self._topology,
+                    self._names.work,
+                    self._on_delivery,
+                    self._metrics.settle_lost.inc,
                 ) as session:
                     self._session = session
                     assert session.publisher is not None
@@ -300,8 +303,7 @@ class Service:
 
     # -- deliveries ---------------------------------------------------------------------------
 
-    async def _on_message(self, message: AbstractIncomingMessage) -> None:
-        delivery = Delivery(message)
+    async def _on_delivery(self, delivery: Delivery) -> None:
         self._metrics.in_flight.inc()
         if delivery.redelivered:
             self._metrics.redeliveries.inc()

@@ -81,6 +81,7 @@ class Settings(BaseSettings):
     db_pool_size: int = Field(default=10, ge=1, le=1000)
     batch_size: int = Field(default=1, ge=1, le=1000)
     batch_wait: Annotated[timedelta, BeforeValidator(parse_duration)] = timedelta(0)
+    batch_lock_timeout: Duration = timedelta(milliseconds=100)
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=8080, ge=1, le=65535)
     retry_delays: Annotated[tuple[Duration, ...], NoDecode, BeforeValidator(_split_list)] = (

@@ -19,7 +19,7 @@ from consumer.delivery import ChannelGone, Delivery
 from consumer.errors import PublishFailed, error_name
 from consumer.headers import dead_letter_headers, retry_headers
 from consumer.outcome import Applied, Failed, Outcome, OutcomeKind, Rejected
-from consumer.publisher import Publisher, copy_message
+from consumer.publisher import Publisher, copy_properties
 from consumer.retry import DeadLetter, Retry, jittered_expiration, rung_label
 from topology.names import Names
 
@@ -55,7 +55,7 @@ class Settler:
         delivery, verdict = outcome.delivery, outcome.verdict
         try:
             if isinstance(verdict, Applied):
-                await delivery.ack()
+                delivery.ack()
                 return Settled(
                     OutcomeKind.DUPLICATE if verdict.duplicate else OutcomeKind.PROCESSED
                 )
@@ -87,13 +87,13 @@ class Settler:
             await asyncio.sleep(self._publish_failure_pause)
             await delivery.nack(requeue=True)
             return Settled(OutcomeKind.RETURNED, publish_error=error)
-        await delivery.ack()
+        delivery.ack()
         return Settled(kind)
 
     async def _publish_retry(self, delivery: Delivery, failed: Failed, retry: Retry) -> None:
         rung = rung_label(retry.delay)
         headers = retry_headers(
-            delivery.message.headers,
+            delivery.headers,
             attempt=retry.attempt,
             rung=rung,
             error_class=error_name(failed.error),
@@ -103,16 +103,16 @@ class Settler:
             now=datetime.now(UTC),
         )
         expiration = jittered_expiration(retry.delay, self._jitter, self._rng)
-        message = copy_message(delivery.message, headers=headers, expiration=expiration)
+        properties = copy_properties(delivery.properties, headers=headers, expiration=expiration)
         await self._publisher.publish(
-            message, exchange=self._names.retry, routing_key=delivery.routing_key
+            delivery.body, properties, exchange=self._names.retry, routing_key=delivery.routing_key
         )
 
     async def _publish_dead_letter(
         self, delivery: Delivery, failed: Failed, dead: DeadLetter
     ) -> None:
         headers = dead_letter_headers(
-            delivery.message.headers,
+            delivery.headers,
             reason=dead.reason.value,
             attempts=failed.attempts_so_far,
             error_class=error_name(failed.error),
@@ -122,9 +122,9 @@ class Settler:
             service=self._names.service,
             now=datetime.now(UTC),
         )
-        message = copy_message(delivery.message, headers=headers)
+        properties = copy_properties(delivery.properties, headers=headers)
         await self._publisher.publish(
-            message, exchange=self._names.dlx, routing_key=delivery.routing_key
+            delivery.body, properties, exchange=self._names.dlx, routing_key=delivery.routing_key
         )
 
 

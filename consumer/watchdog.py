@@ -32,7 +32,7 @@ def _frames(frame: FrameType | None) -> Iterator[FrameType]:
 def event_in_frame(frame: FrameType | None) -> dict[str, Any]:
     """The event a blocked loop was applying, found in the pipeline's frame on its stack."""
     for current in _frames(frame):
-        if current.f_code.co_name != "_apply_one":
+        if current.f_code.co_name != "_run_handler":
             continue
         item = current.f_locals.get("item")
         event = getattr(item, "event", None)

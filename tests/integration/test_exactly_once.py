@@ -6,6 +6,8 @@ import asyncio
 import random
 import uuid
 
+import pytest
+
 from tests.support import (
     Producer,
     ServiceProcess,
@@ -17,10 +19,14 @@ from tests.support import (
 )
 
 
-async def test_a_thousand_reserves_with_duplicates_apply_exactly_once(env: TestEnv) -> None:
+@pytest.mark.parametrize("batch_size", ["1", "25"])
+async def test_a_thousand_reserves_with_duplicates_apply_exactly_once(
+    env: TestEnv, batch_size: str
+) -> None:
     # Given a running service and a restocked SKU
     await env.apply_topology()
-    service = await ServiceProcess(env).start().wait_ready()
+    service = ServiceProcess(env, batch_size=batch_size, prefetch="100").start()
+    await service.wait_ready()
     async with Producer(env.amqp_url) as producer:
         await producer.send("inventory.restock", {"sku": "SKU-1", "qty": 1500})
         await wait_until(
@@ -67,7 +73,10 @@ async def test_a_thousand_reserves_with_duplicates_apply_exactly_once(env: TestE
     assert await service.stop() == 0
 
 
-async def test_sigkill_mid_stream_then_restart_applies_every_event_once(env: TestEnv) -> None:
+@pytest.mark.parametrize("batch_size", ["1", "25"])
+async def test_sigkill_mid_stream_then_restart_applies_every_event_once(
+    env: TestEnv, batch_size: str
+) -> None:
     # Given 2,000 events waiting
     await env.apply_topology()
     async with Producer(env.amqp_url) as producer:
@@ -75,14 +84,14 @@ async def test_sigkill_mid_stream_then_restart_applies_every_event_once(env: Tes
             ("test.behave", behave(f"k{n}", sleep_s=0.002), uuid.uuid4()) for n in range(2000)
         )
     # When the consumer is killed with SIGKILL part-way through, then started again
-    first = ServiceProcess(env, "first").start()
+    first = ServiceProcess(env, "first", batch_size=batch_size).start()
     await wait_until(
         lambda: _effects(env, lambda count: count >= 400), timeout=60, what="400 effects"
     )
     assert first.kill() == -9
     applied_at_kill = await fetchval(env.database_url, "SELECT count(*) FROM test_effects")
     assert applied_at_kill < 2000, "the kill should land mid-stream"
-    second = await ServiceProcess(env, "second").start().wait_ready()
+    second = await ServiceProcess(env, "second", batch_size=batch_size).start().wait_ready()
 
     # Then every event is applied exactly once and none is lost
     await wait_until(

@@ -1,0 +1,161 @@
+"""Acks and nacks for one channel, with acks coalesced into ``multiple=true`` where that is safe.
+
+Delivery tags on a channel only grow. A single ``basic.ack(tag, multiple=true)`` acks every
+outstanding delivery up to ``tag``, so it is sent only when every delivery up to it has committed
+(or was already settled on its own). A delivery that is still being applied blocks the multiple ack
+past it; deliveries done behind it are acked one by one once they have waited ``max_delay``, so a
+slow event never holds the prefetch window hostage. Nacks are never coalesced: ``multiple=true``
+would reject innocent deliveries too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import aiormq
+
+_CHANNEL_ERRORS = (aiormq.exceptions.AMQPError, RuntimeError, ConnectionError)
+
+
+class ChannelGone(Exception):
+    """The channel a delivery came on is closed: its tag means nothing any more.
+
+    The broker has already put the message back in the queue; acking it on another channel would
+    ack a different message, so the service never tries.
+    """
+
+
+class Acker:
+    """Settles the deliveries of one channel. Create one per consume channel."""
+
+    def __init__(
+        self,
+        channel: Any,
+        *,
+        max_delay: float = 0.05,
+        on_lost: Callable[[int], None] | None = None,
+    ) -> None:
+        self._channel = channel
+        self._max_delay = max_delay
+        self._on_lost = on_lost or (lambda _: None)
+        self._outstanding: deque[int] = deque()
+        self._floor = 0  # every tag up to here is settled; tags start at 1 and have no gaps
+        self._done: dict[int, float] = {}
+        self._settled: set[int] = set()
+        self._flush_scheduled = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def is_open(self) -> bool:
+        return not self._channel.is_closed
+
+    def received(self, tag: int) -> None:
+        if self._outstanding and tag < self._outstanding[-1]:
+            bisect.insort(self._outstanding, tag)  # not expected: deliveries arrive in order
+        else:
+            self._outstanding.append(tag)
+
+    def ack(self, tag: int) -> None:
+        """Mark ``tag`` committed; the ack goes out with the next flush (this loop iteration)."""
+        if not self.is_open:
+            raise ChannelGone(f"delivery tag {tag} belongs to a closed channel")
+        self._done[tag] = time.monotonic()
+        self._schedule_flush()
+
+    async def nack(self, tag: int, *, requeue: bool) -> None:
+        """Reject ``tag`` alone, now."""
+        if not self.is_open:
+            raise ChannelGone(f"delivery tag {tag} belongs to a closed channel")
+        self._settled.add(tag)
+        try:
+            await self._channel.basic_nack(tag, multiple=False, requeue=requeue)
+        except _CHANNEL_ERRORS as error:
+            raise ChannelGone(str(error)) from error
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _advance(self) -> int | None:
+        """Drop settled tags from the front; return the highest done tag a multiple ack may cover.
+
+        Only a gapless run from the last settled tag counts: a tag the broker sent but this
+        object has not yet been told of must never be covered by a multiple ack.
+        """
+        highest: int | None = None
+        while self._outstanding and self._outstanding[0] == self._floor + 1:
+            front = self._outstanding[0]
+            if front in self._settled:
+                self._settled.discard(front)
+            elif front in self._done:
+                del self._done[front]
+                highest = front
+            else:
+                break
+            self._outstanding.popleft()
+            self._floor = front
+        return highest
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self.is_open:
+            lost = len(self._done)
+            self._done.clear()
+            if lost:
+                self._on_lost(lost)
+            return
+        frames: list[tuple[int, bool]] = []
+        highest = self._advance()
+        if highest is not None:
+            frames.append((highest, True))
+        if self._done:
+            # Done, but behind a delivery still being applied: ack alone once they have waited.
+            cutoff = time.monotonic() - self._max_delay
+            for tag, since in list(self._done.items()):
+                if since <= cutoff:
+                    del self._done[tag]
+                    self._settled.add(tag)
+                    frames.append((tag, False))
+            if self._done and self._timer is None:
+                self._timer = asyncio.get_running_loop().call_later(self._max_delay, self._tick)
+        if frames:
+            task = asyncio.get_running_loop().create_task(self._send(frames))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _tick(self) -> None:
+        self._timer = None
+        self._flush()
+
+    async def _send(self, frames: list[tuple[int, bool]]) -> None:
+        for position, (tag, multiple) in enumerate(frames):
+            try:
+                await self._channel.basic_ack(tag, multiple=multiple, wait=False)
+            except _CHANNEL_ERRORS:
+                self._on_lost(len(frames) - position)
+                return
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    async def drain(self) -> None:
+        """Send what is done and wait for it to be written (before closing the channel)."""
+        if self._flush_scheduled or self._done:
+            self._flush_scheduled = False
+            if self._done:
+                # Force out everything done, even what waits behind an unfinished delivery.
+                for tag in list(self._done):
+                    self._done[tag] = 0.0
+            self._flush()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)

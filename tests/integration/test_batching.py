@@ -1,0 +1,79 @@
+"""Many events per transaction: a failure rolls back only itself; contention costs nothing."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from typing import Any
+
+from tests.support import (
+    Producer,
+    ServiceProcess,
+    TestEnv,
+    behave,
+    fetchval,
+    queue_depth,
+    wait_until,
+)
+
+
+async def test_a_mixed_stream_in_batches_keeps_every_promise(env: TestEnv) -> None:
+    # Given a service applying up to 25 events per transaction
+    await env.apply_topology()
+    service = await ServiceProcess(env, batch_size="25", prefetch="200").start().wait_ready()
+    rng = random.Random(11)
+    events: list[tuple[str, dict[str, Any], uuid.UUID]] = []
+    kinds: dict[uuid.UUID, str] = {}
+    for n in range(1200):
+        roll = rng.random()
+        if roll < 0.05:
+            spec, kind = behave(f"p{n}", permanent=True), "dead"
+        elif roll < 0.10:
+            spec, kind = behave(f"t{n}", fail_transient=1), "applied"
+        elif roll < 0.55:
+            # Five hot SKUs, touched in every order by concurrent batches: lock conflicts.
+            events.append(
+                ("inventory.restock", {"sku": f"S{rng.randrange(5)}", "qty": 1}, uuid.uuid4())
+            )
+            continue
+        else:
+            spec, kind = behave(f"k{n}"), "applied"
+        event_id = uuid.uuid4()
+        kinds[event_id] = kind
+        events.append(("test.behave", spec, event_id))
+    duplicates = rng.sample(events, 120)
+
+    # When the stream arrives with duplicates and a few poison messages
+    async with Producer(env.amqp_url) as producer:
+        await producer.send_many([*events, *duplicates])
+        for _ in range(10):
+            await producer.send_raw(b"\x00not json", "test.behave")
+
+    restocks = sum(1 for event in events if event[0] == "inventory.restock")
+    applied = sum(1 for kind in kinds.values() if kind == "applied")
+    dead = sum(1 for kind in kinds.values() if kind == "dead")
+
+    async def done() -> bool:
+        movements = await fetchval(env.database_url, "SELECT count(*) FROM stock_movements")
+        effects = await fetchval(env.database_url, "SELECT count(*) FROM test_effects")
+        letters = await queue_depth(env.amqp_url, env.names.dead)
+        return bool(movements == restocks and effects == applied and letters >= dead + 10)
+
+    await wait_until(done, timeout=120, what="the whole stream")
+
+    # Then each valid event is applied once, each bad one dead-lettered, nothing else
+    assert await fetchval(env.database_url, "SELECT sum(available) FROM stock") == restocks
+    assert await fetchval(env.database_url, "SELECT count(*) FROM receipts") == restocks + applied
+    dead_ids = {k for k, v in kinds.items() if v == "dead"}
+    leaked = await fetchval(
+        env.database_url,
+        "SELECT count(*) FROM receipts WHERE event_id = ANY($1::uuid[])",
+        list(dead_ids),
+    )
+    assert leaked == 0
+    # A permanent failure duplicated in the stream is dead-lettered once per copy.
+    duplicated_dead = sum(1 for event in duplicates if event[2] in dead_ids)
+    assert await queue_depth(env.amqp_url, env.names.dead) == dead + duplicated_dead + 10
+    assert await service.metric("consumer_dead_letters_total", reason="retries_exhausted") == 0
+    assert await service.stop() == 0
+    assert await queue_depth(env.amqp_url, env.names.work) == 0

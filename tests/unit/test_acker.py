@@ -1,0 +1,98 @@
+"""The ack-coalescing rules, against a channel that records the frames it is asked to send."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from consumer.acker import Acker, ChannelGone
+
+
+class RecordingChannel:
+    def __init__(self) -> None:
+        self.frames: list[tuple[str, int, bool]] = []
+        self.is_closed = False
+
+    async def basic_ack(self, tag: int, *, multiple: bool, wait: bool) -> None:
+        self.frames.append(("ack", tag, multiple))
+
+    async def basic_nack(self, tag: int, *, multiple: bool, requeue: bool) -> None:
+        assert not multiple
+        self.frames.append(("nack-requeue" if requeue else "nack", tag, multiple))
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def make(*tags: int, max_delay: float = 0.05) -> tuple[Acker, RecordingChannel, list[int]]:
+    channel = RecordingChannel()
+    lost: list[int] = []
+    acker = Acker(channel, max_delay=max_delay, on_lost=lost.append)
+    for tag in tags:
+        acker.received(tag)
+    return acker, channel, lost
+
+
+async def test_contiguous_acks_go_out_as_one_multiple_ack() -> None:
+    acker, channel, _ = await make(1, 2, 3, 4)
+    for tag in (2, 1, 4, 3):
+        acker.ack(tag)
+    await settle()
+    assert channel.frames == [("ack", 4, True)]
+
+
+async def test_a_delivery_in_flight_blocks_the_multiple_ack_past_it() -> None:
+    acker, channel, _ = await make(1, 2, 3, 4, max_delay=0.05)
+    acker.ack(1)
+    acker.ack(3)
+    acker.ack(4)
+    await settle()
+    assert channel.frames == [("ack", 1, True)]
+    await asyncio.sleep(0.1)  # 3 and 4 waited past max_delay behind 2: acked alone
+    assert channel.frames == [("ack", 1, True), ("ack", 3, False), ("ack", 4, False)]
+    acker.ack(2)
+    await settle()
+    assert channel.frames[-1] == ("ack", 2, True)
+
+
+async def test_nacks_are_single_and_immediate_and_acks_skip_over_them() -> None:
+    acker, channel, _ = await make(1, 2, 3)
+    await acker.nack(2, requeue=False)
+    acker.ack(1)
+    acker.ack(3)
+    await settle()
+    assert channel.frames == [("nack", 2, False), ("ack", 3, True)]
+
+
+async def test_a_tag_not_yet_received_is_never_covered() -> None:
+    acker, channel, _ = await make(1, 3)  # 2 was sent by the broker but not handed over yet
+    acker.ack(1)
+    acker.ack(3)
+    await settle()
+    assert channel.frames == [("ack", 1, True)]
+    await asyncio.sleep(0.1)
+    assert ("ack", 3, True) not in channel.frames
+    assert channel.frames[-1] == ("ack", 3, False)
+
+
+async def test_a_closed_channel_refuses_and_counts_what_was_lost() -> None:
+    acker, channel, lost = await make(1, 2)
+    acker.ack(1)
+    channel.is_closed = True
+    await settle()
+    assert channel.frames == []
+    assert lost == [1]
+    with pytest.raises(ChannelGone):
+        acker.ack(2)
+    with pytest.raises(ChannelGone):
+        await acker.nack(2, requeue=True)
+
+
+async def test_drain_sends_everything_done() -> None:
+    acker, channel, _ = await make(1, 2, 3)
+    acker.ack(3)
+    await acker.drain()
+    assert channel.frames == [("ack", 3, False)]

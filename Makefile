@@ -6,13 +6,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: run test lint typecheck pytest services migrate topology install clean
+.PHONY: run test lint typecheck pytest services tools migrate topology install clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed (set PYTHON=...)")'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install --quiet --upgrade pip
-	@$(PY) -m pip install --quiet -e '.[dev]'
+	@$(PY) -m pip install --quiet -e '.[dev,deploy]'
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
@@ -20,6 +20,9 @@ install: $(STAMP)
 
 services:
 	@deploy/local/services.sh
+
+tools:
+	@deploy/local/tools.sh
 
 migrate: install services
 	@$(PY) -m consumer migrate --create-database
@@ -37,10 +40,26 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
-pytest: install services
+pytest: install services tools
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest
+
+# `make bench` / `make soak`: see bench/README.md. BENCH_EVENTS, BENCH_RUNS, SOAK_EVENTS and the
+# service's CONSUMER_* settings come from the environment; more flags in BENCH_ARGS / SOAK_ARGS.
+.PHONY: bench soak
+BENCH_STAMP := $(VENV)/.bench-installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+
+$(BENCH_STAMP): $(STAMP)
+	@$(PY) -m pip install --quiet -e '.[dev,bench]'
+	@rm -f $(VENV)/.bench-installed-*
+	@touch $@
+
+bench: $(BENCH_STAMP) services
+	@$(PY) -m bench run $(BENCH_ARGS)
+
+soak: $(BENCH_STAMP) services
+	@$(PY) -m bench soak $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,0 +1,302 @@
+"""Helpers for the checks of deploy/: finding the tools, reading the files, a real Prometheus, and
+a RabbitMQ node of a test's own with its Prometheus plugin on.
+
+The tools come from the ``deploy`` extra (PyPI: hadolint, yamllint, docker-compose,
+kubernetes-validate) and from Debian (promtool, prometheus, systemd-analyze; deploy/local/tools.sh).
+A missing tool fails the check; it never skips it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import aiohttp
+import pytest
+import yaml
+
+from tests.servers import ThrowawayRabbit, free_port
+from tests.support import REPO, TestEnv, wait_until
+
+DEPLOY = REPO / "deploy"
+PROMETHEUS_DIR = DEPLOY / "prometheus"
+DASHBOARD = DEPLOY / "grafana" / "rabbit-pg-consumer.json"
+
+_METRIC_NAME = re.compile(r"\b((?:consumer|rabbitmq)_[a-z0-9_]+)\b")
+# Grafana's macros and this dashboard's variables, replaced before Prometheus sees a query.
+GRAFANA_SUBSTITUTIONS = {
+    "$__rate_interval": "1m",
+    "$__interval": "15s",
+    "$__range": "1h",
+    "$job": "consumer",
+    "$instance": ".+",
+}
+
+
+def tool(name: str) -> str:
+    """The path of a command-line tool: the virtualenv's own first, then ``PATH``."""
+    beside_python = Path(sys.executable).parent / name
+    if beside_python.exists():
+        return str(beside_python)
+    found = shutil.which(name)
+    if found is None:
+        pytest.fail(
+            f"{name} is not installed; `make install tools` installs it "
+            "(the deploy extra of pyproject.toml, or deploy/local/tools.sh)",
+            pytrace=False,
+        )
+    return found
+
+
+def run_tool(
+    *argv: str, cwd: Path = REPO, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [tool(argv[0]), *argv[1:]],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def assert_clean(result: subprocess.CompletedProcess[str]) -> None:
+    """The tool exited 0 and wrote nothing to stderr (warnings count as failures)."""
+    report = (
+        f"{' '.join(str(part) for part in result.args)} exited {result.returncode}\n"
+        f"{result.stdout}\n{result.stderr}"
+    )
+    assert result.returncode == 0, report
+    assert not result.stderr.strip(), report
+
+
+def yaml_documents(path: Path) -> list[dict[str, Any]]:
+    documents = [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+    assert all(isinstance(doc, dict) for doc in documents), f"{path}: not a mapping"
+    return documents
+
+
+def yaml_file(path: Path) -> dict[str, Any]:
+    (document,) = yaml_documents(path)
+    return document
+
+
+def referenced_metrics(expression: str) -> set[str]:
+    """``consumer_*`` and ``rabbitmq_*`` metric names in a PromQL expression."""
+    return set(_METRIC_NAME.findall(expression))
+
+
+def exposed_names(exposition: str) -> set[str]:
+    """Every series name a Prometheus text exposition can yield, samples or not."""
+    names: set[str] = set()
+    for line in exposition.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(maxsplit=3)
+            if kind in ("histogram", "summary"):
+                names.update({f"{name}_count", f"{name}_sum", f"{name}_created"})
+                if kind == "histogram":
+                    names.add(f"{name}_bucket")
+            else:
+                names.add(name)
+        elif line and not line.startswith("#"):
+            names.add(re.split(r"[{ ]", line, maxsplit=1)[0])
+    return names
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    return [
+        rule
+        for group in yaml_file(PROMETHEUS_DIR / "alerts.yml")["groups"]
+        for rule in group["rules"]
+    ]
+
+
+def dashboard() -> dict[str, Any]:
+    loaded = json.loads(DASHBOARD.read_text())
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def dashboard_panels() -> list[dict[str, Any]]:
+    panels: list[dict[str, Any]] = []
+    for panel in dashboard()["panels"]:
+        panels.append(panel)
+        panels.extend(panel.get("panels", []))
+    return panels
+
+
+def dashboard_queries() -> list[str]:
+    return [
+        target["expr"]
+        for panel in dashboard_panels()
+        for target in panel.get("targets", [])
+        if "expr" in target
+    ]
+
+
+def as_promql(grafana_query: str) -> str:
+    for macro, value in GRAFANA_SUBSTITUTIONS.items():
+        grafana_query = grafana_query.replace(macro, value)
+    assert "$" not in grafana_query, f"a Grafana variable is left in {grafana_query!r}"
+    return grafana_query
+
+
+class PrometheusServer:
+    """The ``prometheus`` binary on a free port with its own storage, for one test."""
+
+    def __init__(self, config: dict[str, Any], workdir: Path) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+        self.config_path = workdir / "prometheus.yml"
+        self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.log_path = workdir / "prometheus.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> PrometheusServer:
+        log = self.log_path.open("wb")
+        self.process = subprocess.Popen(
+            [
+                tool("prometheus"),
+                f"--config.file={self.config_path}",
+                f"--storage.tsdb.path={self.workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.workdir,
+        )
+        log.close()
+        return self
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=5)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    async def get(self, path: str, **params: str) -> Any:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(
+                f"{self.url}{path}", params=params, timeout=aiohttp.ClientTimeout(10)
+            ) as response,
+        ):
+            body = await response.json()
+        assert body.get("status") == "success", f"{path} {params}: {body}"
+        return body["data"]
+
+    async def wait_ready(self, timeout: float = 30) -> None:
+        async def ready() -> bool:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise AssertionError(f"prometheus exited:\n{self.log_text()[-3000:]}")
+            try:
+                async with (
+                    aiohttp.ClientSession() as session,
+                    session.get(f"{self.url}/-/ready") as response,
+                ):
+                    return response.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        await wait_until(ready, timeout=timeout, what="Prometheus to be ready")
+
+    async def query(self, expression: str) -> list[dict[str, Any]]:
+        data = await self.get("/api/v1/query", query=expression)
+        result = data["result"]
+        assert isinstance(result, list)
+        return result
+
+    async def value(self, expression: str) -> float | None:
+        """The single value ``expression`` returns now, or None when it returns nothing."""
+        result = await self.query(expression)
+        if not result:
+            return None
+        assert len(result) == 1, f"{expression}: {result}"
+        return float(result[0]["value"][1])
+
+
+@contextmanager
+def prometheus_server(config: dict[str, Any], workdir: Path) -> Iterator[PrometheusServer]:
+    server = PrometheusServer(config, workdir).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class RabbitWithPrometheus(ThrowawayRabbit):
+    """A RabbitMQ node of the test's own, its plugins from deploy/rabbitmq/enabled_plugins and
+    rabbitmq_prometheus (and management) listening on free ports."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prometheus_port = free_port()
+        self.management_port = free_port()
+
+    def prepare(self) -> None:
+        for sub in ("mnesia", "log"):
+            (self.base / sub).mkdir(parents=True)
+        shutil.copy(DEPLOY / "rabbitmq" / "enabled_plugins", self.base / "enabled_plugins")
+        (self.base / "rabbitmq.conf").write_text(
+            f"prometheus.tcp.ip = 127.0.0.1\nprometheus.tcp.port = {self.prometheus_port}\n"
+            f"management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = {self.management_port}\n"
+            # Queue metrics every second instead of every 5s: the test waits for them.
+            "collect_statistics_interval = 1000\n"
+        )
+        (self.base / "rabbitmq-env.conf").write_text("")
+        for path in [self.base, *self.base.rglob("*")]:
+            shutil.chown(path, "rabbitmq", "rabbitmq")
+
+    async def start_async(self) -> None:
+        self.prepare()
+        await asyncio.to_thread(self.start)
+
+    async def destroy_async(self) -> None:
+        await asyncio.to_thread(self.destroy)
+
+
+def consumer_metric_names() -> set[str]:
+    """Every series name the service can export (from consumer/metrics.py, no process needed)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from consumer.metrics import Metrics
+
+    metrics = Metrics(CollectorRegistry(), ["example.type"])
+    return exposed_names(generate_latest(metrics.registry).decode())
+
+
+@asynccontextmanager
+async def private_ingress(env: TestEnv) -> AsyncIterator[str]:
+    """An ingress exchange of the test's own instead of the shared ``events``, so events that
+    other test runs publish on the same broker never reach this test's queues."""
+    exchange = f"{env.name}.events"
+    env.overrides["exchange"] = exchange
+    try:
+        yield exchange
+    finally:
+        connection = await aio_pika.connect(env.amqp_url)
+        try:
+            channel = await connection.channel()
+            await channel.exchange_delete(exchange)
+        finally:
+            await connection.close()

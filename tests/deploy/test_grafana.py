@@ -1,0 +1,74 @@
+"""deploy/grafana: the dashboard is well-formed and reads only metrics the service exports.
+
+No Grafana runs here. The JSON's structure is checked below; every query is run through a real
+Prometheus in test_prometheus_scrape.py, which also sees each return data.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tests.deploy.support import (
+    GRAFANA_SUBSTITUTIONS,
+    consumer_metric_names,
+    dashboard,
+    dashboard_panels,
+    dashboard_queries,
+    referenced_metrics,
+)
+
+# What the issue asks the dashboard to show, each by the metric that shows it.
+REQUIRED = {
+    "throughput by outcome": "consumer_messages_total",
+    "lag": "consumer_event_lag_seconds_bucket",
+    "retries by rung": "consumer_retries_published_total",
+    "dead letters": "consumer_dead_letters_total",
+    "in flight": "consumer_in_flight",
+    "pool in use": "consumer_db_pool_in_use",
+    "pool size": "consumer_db_pool_size",
+    "paused": "consumer_paused",
+    "broker connected": "consumer_broker_connected",
+}
+
+
+def test_panels_have_unique_ids_a_place_and_the_datasource_variable() -> None:
+    panels = dashboard_panels()
+    ids = [panel["id"] for panel in panels]
+
+    assert len(ids) == len(set(ids))
+    for panel in panels:
+        assert {"h", "w", "x", "y"} <= set(panel["gridPos"]), panel["title"]
+        assert panel["gridPos"]["x"] + panel["gridPos"]["w"] <= 24, panel["title"]
+        for target in panel.get("targets", []):
+            assert target["datasource"]["uid"] == "${datasource}", panel["title"]
+            assert target["refId"]
+    assert dashboard()["uid"] == "rabbit-pg-consumer"
+
+
+def test_every_variable_used_is_defined_or_a_grafana_macro() -> None:
+    defined = {variable["name"] for variable in dashboard()["templating"]["list"]}
+    used = {
+        name
+        for query in dashboard_queries()
+        for name in re.findall(r"\$(\w+)", query)
+        if not name.startswith("__")
+    }
+
+    assert used <= defined
+    assert {f"${name}" for name in used} <= set(GRAFANA_SUBSTITUTIONS)
+
+
+def test_the_dashboard_shows_what_the_issue_asks_for() -> None:
+    referenced = set().union(*(referenced_metrics(q) for q in dashboard_queries()))
+
+    missing = {what: metric for what, metric in REQUIRED.items() if metric not in referenced}
+    assert not missing
+
+
+def test_every_consumer_metric_in_the_dashboard_is_exported() -> None:
+    referenced = set().union(*(referenced_metrics(q) for q in dashboard_queries()))
+
+    unknown = {
+        name for name in referenced if name.startswith("consumer_")
+    } - consumer_metric_names()
+    assert not unknown

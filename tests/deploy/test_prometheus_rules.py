@@ -1,0 +1,75 @@
+"""deploy/prometheus: the config and the alert rules pass promtool, and every rule has unit tests
+that see it fire and stay quiet."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.deploy.support import (
+    DEPLOY,
+    PROMETHEUS_DIR,
+    alert_rules,
+    assert_clean,
+    consumer_metric_names,
+    referenced_metrics,
+    run_tool,
+    yaml_file,
+)
+
+
+def test_promtool_checks_the_config_and_the_rule_files_it_names() -> None:
+    result = run_tool("promtool", "check", "config", "prometheus.yml", cwd=PROMETHEUS_DIR)
+
+    assert_clean(result)
+    assert "alerts.yml" in result.stdout
+
+
+def test_promtool_checks_the_rules() -> None:
+    result = run_tool("promtool", "check", "rules", "alerts.yml", cwd=PROMETHEUS_DIR)
+
+    assert_clean(result)
+    assert f"SUCCESS: {len(alert_rules())} rules found" in result.stdout
+
+
+def test_promtool_unit_tests_pass() -> None:
+    result = run_tool("promtool", "test", "rules", "alerts.test.yml", cwd=PROMETHEUS_DIR)
+
+    assert_clean(result)
+    assert "SUCCESS" in result.stdout
+
+
+@pytest.mark.parametrize("rule", [rule["alert"] for rule in alert_rules()])
+def test_every_rule_is_tested_firing_and_quiet(rule: str) -> None:
+    cases = [
+        case
+        for test in yaml_file(PROMETHEUS_DIR / "alerts.test.yml")["tests"]
+        for case in test.get("alert_rule_test", [])
+        if case["alertname"] == rule
+    ]
+
+    assert any(case.get("exp_alerts") for case in cases), f"no test sees {rule} fire"
+    assert any(not case.get("exp_alerts") for case in cases), f"no test sees {rule} stay quiet"
+
+
+def test_every_alert_carries_a_severity_and_a_summary() -> None:
+    for rule in alert_rules():
+        assert rule["labels"]["severity"] in ("warning", "critical"), rule["alert"]
+        assert rule["annotations"]["summary"], rule["alert"]
+        assert rule["annotations"]["description"], rule["alert"]
+
+
+def test_the_operators_prometheusrule_holds_the_same_rules() -> None:
+    rule = yaml_file(DEPLOY / "k8s" / "monitoring" / "prometheusrule.yaml")
+
+    assert rule["spec"]["groups"] == yaml_file(PROMETHEUS_DIR / "alerts.yml")["groups"], (
+        "deploy/k8s/monitoring/prometheusrule.yaml differs from deploy/prometheus/alerts.yml"
+    )
+
+
+def test_every_consumer_metric_in_the_rules_is_exported() -> None:
+    referenced = set().union(*(referenced_metrics(rule["expr"]) for rule in alert_rules()))
+
+    unknown = {
+        name for name in referenced if name.startswith("consumer_")
+    } - consumer_metric_names()
+    assert not unknown

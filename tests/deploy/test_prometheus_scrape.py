@@ -1,0 +1,207 @@
+"""A real Prometheus, configured from deploy/prometheus/prometheus.yml, scrapes a running consumer
+and a RabbitMQ node that has deploy/rabbitmq/enabled_plugins; its HTTP API then answers for the
+alert rules and every dashboard query.
+
+The config is used as written except: 1s intervals, the rule file's absolute path, and
+static_configs instead of the service discovery (compose's DNS names do not exist here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import aiohttp
+
+from consumer.registry import HandlerRegistry
+from tests.deploy.support import (
+    PROMETHEUS_DIR,
+    PrometheusServer,
+    RabbitWithPrometheus,
+    alert_rules,
+    as_promql,
+    dashboard_queries,
+    private_ingress,
+    prometheus_server,
+    referenced_metrics,
+    tool,
+    yaml_file,
+)
+from tests.support import Producer, ServiceProcess, TestEnv, behave, fetchval, wait_until
+from topology.apply import apply_topology
+from topology.plan import build_topology
+
+WAITING_ON_THE_NODE = 7
+
+
+def _config(consumer_target: str, rabbitmq_target: str) -> dict[str, Any]:
+    config = yaml_file(PROMETHEUS_DIR / "prometheus.yml")
+    config["global"].update(scrape_interval="1s", scrape_timeout="1s", evaluation_interval="1s")
+    config["rule_files"] = [str(PROMETHEUS_DIR / name) for name in config["rule_files"]]
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert set(jobs) == {"consumer", "rabbitmq"}
+    for name, target in (("consumer", consumer_target), ("rabbitmq", rabbitmq_target)):
+        job = jobs[name]
+        for key in [key for key in job if key.endswith("_sd_configs") or key == "static_configs"]:
+            del job[key]
+        job["static_configs"] = [{"targets": [target]}]
+    return config
+
+
+async def _fill_work_queue_on(rabbit: RabbitWithPrometheus, env: TestEnv) -> None:
+    """The service's topology under its default name (queue consumer.work), and events in it
+    that nobody consumes."""
+    settings = env.settings(amqp_url=rabbit.url, name="consumer", exchange="events")
+    topology = build_topology(settings, HandlerRegistry.from_modules(settings.handlers))
+    connection = await aio_pika.connect(rabbit.url)
+    try:
+        await apply_topology(connection, topology)
+    finally:
+        await connection.close()
+    async with Producer(rabbit.url) as producer:
+        for n in range(WAITING_ON_THE_NODE):
+            await producer.send("test.behave", behave(f"waiting-{n}"))
+
+
+async def _rules_evaluated(prometheus: PrometheusServer) -> list[dict[str, Any]]:
+    data = await prometheus.get("/api/v1/rules")
+    return [rule for group in data["groups"] for rule in group["rules"]]
+
+
+async def test_prometheus_scrapes_the_consumer_and_rabbitmq_and_evaluates_rules_and_dashboard(
+    env: TestEnv, tmp_path: Path
+) -> None:
+    async with private_ingress(env) as exchange:
+        await _scrape(env, exchange, tmp_path)
+
+
+async def _scrape(env: TestEnv, exchange: str, tmp_path: Path) -> None:
+    # Given a running consumer, a RabbitMQ node with the deploy's plugins, and Prometheus
+    rabbit = RabbitWithPrometheus()
+    await env.apply_topology()
+    service = ServiceProcess(env)
+    try:
+        await asyncio.gather(rabbit.start_async(), service.start().wait_ready())
+        await _fill_work_queue_on(rabbit, env)
+        config = _config(f"127.0.0.1:{service.port}", f"127.0.0.1:{rabbit.prometheus_port}")
+        (tmp_path / "prometheus").mkdir()
+        with prometheus_server(config, tmp_path / "prometheus") as prometheus:
+            await prometheus.wait_ready()
+
+            # When events are applied, one retried once and one dead-lettered
+            async with Producer(env.amqp_url, exchange) as producer:
+                for n in range(20):
+                    await producer.send("test.behave", behave(f"k{n}"))
+                await producer.send("test.behave", behave("retried", fail_transient=1))
+                await producer.send("test.behave", behave("dead", permanent=True))
+
+            async def applied() -> bool:
+                return (
+                    int(await fetchval(env.database_url, "SELECT count(*) FROM test_effects")) == 21
+                )
+
+            await wait_until(applied, what="21 effects")
+
+            # Then both targets are up, and the counter Prometheus stored rose with the events
+            async def scraped() -> bool:
+                processed = await prometheus.value(
+                    'sum(consumer_messages_total{job="consumer", outcome="processed"})'
+                )
+                return processed is not None and processed >= 21
+
+            await wait_until(scraped, timeout=20, what="Prometheus to see 21 processed")
+
+            async def both_up() -> bool:
+                up = await prometheus.query("up")
+                return {(r["metric"]["job"], r["value"][1]) for r in up} == {
+                    ("consumer", "1"),
+                    ("rabbitmq", "1"),
+                }
+
+            await wait_until(both_up, timeout=20, what="both targets to be up")
+            targets = (await prometheus.get("/api/v1/targets"))["activeTargets"]
+            paths = {t["labels"]["job"]: t["scrapeUrl"].split("/", 3)[3] for t in targets}
+            assert paths == {"consumer": "metrics", "rabbitmq": "metrics/per-object"}
+
+            # And every alert rule evaluates without error on the real series
+            async def rules_evaluated() -> bool:
+                return all(r["health"] != "unknown" for r in await _rules_evaluated(prometheus))
+
+            await wait_until(rules_evaluated, timeout=20, what="the rules to be evaluated")
+            rules = await _rules_evaluated(prometheus)
+            assert {r["name"] for r in rules} == {r["alert"] for r in alert_rules()}
+            assert [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"] == []
+
+            # And the work-queue rule's selector finds the queue's depth in RabbitMQ's metrics
+            (growing,) = [r for r in alert_rules() if r["alert"] == "WorkQueueGrowing"]
+            selector = re.search(r"rabbitmq_queue_messages_ready\{[^}]*\}", growing["expr"])
+            assert selector is not None
+
+            async def depth_seen() -> bool:
+                depth = await prometheus.value(f"max by (vhost, queue) ({selector.group(0)})")
+                return depth == WAITING_ON_THE_NODE
+
+            await wait_until(depth_seen, timeout=30, what="the work queue's depth in Prometheus")
+
+            # And every dashboard query parses and returns data
+            queries = [as_promql(query) for query in dashboard_queries()]
+
+            async def all_answer() -> bool:
+                return all([await prometheus.query(query) for query in queries])
+
+            try:
+                await wait_until(all_answer, timeout=20, what="every dashboard query to answer")
+            except AssertionError:
+                empty = [q for q in queries if not await prometheus.query(q)]
+                raise AssertionError(f"dashboard queries with no data: {empty}") from None
+
+            # And every metric the rules and the dashboard read is one Prometheus has
+            names = set(await prometheus.get("/api/v1/label/__name__/values"))
+            read = {
+                name
+                for expression in [*queries, *(r["expr"] for r in alert_rules())]
+                for name in referenced_metrics(expression)
+            }
+            assert read - names == set()
+    finally:
+        await service.stop()
+        await rabbit.destroy_async()
+
+
+async def test_promtool_accepts_the_services_exposition(env: TestEnv) -> None:
+    # Given a running service that has applied an event
+    async with private_ingress(env) as exchange:
+        await env.apply_topology()
+        service = await ServiceProcess(env).start().wait_ready()
+        async with Producer(env.amqp_url, exchange) as producer:
+            await producer.send("test.behave", behave("one"))
+
+        async def applied() -> bool:
+            return int(await fetchval(env.database_url, "SELECT count(*) FROM test_effects")) == 1
+
+        await wait_until(applied, what="the effect")
+
+        # When its /metrics is linted
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{service.port}/metrics") as response,
+        ):
+            exposition = await response.text()
+        result = subprocess.run(
+            [tool("promtool"), "check", "metrics"],
+            input=exposition,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        await service.stop()
+
+    # Then promtool finds nothing to say
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not (result.stdout + result.stderr).strip()
+    assert "consumer_messages_total" in exposition

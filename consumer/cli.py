@@ -25,6 +25,7 @@ from consumer.metrics import Metrics
 from consumer.migrations import DEFAULT_DIRECTORY, create_database_if_missing, migrate
 from consumer.publish import PublishRequest, publish_event
 from consumer.registry import HandlerRegistry
+from consumer.retry import rung_label
 from consumer.service import Service
 from consumer.settings import Settings
 from consumer.startup import EXIT_CONFIG, EXIT_FAILURE, fail, load_handlers, load_settings
@@ -97,7 +98,8 @@ def _run(settings: Settings) -> int:
     registry = load_handlers(settings)
     logger = make_logger(settings)
     route_library_logs(logger)
-    metrics = Metrics(CollectorRegistry(), registry)
+    rungs = [rung_label(delay) for delay in settings.retry_delays]
+    metrics = Metrics(CollectorRegistry(), registry, rungs)
     return _event_loop_run(serve(settings, registry, logger, metrics))
 
 

@@ -12,7 +12,9 @@ from importlib import metadata
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from consumer.envelope import PoisonReason
 from consumer.outcome import OutcomeKind
+from consumer.retry import DeadLetterReason
 
 UNKNOWN_TYPE = "unknown"
 
@@ -30,7 +32,12 @@ def package_version() -> str:
 class Metrics:
     """Every metric the service exports, named ``consumer_*``."""
 
-    def __init__(self, registry: CollectorRegistry, event_types: Iterable[str]) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        event_types: Iterable[str],
+        rungs: Iterable[str] = (),
+    ) -> None:
         self.registry = registry
         self._known_types = frozenset(event_types)
         self.messages = Counter(
@@ -109,6 +116,17 @@ class Metrics:
             registry=registry,
         )
         self.build_info.labels(version=package_version(), python=platform.python_version()).set(1)
+        self._create_series(rungs)
+
+    def _create_series(self, rungs: Iterable[str]) -> None:
+        """Every known label combination starts at 0: ``increase()`` cannot see a first 1."""
+        for event_type in (*self._known_types, UNKNOWN_TYPE):
+            for outcome in OutcomeKind:
+                self.messages.labels(type=event_type, outcome=outcome.value)
+        for reason in (*DeadLetterReason, *PoisonReason):
+            self.dead_letters.labels(reason=reason.value)
+        for rung in rungs:
+            self.retries.labels(rung=rung)
 
     def type_label(self, event_type: str | None) -> str:
         """The event type if a handler is registered for it, else ``unknown`` (bounded labels)."""

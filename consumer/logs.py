@@ -11,6 +11,7 @@ import sys
 from collections.abc import Mapping, MutableMapping
 from typing import Any, TextIO
 
+import orjson
 import structlog
 from structlog.typing import EventDict, FilteringBoundLogger, Processor, WrappedLogger
 
@@ -25,7 +26,7 @@ _LEVELS["ERROR"] = logging.ERROR
 
 def _scrub_value(value: Any) -> Any:
     if isinstance(value, str):
-        return scrub(value)
+        return scrub(value) if "://" in value else value
     if isinstance(value, Mapping):
         return {key: _scrub_value(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
@@ -35,7 +36,14 @@ def _scrub_value(value: Any) -> Any:
 
 def scrub_secrets(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
     """Replace the password of every URL in every value with ``***``."""
-    return {key: _scrub_value(value) for key, value in event_dict.items()}
+    for key, value in event_dict.items():
+        # One line per message passes here: skip the values that cannot hold a URL, cheaply.
+        if type(value) not in _PLAIN:
+            event_dict[key] = _scrub_value(value)
+    return event_dict
+
+
+_PLAIN = frozenset({int, float, bool, type(None)})
 
 
 def _processors(console: bool) -> list[Processor]:
@@ -54,7 +62,7 @@ def _processors(console: bool) -> list[Processor]:
         *shared,
         structlog.processors.dict_tracebacks,
         scrub_secrets,
-        structlog.processors.JSONRenderer(),
+        structlog.processors.JSONRenderer(serializer=orjson.dumps),
     ]
 
 
@@ -67,9 +75,12 @@ def _wants_console(settings: Settings, stream: TextIO) -> bool:
 def make_logger(settings: Settings, stream: TextIO | None = None) -> Logger:
     """The service's logger, writing to ``stream`` (stdout by default) at ``CONSUMER_LOG_LEVEL``."""
     out = stream if stream is not None else sys.stdout
+    console = _wants_console(settings, out)
+    # JSON lines are rendered to bytes (orjson) and written to the binary stream underneath.
+    sink: Any = structlog.PrintLogger(out) if console else structlog.BytesLogger(out.buffer)
     logger: Logger = structlog.wrap_logger(
-        structlog.PrintLogger(out),
-        processors=_processors(_wants_console(settings, out)),
+        sink,
+        processors=_processors(console),
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[settings.log_level]),
         cache_logger_on_first_use=False,
     )

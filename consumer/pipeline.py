@@ -9,8 +9,11 @@
     COMMIT -------------------------------------------------> Applied
     the handler raised: ROLLBACK -> Failed(error, policy's decision)
 
-Several deliveries can share one transaction (``CONSUMER_BATCH_SIZE``): each runs in a savepoint,
-so a failing one rolls back only itself. If the commit itself fails, each is applied again alone.
+Several deliveries can share one transaction (``CONSUMER_BATCH_SIZE``): the handlers run one after
+the other; if one fails, the transaction is rolled back and the others run again, each in a
+savepoint, so a failing one rolls back only itself. A handler can therefore run more than once for
+one delivery, but only its last, committed run has any effect. If the commit itself fails, each
+event is applied again alone.
 Nothing here talks to the broker; :mod:`consumer.settle` turns verdicts into acks and publishes.
 """
 
@@ -90,6 +93,21 @@ class _ApplyAlone(Exception):
     """The batch's transaction failed as a whole; apply each event in its own."""
 
 
+class _HandlerFailed(Exception):
+    """A handler failed in an optimistic batch: roll it back, go again with savepoints."""
+
+    def __init__(self, index: int, error: Exception) -> None:
+        super().__init__(str(error))
+        self.index = index
+        self.error = error
+
+
+def _complete(verdicts: list[Verdict | None]) -> list[Verdict]:
+    done = [verdict for verdict in verdicts if verdict is not None]
+    assert len(done) == len(verdicts), "every event of a batch gets a verdict"
+    return done
+
+
 class Pipeline:
     """Applies deliveries to the database and returns one :class:`Outcome` per delivery."""
 
@@ -159,43 +177,22 @@ class Pipeline:
         return Applied(duplicate=not fresh, committed_at=datetime.now(UTC))
 
     async def _apply_together(self, items: list[_Ready]) -> list[Verdict]:
-        """One transaction: every receipt in one statement, each handler in a savepoint.
+        """One transaction for the batch, every receipt in one statement.
 
-        A handler that fails rolls back to its savepoint and takes its receipt back out; the
-        others commit. Lock conflicts that batching itself can cause (deadlock, serialization
-        failure) do not cost the event an attempt: it is applied again alone after the commit.
+        First optimistically, each handler straight after the other. If one fails, that
+        transaction is rolled back and the batch runs again without the failed event, each
+        handler in a savepoint, so that any further failure rolls back only itself. Lock
+        conflicts that batching itself causes (see ``_CONTENTION``) cost no attempt: the event
+        is applied again alone after the commit.
         """
-        verdicts: list[Verdict] = []
         alone: list[int] = []
         try:
             async with self._database.connection() as conn:
                 try:
-                    async with conn.transaction():
-                        # A batch holds its row locks until it commits: never wait long behind
-                        # another one (see _CONTENTION), so lock convoys cannot build up.
-                        await conn.execute(self._batch_lock_timeout)
-                        fresh = await self._insert_receipts(conn, items)
-                        claimed: set[UUID] = set()
-                        for index, item in enumerate(items):
-                            event_id = item.event.event_id
-                            if event_id not in fresh or event_id in claimed:
-                                verdicts.append(Applied(True, _EPOCH))
-                                continue
-                            await conn.execute(_NEXT_SAVEPOINT if claimed else _FIRST_SAVEPOINT)
-                            claimed.add(event_id)
-                            try:
-                                await self._run_handler(conn, item)
-                            except Exception as error:
-                                _raise_if_connection_lost(conn, error)
-                                if classify(error) is ErrorKind.UNAVAILABLE:
-                                    raise
-                                await conn.execute(_ROLLBACK_TO_SAVEPOINT)
-                                await conn.execute(_DELETE_RECEIPT, self._consumer, event_id)
-                                if isinstance(error, _CONTENTION):
-                                    alone.append(index)
-                                verdicts.append(self._failed(item, error))
-                            else:
-                                verdicts.append(Applied(False, _EPOCH))
+                    try:
+                        verdicts = await self._apply_optimistically(conn, items)
+                    except _HandlerFailed as failure:
+                        verdicts = await self._apply_in_savepoints(conn, items, failure, alone)
                 except Exception as error:
                     _raise_if_connection_lost(conn, error)
                     raise
@@ -212,6 +209,86 @@ class Pipeline:
         for index in alone:
             verdicts[index] = await self._apply_alone(items[index])
         return verdicts
+
+    async def _begin_batch(
+        self, conn: asyncpg.Connection[Any], items: list[_Ready]
+    ) -> tuple[list[Verdict | None], list[int]]:
+        """Insert the receipts; duplicates get their verdict, the rest is what to apply."""
+        # A batch holds its row locks until it commits: never wait long behind another one
+        # (see _CONTENTION), so lock convoys cannot build up.
+        await conn.execute(self._batch_lock_timeout)
+        fresh = await self._insert_receipts(conn, items)
+        verdicts: list[Verdict | None] = [None] * len(items)
+        todo: list[int] = []
+        claimed: set[UUID] = set()
+        for index, item in enumerate(items):
+            event_id = item.event.event_id
+            if event_id in fresh and event_id not in claimed:
+                claimed.add(event_id)
+                todo.append(index)
+            else:
+                verdicts[index] = Applied(True, _EPOCH)
+        return verdicts, todo
+
+    async def _apply_optimistically(
+        self, conn: asyncpg.Connection[Any], items: list[_Ready]
+    ) -> list[Verdict]:
+        async with conn.transaction():
+            verdicts, todo = await self._begin_batch(conn, items)
+            for index in todo:
+                try:
+                    await self._run_handler(conn, items[index])
+                except Exception as error:
+                    _raise_if_connection_lost(conn, error)
+                    if classify(error) is ErrorKind.UNAVAILABLE:
+                        raise
+                    # Leaving the block rolls back the whole transaction.
+                    raise _HandlerFailed(index, error) from error
+                verdicts[index] = Applied(False, _EPOCH)
+        return _complete(verdicts)
+
+    async def _apply_in_savepoints(
+        self,
+        conn: asyncpg.Connection[Any],
+        items: list[_Ready],
+        failure: _HandlerFailed,
+        alone: list[int],
+    ) -> list[Verdict]:
+        kept = [index for index in range(len(items)) if index != failure.index]
+        verdicts: list[Verdict | None] = [None] * len(items)
+        self._record_failure(items, failure.index, failure.error, verdicts, alone)
+        async with conn.transaction():
+            rest, todo = await self._begin_batch(conn, [items[index] for index in kept])
+            for position, verdict in enumerate(rest):
+                verdicts[kept[position]] = verdict
+            for number, position in enumerate(todo):
+                index = kept[position]
+                item = items[index]
+                await conn.execute(_NEXT_SAVEPOINT if number else _FIRST_SAVEPOINT)
+                try:
+                    await self._run_handler(conn, item)
+                except Exception as error:
+                    _raise_if_connection_lost(conn, error)
+                    if classify(error) is ErrorKind.UNAVAILABLE:
+                        raise
+                    await conn.execute(_ROLLBACK_TO_SAVEPOINT)
+                    await conn.execute(_DELETE_RECEIPT, self._consumer, item.event.event_id)
+                    self._record_failure(items, index, error, verdicts, alone)
+                else:
+                    verdicts[index] = Applied(False, _EPOCH)
+        return _complete(verdicts)
+
+    def _record_failure(
+        self,
+        items: list[_Ready],
+        index: int,
+        error: Exception,
+        verdicts: list[Verdict | None],
+        alone: list[int],
+    ) -> None:
+        verdicts[index] = self._failed(items[index], error)
+        if isinstance(error, _CONTENTION):
+            alone.append(index)
 
     async def _insert_receipt(self, conn: asyncpg.Connection[Any], item: _Ready) -> bool:
         event = item.event

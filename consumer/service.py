@@ -29,13 +29,13 @@ from consumer.delivery import ChannelGone, Delivery
 from consumer.errors import ConfigError, DatabaseUnavailable, PipelineFault, TopologyMissing
 from consumer.logs import Logger
 from consumer.metrics import Metrics
-from consumer.outcome import Failed, Outcome
+from consumer.outcome import Applied, Failed, Outcome
 from consumer.pipeline import Pipeline
 from consumer.registry import HandlerRegistry
 from consumer.report import OutcomeReporter
 from consumer.retry import RetryPolicy, Return
 from consumer.settings import Settings
-from consumer.settle import Settled, Settler, label_for
+from consumer.settle import Settled, Settler, label_for, settle_applied
 from topology.plan import build_topology, names_for
 
 _BROKER_ERRORS: tuple[type[BaseException], ...] = (
@@ -367,8 +367,18 @@ class Service:
             generation = self._generation
             try:
                 outcomes = await pipeline.process(live)
-                # The commit has happened: finish settling even if shutdown cancels the worker.
-                await asyncio.shield(self._settle_all(outcomes, generation))
+                others: list[Outcome] = []
+                for outcome in outcomes:
+                    if isinstance(outcome.verdict, Applied):
+                        self._reporter.report(
+                            outcome, settle_applied(outcome.delivery, outcome.verdict)
+                        )
+                    else:
+                        others.append(outcome)
+                if others:
+                    # Publishes and nacks take a round trip: finish them even if shutdown
+                    # cancels the worker meanwhile.
+                    await asyncio.shield(self._settle_others(others, generation))
             except (PipelineFault, ConfigError) as error:
                 self._fail(error)
                 return
@@ -377,7 +387,7 @@ class Service:
                 if self._busy == 0:
                     self._idle.set()
 
-    async def _settle_all(self, outcomes: list[Outcome], generation: int) -> None:
+    async def _settle_others(self, outcomes: list[Outcome], generation: int) -> None:
         settled = await asyncio.gather(*(self._settle(outcome) for outcome in outcomes))
         for outcome, result in zip(outcomes, settled, strict=True):
             self._reporter.report(outcome, result)

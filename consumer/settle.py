@@ -53,12 +53,9 @@ class Settler:
 
     async def settle(self, outcome: Outcome) -> Settled:
         delivery, verdict = outcome.delivery, outcome.verdict
+        if isinstance(verdict, Applied):
+            return settle_applied(delivery, verdict)
         try:
-            if isinstance(verdict, Applied):
-                delivery.ack()
-                return Settled(
-                    OutcomeKind.DUPLICATE if verdict.duplicate else OutcomeKind.PROCESSED
-                )
             if isinstance(verdict, Rejected):
                 await delivery.nack(requeue=False)
                 return Settled(OutcomeKind.POISON)
@@ -126,6 +123,16 @@ class Settler:
         await self._publisher.publish(
             delivery.body, properties, exchange=self._names.dlx, routing_key=delivery.routing_key
         )
+
+
+def settle_applied(delivery: Delivery, verdict: Applied) -> Settled:
+    """Ack a committed delivery. Synchronous: the ack joins the channel's next flush."""
+    kind = OutcomeKind.DUPLICATE if verdict.duplicate else OutcomeKind.PROCESSED
+    try:
+        delivery.ack()
+    except ChannelGone:
+        return Settled(kind, channel_gone=True)
+    return Settled(kind)
 
 
 def label_for(verdict: Applied | Rejected | Failed) -> OutcomeKind:

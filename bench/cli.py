@@ -1,0 +1,195 @@
+"""``python -m bench {run,soak}``: the comparison benchmark and the memory soak."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bench import report, soak
+from bench.infra import OWNED_SERVICE_ENV, REPO, BenchError
+from bench.run import SYSTEMS, BenchOptions, run_bench
+
+RESULTS = REPO / "bench" / "results"
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value else default
+
+
+def _service_env(pairs: Sequence[str]) -> dict[str, str]:
+    values = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--service-env {pair!r}: expected KEY=VALUE")
+        if key in OWNED_SERVICE_ENV:
+            raise SystemExit(f"--service-env {key}: the harness sets it for each run")
+        values[key] = value
+    return values
+
+
+def _systems(text: str) -> tuple[str, ...]:
+    chosen = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [part for part in chosen if part not in SYSTEMS]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"choose from {','.join(SYSTEMS)}")
+    return tuple(system for system in SYSTEMS if system in chosen)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--skus", type=int, default=100, help="SKUs the events spread over")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the workload")
+    parser.add_argument(
+        "--service-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an extra environment variable for the service (repeatable); CONSUMER_PREFETCH, "
+        "CONSUMER_DB_POOL_SIZE, CONSUMER_BATCH_SIZE and CONSUMER_BATCH_WAIT are also taken "
+        "from the environment",
+    )
+    parser.add_argument(
+        "--amqp-url",
+        default=os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+    )
+    parser.add_argument(
+        "--admin-dsn",
+        default=os.environ.get("BENCH_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"),
+        help="a database to connect to for CREATE/DROP DATABASE",
+    )
+    parser.add_argument("--results-dir", type=Path, default=RESULTS)
+    parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Throughput against Celery, Dramatiq and the broker's and database's limits; "
+        "a memory soak.",
+    )
+    commands = root.add_subparsers(dest="command", required=True)
+    bench = commands.add_parser("run", help="the side-by-side benchmark (make bench)")
+    bench.add_argument(
+        "--events",
+        type=int,
+        default=_env_int("BENCH_EVENTS", 20_000),
+        help="events per run and system (env BENCH_EVENTS; default 20000)",
+    )
+    bench.add_argument(
+        "--runs",
+        type=int,
+        default=_env_int("BENCH_RUNS", 3),
+        help="runs per system; figures are medians (env BENCH_RUNS; default 3)",
+    )
+    bench.add_argument(
+        "--systems",
+        type=_systems,
+        default=SYSTEMS,
+        help=f"comma-separated subset of {','.join(SYSTEMS)}",
+    )
+    bench.add_argument("--no-latency", action="store_true", help="skip the latency runs")
+    bench.add_argument(
+        "--latency-seconds", type=float, default=10.0, help="publishing time per latency run"
+    )
+    bench.add_argument(
+        "--latency-rate",
+        type=float,
+        default=None,
+        help="publish at this rate instead of half the median service rate",
+    )
+    bench.add_argument(
+        "--latency-warmup",
+        type=float,
+        default=1.0,
+        help="seconds of each latency run left out of the quantiles",
+    )
+    _common(bench)
+    soak_cmd = commands.add_parser("soak", help="a long run watching the service's RSS (make soak)")
+    soak_cmd.add_argument(
+        "--events",
+        type=int,
+        default=_env_int("SOAK_EVENTS", 1_000_000),
+        help="events in all (env SOAK_EVENTS; default 1000000)",
+    )
+    soak_cmd.add_argument("--sample-seconds", type=float, default=5.0)
+    soak_cmd.add_argument(
+        "--warmup-fraction",
+        type=float,
+        default=0.1,
+        help="growth is measured from the first sample after this fraction of the events",
+    )
+    soak_cmd.add_argument(
+        "--backlog", type=int, default=5_000, help="at most about this many messages queued"
+    )
+    soak_cmd.add_argument("--rss-limit-mb", type=float, default=150.0)
+    soak_cmd.add_argument("--growth-limit", type=float, default=0.10)
+    _common(soak_cmd)
+    return root
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = parser().parse_args(argv)
+    service_env = _service_env(arguments.service_env)
+    if arguments.events < 1:
+        raise SystemExit("--events must be at least 1")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    try:
+        if arguments.command == "run":
+            if arguments.runs < 1:
+                raise SystemExit("--runs must be at least 1")
+            result = asyncio.run(
+                run_bench(
+                    BenchOptions(
+                        events=arguments.events,
+                        runs=arguments.runs,
+                        skus=arguments.skus,
+                        seed=arguments.seed,
+                        systems=arguments.systems,
+                        service_env=service_env,
+                        latency=not arguments.no_latency,
+                        latency_seconds=arguments.latency_seconds,
+                        latency_warmup=arguments.latency_warmup,
+                        latency_rate=arguments.latency_rate,
+                        amqp_url=arguments.amqp_url,
+                        admin_dsn=arguments.admin_dsn,
+                        results_dir=arguments.results_dir,
+                        keep_logs=arguments.keep_logs,
+                    )
+                )
+            )
+            text = report.table(result)
+        else:
+            result = asyncio.run(
+                soak.run_soak(
+                    soak.SoakOptions(
+                        events=arguments.events,
+                        skus=arguments.skus,
+                        seed=arguments.seed,
+                        service_env=service_env,
+                        sample_seconds=arguments.sample_seconds,
+                        warmup_fraction=arguments.warmup_fraction,
+                        backlog=arguments.backlog,
+                        rss_limit_mb=arguments.rss_limit_mb,
+                        growth_limit=arguments.growth_limit,
+                        amqp_url=arguments.amqp_url,
+                        admin_dsn=arguments.admin_dsn,
+                        results_dir=arguments.results_dir,
+                        keep_logs=arguments.keep_logs,
+                    )
+                )
+            )
+            text = soak.table(result)
+    except BenchError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    saved = report.save(result, text, arguments.results_dir, stamp)
+    print(text)
+    print(f"saved {saved} and {saved.with_suffix('.txt').name}")
+    print(report.json_line(result))
+    return 0

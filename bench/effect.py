@@ -1,0 +1,71 @@
+"""The effect Celery and Dramatiq apply, with psycopg 3: the service's receipt + reserve, one
+transaction, the same statements and round trips (BEGIN, receipt, reserve, COMMIT).
+
+The SQL mirrors ``_INSERT_RECEIPT`` in ``consumer/pipeline.py`` and ``_RESERVE`` in
+``consumer/handlers/inventory.py`` (copied, not imported, so that the competitors keep doing the
+reference effect while the service is being changed).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg  # type: ignore[import-not-found, unused-ignore]
+
+INSERT_RECEIPT = """
+INSERT INTO receipts (consumer, event_id, type) VALUES (%s, %s, %s)
+ON CONFLICT DO NOTHING
+RETURNING true
+"""
+
+RESERVE = """
+WITH reserved AS (
+    UPDATE stock SET available = available - %(qty)s
+    WHERE sku = %(sku)s AND available >= %(qty)s
+    RETURNING sku
+)
+INSERT INTO stock_movements (event_id, order_id, sku, delta)
+SELECT %(event_id)s, %(order_id)s, sku, -%(qty)s FROM reserved
+RETURNING id
+"""
+
+
+class EffectFailed(Exception):
+    """Unknown SKU or too little stock: the service would dead-letter the event."""
+
+
+class Connections:
+    """One psycopg connection per thread (per process for Celery's prefork children)."""
+
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self._local = threading.local()
+
+    def get(self) -> psycopg.Connection[Any]:
+        conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
+        if conn is None or conn.closed:
+            conn = psycopg.connect(self._dsn, autocommit=True)
+            self._local.conn = conn
+        return conn
+
+
+def apply_reserve(conn: psycopg.Connection[Any], consumer: str, event: Mapping[str, Any]) -> bool:
+    """Receipt + reserve in one transaction; False if the receipt was there (a duplicate)."""
+    event_id = uuid.UUID(str(event["event_id"]))
+    payload = event["payload"]
+    with conn.transaction():
+        fresh = conn.execute(INSERT_RECEIPT, (consumer, event_id, event["type"])).fetchone()
+        if fresh is None:
+            return False
+        params = {
+            "event_id": event_id,
+            "order_id": str(payload["order_id"]),
+            "sku": str(payload["sku"]),
+            "qty": int(payload["qty"]),
+        }
+        if conn.execute(RESERVE, params).fetchone() is None:
+            raise EffectFailed(f"cannot reserve {params['qty']} of {params['sku']!r}")
+    return True

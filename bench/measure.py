@@ -1,0 +1,679 @@
+"""One measurement of each kind: the broker limit, the database limit, a consumer process draining
+a pre-filled queue (the service, Celery, Dramatiq), and the service's publish-to-commit latency.
+
+Throughput of a consumer process is measured in steady state, from the first effect seen committed
+to the last, by polling ``count(*)`` of ``stock_movements`` every 50 ms: start-up (imports,
+connecting, declaring) is left out of the rate, and reported separately as ``wall_s`` (spawn to
+the last commit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import resource
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import aio_pika
+import aiohttp
+import asyncpg
+from aio_pika.abc import DeliveryMode
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench import procfs
+from bench.events import EVENT_TYPE, Workload, encode, envelope
+from bench.infra import REPO, BenchError, Child, Infra, find_pgbench, free_port
+
+POLL_INTERVAL = 0.05
+STALL_TIMEOUT = 90.0
+
+
+@dataclass
+class Measurement:
+    """One run of one system."""
+
+    system: str
+    run: int
+    events: int
+    rate: float | None = None  # messages (or transactions) per second, steady state
+    wall_s: float | None = None
+    peak_rss_mb: float | None = None
+    cpu: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+def cpu_groups(root: int | None, database: str | None) -> dict[str, procfs.ProcessGroup]:
+    groups: dict[str, procfs.ProcessGroup] = {}
+    if root is not None:
+        groups["sut"] = root
+    if database is not None:
+        # Backends of this run's database only (their process title names it), not others'.
+        groups["postgres"] = procfs.Named("postgres", cmdline_contains=f" {database} ")
+    groups["rabbitmq"] = procfs.Named("beam.smp")
+    return groups
+
+
+# -- the broker limit ---------------------------------------------------------------------------
+
+
+async def broker_limit(
+    infra: Infra, workload: Workload, run: int, *, prefetch: int, service_env: Mapping[str, str]
+) -> Measurement:
+    """An ack-only aio-pika consumer on a work queue declared by the service's own topology."""
+    result = Measurement("broker", run, workload.events)
+    name = infra.name(f"ack{run}")
+    env = infra.child_env({**service_env, **owned_env(infra, name, "postgresql://unused/x")})
+    try:
+        await infra.run_module("topology", "apply", env=env)
+        final = await _ack_only(infra, workload, name, prefetch, result)
+    finally:
+        await infra.sweep_broker(name)
+    result.rate = (final["count"] - 1) / max(final["last"] - final["first"], 1e-9)
+    result.wall_s = final["last"] - final["spawned"]
+    result.peak_rss_mb = round(final["peak_rss_mb"], 1)
+    return result
+
+
+async def _ack_only(
+    infra: Infra, workload: Workload, name: str, prefetch: int, result: Measurement
+) -> dict[str, float]:
+    queue, exchange = f"{name}.work", f"{name}.events"
+    await infra.publish(exchange, EVENT_TYPE, (encode(event) for event in workload.envelopes()))
+    await infra.wait_for_depth(queue, workload.events)
+    spawned = time.time()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.ackonly",
+        infra.amqp_url,
+        queue,
+        str(prefetch),
+        str(workload.events),
+        cwd=REPO,
+        env=infra.child_env(),
+        stdout=subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    watch = procfs.CpuWatch({"rabbitmq": procfs.Named("beam.smp")})
+    final: dict[str, float] = {}
+    try:
+        while line := await asyncio.wait_for(process.stdout.readline(), STALL_TIMEOUT):
+            decoded = json.loads(line)
+            if "last" in decoded:
+                final = decoded
+                result.cpu = watch.stop(time.time())
+            else:
+                watch.start(time.time())
+        await process.wait()
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise BenchError("the ack-only consumer stalled") from None
+    if process.returncode != 0 or not final:
+        raise BenchError(f"the ack-only consumer exited {process.returncode}")
+    # It reports its own CPU time and peak RSS: it may be gone before the harness could look.
+    window = max(final["last"] - final["first"], 1e-9)
+    result.cpu["sut"] = round(100 * final["cpu_s"] / window, 1)
+    final["spawned"] = spawned
+    return final
+
+
+def owned_env(infra: Infra, name: str, database_url: str) -> dict[str, str]:
+    return {
+        "CONSUMER_NAME": name,
+        # Our own ingress exchange: publishing to the shared "events" would reach other queues.
+        "CONSUMER_EXCHANGE": f"{name}.events",
+        "CONSUMER_DATABASE_URL": database_url,
+        "CONSUMER_AMQP_URL": infra.amqp_url,
+        "CONSUMER_HTTP_HOST": "127.0.0.1",
+        "CONSUMER_HTTP_PORT": str(free_port()),
+    }
+
+
+# -- the database limit -------------------------------------------------------------------------
+
+# The service's transaction as a pgbench script: the same four round trips (BEGIN, receipt,
+# reserve, COMMIT) and statements, with a fresh random event id; \gset carries the id from the
+# receipt to the movement, as the service passes the same id to both.
+PGBENCH_SCRIPT = """\
+\\set sku random(1, :skus)
+BEGIN;
+INSERT INTO receipts (consumer, event_id, type) VALUES ('pgbench', gen_random_uuid(), '{type}')
+ON CONFLICT DO NOTHING RETURNING event_id \\gset
+WITH reserved AS (
+    UPDATE stock SET available = available - 1
+    WHERE sku = 'SKU-' || :sku AND available >= 1
+    RETURNING sku
+)
+INSERT INTO stock_movements (event_id, order_id, sku, delta)
+SELECT CAST(:event_id AS uuid), 'pgbench', sku, -1 FROM reserved
+RETURNING id;
+END;
+"""
+
+
+async def database_limit(
+    infra: Infra, workload: Workload, run: int, *, clients: int
+) -> Measurement:
+    """pgbench running the receipt + reserve transaction at the service's pool size."""
+    result = Measurement("database", run, workload.events)
+    database = infra.name(f"pg{run}")
+    dsn = await infra.create_database(database, workload)
+    try:
+        script = infra.log_file(f"pgbench-{run}").with_suffix(".sql")
+        script.write_text(PGBENCH_SCRIPT.format(type=EVENT_TYPE))
+        per_client = math.ceil(workload.events / clients)
+        argv = [
+            find_pgbench(),
+            "--no-vacuum",
+            "--protocol=prepared",
+            f"--client={clients}",
+            "--jobs=1",
+            f"--transactions={per_client}",
+            f"--define=skus={workload.skus}",
+            f"--file={script}",
+            dsn,
+        ]
+        log = infra.log_file(f"pgbench-{run}")
+        # pgbench is our child: its CPU comes from getrusage once it has been waited for.
+        children_before = _children_cpu()
+        child = Child.spawn("pgbench", argv, infra.child_env(), log)
+        watch = procfs.CpuWatch(cpu_groups(None, database))
+        watch.start(time.time())
+        polls = 0
+        while child.exited() is None:
+            await asyncio.sleep(POLL_INTERVAL)
+            polls += 1
+            if polls % 2 == 0:
+                watch.sample()  # the backends exit with pgbench: see them while they live
+            if time.time() - child.started > 600:
+                await child.stop()
+                raise BenchError("pgbench ran for over 10 minutes")
+        finished = time.time()
+        result.cpu = watch.stop(finished)
+        result.cpu["sut"] = round(
+            100 * (_children_cpu() - children_before) / (finished - child.started), 1
+        )
+        result.wall_s = finished - child.started
+        output = child.log_tail(10_000)
+        if child.exited() != 0:
+            raise BenchError(f"pgbench exited {child.exited()}:\n{output[-2000:]}")
+        match = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", output)
+        if match is None:
+            raise BenchError(f"no tps in pgbench's output:\n{output[-2000:]}")
+        result.rate = float(match.group(1))
+        result.extra = {
+            "clients": clients,
+            "transactions": per_client * clients,
+            "committed": await _count(dsn, "SELECT count(*) FROM stock_movements"),
+        }
+    finally:
+        await infra.drop_database(database)
+    return result
+
+
+def _own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+# -- a consumer process draining a pre-filled queue ---------------------------------------------
+
+
+async def _count(dsn: str, query: str) -> int:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return int(await conn.fetchval(query))
+    finally:
+        await conn.close()
+
+
+async def drain(
+    child: Child,
+    dsn: str,
+    database: str,
+    target: int,
+    result: Measurement,
+    *,
+    before_stop: Callable[[], Any] | None = None,
+) -> None:
+    """Poll the effects until ``target`` are committed; fill in rate, wall time, RSS and CPU."""
+    watch = procfs.CpuWatch(cpu_groups(child.pid, database))
+    conn = await asyncpg.connect(dsn)
+    try:
+        first_time = first_count = 0.0
+        last_change, last_count = time.time(), -1
+        while True:
+            count = int(await conn.fetchval("SELECT count(*) FROM stock_movements"))
+            now = time.time()
+            if count > 0 and not watch.started:
+                first_time, first_count = now, count
+                watch.start(now)
+            if count >= target:
+                result.cpu = watch.stop(now)
+                result.peak_rss_mb = round(child.peak_rss_mb(), 1)
+                result.wall_s = now - child.started
+                if now > first_time and count > first_count:
+                    result.rate = (count - first_count) / (now - first_time)
+                break
+            if watch.started and int(now * 4) != int((now - POLL_INTERVAL) * 4):
+                watch.sample()
+            if count != last_count:
+                last_change, last_count = now, count
+            elif now - last_change > STALL_TIMEOUT:
+                raise BenchError(
+                    f"{child.label}: no progress for {STALL_TIMEOUT:.0f}s at {count}/{target}\n"
+                    + child.log_tail()
+                )
+            code = child.exited()
+            if code is not None:
+                raise BenchError(
+                    f"{child.label} exited {code} at {count}/{target}:\n{child.log_tail()}"
+                )
+            await asyncio.sleep(POLL_INTERVAL)
+        if before_stop is not None:
+            await before_stop()
+    finally:
+        await conn.close()
+
+
+async def check_effects(dsn: str, consumer: str, target: int) -> dict[str, int]:
+    """Exactly once: one receipt and one movement per event, and the stock down by as many."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        receipts = int(
+            await conn.fetchval("SELECT count(*) FROM receipts WHERE consumer = $1", consumer)
+        )
+        movements = int(await conn.fetchval("SELECT count(*) FROM stock_movements"))
+        delta = int(await conn.fetchval("SELECT coalesce(sum(delta), 0) FROM stock_movements"))
+    finally:
+        await conn.close()
+    if receipts != target or movements != target or delta != -target:
+        raise BenchError(
+            f"effects wrong: {receipts} receipts, {movements} movements, stock delta {delta} "
+            f"for {target} events"
+        )
+    return {"receipts": receipts, "movements": movements}
+
+
+async def service_throughput(
+    infra: Infra, workload: Workload, run: int, *, service_env: Mapping[str, str]
+) -> Measurement:
+    """Pre-fill the service's work queue, then start ``python -m consumer run`` and time it."""
+    result = Measurement("service", run, workload.events)
+    name = infra.name(f"svc{run}")
+    dsn = await infra.create_database(name, workload)
+    env = infra.child_env({**service_env, **owned_env(infra, name, dsn)})
+    try:
+        await infra.run_module("topology", "apply", env=env)
+        bodies = (encode(event) for event in workload.envelopes())
+        await infra.publish(f"{name}.events", EVENT_TYPE, bodies)
+        await infra.wait_for_depth(f"{name}.work", workload.events)
+        child = Child.spawn(
+            "service",
+            [sys.executable, "-m", "consumer", "run"],
+            env,
+            infra.log_file(f"service-{run}"),
+        )
+        try:
+            await drain(child, dsn, name, workload.events, result)
+        finally:
+            code = await child.stop()
+        result.extra = {"exit_code": code, **await check_effects(dsn, name, workload.events)}
+    finally:
+        await infra.drop_database(name)
+        await infra.sweep_broker(name)
+    return result
+
+
+async def celery_throughput(
+    infra: Infra, workload: Workload, run: int, *, prefetch: int, concurrency: int = 2
+) -> Measurement:
+    result = Measurement("celery", run, workload.events)
+    name = infra.name(f"celery{run}")
+    dsn = await infra.create_database(name, workload)
+    env = infra.child_env(
+        {
+            "BENCH_AMQP_URL": infra.amqp_url,
+            "BENCH_DATABASE_URL": dsn,
+            "BENCH_QUEUE": name,
+            "BENCH_PREFETCH": str(prefetch),
+            "BENCH_CONCURRENCY": str(concurrency),
+        }
+    )
+    await infra.note_celery_delayed_delivery()
+    try:
+        await infra.run_module(
+            "bench.celery_app",
+            "publish",
+            str(workload.events),
+            str(workload.skus),
+            str(workload.seed),
+            env=env,
+            limit_s=600,
+        )
+        await infra.wait_for_depth(name, workload.events)
+        argv = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "bench.celery_app",
+            "worker",
+            "--pool=prefork",
+            f"--concurrency={concurrency}",
+            f"--queues={name}",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "--loglevel=WARNING",
+            f"--hostname={name}@%h",
+        ]
+        child = Child.spawn("celery", argv, env, infra.log_file(f"celery-{run}"))
+        try:
+            await drain(child, dsn, name, workload.events, result)
+        finally:
+            code = await child.stop()
+        result.extra = {
+            "exit_code": code,
+            "prefetch": prefetch,
+            **await check_effects(dsn, "celery", workload.events),
+        }
+    finally:
+        await infra.drop_database(name)
+        await infra.sweep_broker(name)
+        await infra.remove_celery_delayed_delivery()
+    return result
+
+
+async def dramatiq_throughput(
+    infra: Infra,
+    workload: Workload,
+    run: int,
+    *,
+    prefetch: int,
+    processes: int = 2,
+    threads: int = 4,
+) -> Measurement:
+    result = Measurement("dramatiq", run, workload.events)
+    name = infra.name(f"dramatiq{run}")
+    dsn = await infra.create_database(name, workload)
+    per_process = max(1, math.ceil(prefetch / processes))
+    env = infra.child_env(
+        {
+            "BENCH_AMQP_URL": infra.amqp_url,
+            "BENCH_DATABASE_URL": dsn,
+            "BENCH_QUEUE": name,
+            "dramatiq_queue_prefetch": str(per_process),
+        }
+    )
+    try:
+        await infra.run_module(
+            "bench.dramatiq_app",
+            "publish",
+            str(workload.events),
+            str(workload.skus),
+            str(workload.seed),
+            env=env,
+            limit_s=600,
+        )
+        await infra.wait_for_depth(name, workload.events)
+        argv = [
+            sys.executable,
+            "-m",
+            "dramatiq",
+            "bench.dramatiq_app",
+            f"--processes={processes}",
+            f"--threads={threads}",
+        ]
+        child = Child.spawn("dramatiq", argv, env, infra.log_file(f"dramatiq-{run}"))
+        try:
+            await drain(child, dsn, name, workload.events, result)
+        finally:
+            code = await child.stop()
+        result.extra = {
+            "exit_code": code,
+            "prefetch_per_process": per_process,
+            **await check_effects(dsn, "dramatiq", workload.events),
+        }
+    finally:
+        await infra.drop_database(name)
+        await infra.sweep_broker(name)
+    return result
+
+
+# -- the service's latency ----------------------------------------------------------------------
+
+# How publish -> commit is measured. The service's own columns cannot tell: received_at and
+# created_at default to now(), the *start* of the transaction. So the bench database gets a
+# deferred constraint trigger on stock_movements: it fires at COMMIT (after every statement of the
+# transaction, batch or not, just before the commit record is written) and stores
+# clock_timestamp() in an unlogged side table (no WAL, a few microseconds per event). Latency =
+# that time - the publish time the harness stamped into the envelope's occurred_at (the same
+# machine clock). It misses only the commit's WAL flush (about 0.1 ms here: pg_test_fsync). The
+# service's own consumer_event_lag_seconds histogram (occurred_at to just after the commit
+# returns) is reported next to it as a cross-check; its buckets are coarse (5, 10, 25, 50 ms...),
+# so its quantiles are interpolated within a bucket.
+COMMIT_CLOCK = """
+CREATE UNLOGGED TABLE bench_commits (event_id uuid NOT NULL, committed_at timestamptz NOT NULL);
+CREATE FUNCTION bench_commit_clock() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO bench_commits VALUES (NEW.event_id, clock_timestamp());
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER bench_commit_clock AFTER INSERT ON stock_movements
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION bench_commit_clock();
+"""
+
+
+def quantile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank quantile of already sorted values."""
+    if not sorted_values:
+        return math.nan
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+def histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float:
+    """Prometheus-style quantile from cumulative (upper bound, count) buckets, interpolated."""
+    if not buckets or buckets[-1][1] <= 0:
+        return math.nan
+    total = buckets[-1][1]
+    rank = q * total
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if math.isinf(bound):
+                return lower_bound
+            if count == lower_count:
+                return bound
+            return lower_bound + (bound - lower_bound) * (rank - lower_count) / (
+                count - lower_count
+            )
+        lower_bound, lower_count = bound, count
+    return lower_bound
+
+
+async def _lag_buckets(port: int) -> list[tuple[float, float]]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(
+            f"http://127.0.0.1:{port}/metrics", timeout=aiohttp.ClientTimeout(total=10)
+        ) as response,
+    ):
+        text = await response.text()
+    buckets = []
+    for family in text_string_to_metric_families(text):
+        if family.name != "consumer_event_lag_seconds":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_bucket") and sample.labels.get("type") == EVENT_TYPE:
+                buckets.append((float(sample.labels["le"]), sample.value))
+    return sorted(buckets)
+
+
+async def wait_ready(child: Child, port: int, limit_s: float = 60) -> None:
+    deadline = time.monotonic() + limit_s
+    async with aiohttp.ClientSession() as session:
+        while True:
+            if child.exited() is not None:
+                raise BenchError(f"the service exited {child.exited()}:\n{child.log_tail()}")
+            try:
+                async with session.get(
+                    f"http://127.0.0.1:{port}/readyz", timeout=aiohttp.ClientTimeout(total=2)
+                ) as response:
+                    if response.status == 200:
+                        return
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                raise BenchError(f"the service was not ready within {limit_s}s")
+            await asyncio.sleep(0.1)
+
+
+async def _paced_publish(
+    infra: Infra, exchange_name: str, workload: Workload, rate: float, seconds: float
+) -> dict[uuid.UUID, float]:
+    """Publish at ``rate`` per second for ``seconds``; each event's occurred_at = its publish
+    time. Returns publish times (``time.time()``) by event id."""
+    published: dict[uuid.UUID, float] = {}
+    rng_events = workload.envelopes()
+    connection = await aio_pika.connect(infra.amqp_url)
+    try:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        exchange = await channel.get_exchange(exchange_name, ensure=False)
+        pending: set[asyncio.Future[Any]] = set()
+        total = int(rate * seconds)
+        start = time.monotonic()
+        sent = 0
+        while sent < total:
+            due = min(total, int((time.monotonic() - start) * rate) + 1)
+            while sent < due:
+                template = next(rng_events)
+                now = time.time()
+                event_id = uuid.UUID(template["event_id"])
+                body = encode(
+                    envelope(
+                        event_id,
+                        template["payload"]["sku"],
+                        template["payload"]["order_id"],
+                        occurred_at=datetime.fromtimestamp(now, UTC).isoformat(),
+                    )
+                )
+                published[event_id] = now
+                task = asyncio.ensure_future(
+                    exchange.publish(
+                        aio_pika.Message(
+                            body,
+                            content_type="application/json",
+                            delivery_mode=DeliveryMode.PERSISTENT,
+                        ),
+                        routing_key=EVENT_TYPE,
+                        timeout=60,
+                    )
+                )
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+                sent += 1
+            await asyncio.sleep(0.002)
+        if pending:
+            await asyncio.gather(*pending)
+    finally:
+        await connection.close()
+    return published
+
+
+async def service_latency(
+    infra: Infra,
+    workload: Workload,
+    run: int,
+    *,
+    service_env: Mapping[str, str],
+    rate: float,
+    seconds: float,
+    warmup: float,
+) -> Measurement:
+    """Publish at a paced ``rate`` to a running service; publish -> commit quantiles."""
+    result = Measurement("latency", run, 0)
+    name = infra.name(f"lat{run}")
+    events = int(rate * seconds)
+    sized = Workload(events, workload.skus, workload.seed + run)
+    dsn = await infra.create_database(name, sized)
+    env = infra.child_env({**service_env, **owned_env(infra, name, dsn)})
+    port = int(env["CONSUMER_HTTP_PORT"])
+    try:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(COMMIT_CLOCK)
+        finally:
+            await conn.close()
+        await infra.run_module("topology", "apply", env=env)
+        child = Child.spawn(
+            "service", [sys.executable, "-m", "consumer", "run"], env, infra.log_file(f"lat-{run}")
+        )
+        buckets: list[tuple[float, float]] = []
+
+        async def scrape() -> None:
+            buckets.extend(await _lag_buckets(port))
+
+        try:
+            await wait_ready(child, port)
+            watch = procfs.CpuWatch(cpu_groups(child.pid, name))
+            watch.start(time.time())
+            own_before = _own_cpu()
+            published = await _paced_publish(infra, f"{name}.events", sized, rate, seconds)
+            finished = time.time()
+            window_cpu = watch.stop(finished)
+            window_cpu["harness"] = round(
+                100 * (_own_cpu() - own_before) / (finished - watch.started_at), 1
+            )
+            # Not yet committed when publishing ended: a growing backlog means saturation.
+            backlog = len(published) - await _count(dsn, "SELECT count(*) FROM stock_movements")
+            result.events = len(published)
+            await drain(child, dsn, name, len(published), result, before_stop=scrape)
+            result.cpu = window_cpu
+        finally:
+            await child.stop()
+        conn = await asyncpg.connect(dsn)
+        try:
+            rows = await conn.fetch(
+                "SELECT event_id, extract(epoch FROM committed_at)::float8 AS t FROM bench_commits"
+            )
+        finally:
+            await conn.close()
+    finally:
+        await infra.drop_database(name)
+        await infra.sweep_broker(name)
+    start, end = min(published.values()), max(published.values())
+    latencies = sorted(
+        (row["t"] - published[row["event_id"]]) * 1000
+        for row in rows
+        if row["event_id"] in published and published[row["event_id"]] - start >= warmup
+    )
+    result.rate = rate
+    result.extra = {
+        "published_rate": round((len(published) - 1) / (end - start), 1) if end > start else None,
+        "backlog_at_end": backlog,
+        "samples": len(latencies),
+        "p50_ms": round(quantile(latencies, 0.50), 2),
+        "p99_ms": round(quantile(latencies, 0.99), 2),
+        "max_ms": round(latencies[-1], 2) if latencies else None,
+        "histogram_p50_ms": round(histogram_quantile(buckets, 0.50) * 1000, 2),
+        "histogram_p99_ms": round(histogram_quantile(buckets, 0.99) * 1000, 2),
+    }
+    return result

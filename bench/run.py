@@ -1,0 +1,253 @@
+"""``python -m bench run``: every system, ``--runs`` times, interleaved, then the latency runs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import asyncpg
+
+from bench import measure, report
+from bench.events import Workload
+from bench.infra import BenchError, Infra
+from bench.measure import Measurement
+
+SYSTEMS = ("broker", "database", "service", "celery", "dramatiq")
+SERVICE_KNOBS = {
+    "CONSUMER_PREFETCH": "50",
+    "CONSUMER_DB_POOL_SIZE": "10",
+    "CONSUMER_BATCH_SIZE": "1",
+    "CONSUMER_BATCH_WAIT": "0s",
+}
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    events: int
+    runs: int
+    skus: int
+    seed: int
+    systems: tuple[str, ...]
+    service_env: dict[str, str]
+    latency: bool
+    latency_seconds: float
+    latency_warmup: float
+    latency_rate: float | None
+    amqp_url: str
+    admin_dsn: str
+    results_dir: Path
+    keep_logs: bool
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def effective_knobs(service_env: Mapping[str, str]) -> dict[str, str]:
+    """The service settings in force: --service-env, else the environment, else the default."""
+    return {
+        key: service_env.get(key) or os.environ.get(key) or default
+        for key, default in SERVICE_KNOBS.items()
+    }
+
+
+def positive_int(knobs: Mapping[str, str], key: str) -> int:
+    try:
+        value = int(knobs[key])
+    except ValueError:
+        raise BenchError(f"{key}={knobs[key]!r} is not a whole number") from None
+    if value < 1:
+        raise BenchError(f"{key} must be at least 1")
+    return value
+
+
+def versions() -> dict[str, str]:
+    found = {}
+    for package in ("rabbit-pg-consumer", "aio-pika", "asyncpg", "celery", "dramatiq", "psycopg"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = "not installed"
+    return found
+
+
+async def server_versions(amqp_url: str, admin_dsn: str) -> dict[str, str]:
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        transport = connection.transport
+        properties: Any = transport.connection.server_properties if transport else {}
+        rabbit = properties.get("version", "?")
+        rabbit = rabbit.decode() if isinstance(rabbit, bytes) else str(rabbit)
+    finally:
+        await connection.close()
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        postgres = str(await conn.fetchval("SHOW server_version"))
+    finally:
+        await conn.close()
+    return {"rabbitmq": rabbit, "postgresql": postgres.split()[0]}
+
+
+def machine() -> str:
+    load = " ".join(f"{value:.2f}" for value in os.getloadavg())
+    return f"{os.cpu_count()} cores, load average {load} at start"
+
+
+def describe(measurement: Measurement) -> str:
+    if measurement.error:
+        return f"FAILED: {measurement.error.splitlines()[0][:300]}"
+    parts = [f"{measurement.rate:,.0f}/s" if measurement.rate else "no rate"]
+    if measurement.wall_s is not None:
+        parts.append(f"wall {measurement.wall_s:.1f}s")
+    if measurement.peak_rss_mb:
+        parts.append(f"peak RSS {measurement.peak_rss_mb:.0f} MB")
+    if measurement.cpu:
+        parts.append("cpu " + " ".join(f"{k}={v:.0f}%" for k, v in measurement.cpu.items()))
+    if "p50_ms" in measurement.extra:
+        parts.append(
+            f"p50 {measurement.extra['p50_ms']} ms p99 {measurement.extra['p99_ms']} ms "
+            f"(histogram {measurement.extra['histogram_p50_ms']}/"
+            f"{measurement.extra['histogram_p99_ms']} ms)"
+        )
+    return ", ".join(parts)
+
+
+async def _guarded(
+    system: str, run: int, events: int, action: Callable[[], Awaitable[Measurement]]
+) -> Measurement:
+    started = time.monotonic()
+    try:
+        result = await action()
+    except BenchError as error:
+        result = Measurement(system, run, events, error=str(error))
+    progress(f"  {system:<9} run {run}: {describe(result)} [{time.monotonic() - started:.0f}s]")
+    return result
+
+
+async def run_bench(options: BenchOptions) -> dict[str, Any]:
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    knobs = effective_knobs(options.service_env)
+    prefetch = positive_int(knobs, "CONSUMER_PREFETCH")
+    pool = positive_int(knobs, "CONSUMER_DB_POOL_SIZE")
+    infra = Infra(
+        run_id=uuid.uuid4().hex[:8],
+        amqp_url=options.amqp_url,
+        admin_dsn=options.admin_dsn,
+        log_dir=options.results_dir / f"logs-{stamp}",
+    )
+    workload = Workload(options.events, options.skus, options.seed)
+    started_text = machine()
+    result: dict[str, Any] = {
+        "kind": "bench",
+        "started": stamp,
+        "events": options.events,
+        "runs": options.runs,
+        "skus": options.skus,
+        "settings": {
+            "service": {**knobs, **options.service_env},
+            "broker_prefetch": prefetch,
+            "pgbench_clients": pool,
+            "celery": {"pool": "prefork", "concurrency": 2, "prefetch_total": prefetch},
+            "dramatiq": {"processes": 2, "threads": 4, "prefetch_total": prefetch},
+        },
+        "versions": {**versions(), **await server_versions(options.amqp_url, options.admin_dsn)},
+        "machine": started_text,
+    }
+    progress(
+        f"bench {infra.prefix}: {options.events:,} events x {options.runs} runs; {started_text}"
+    )
+    measurements: dict[str, list[Measurement]] = {system: [] for system in options.systems}
+    latency_runs: list[Measurement] = []
+    try:
+        for run in range(1, options.runs + 1):
+            progress(f"run {run}/{options.runs}")
+            for system in options.systems:
+                action = _action(system, infra, workload, run, options, prefetch, pool)
+                measurements[system].append(await _guarded(system, run, options.events, action))
+        service_rates = [m.rate for m in measurements.get("service", []) if m.rate]
+        if options.latency and (service_rates or options.latency_rate):
+            rate = options.latency_rate or statistics.median(service_rates) / 2
+            progress(f"latency at {rate:,.0f} msg/s")
+            for run in range(1, options.runs + 1):
+
+                async def latency(run: int = run) -> Measurement:
+                    return await measure.service_latency(
+                        infra,
+                        workload,
+                        run,
+                        service_env=options.service_env,
+                        rate=rate,
+                        seconds=options.latency_seconds,
+                        warmup=options.latency_warmup,
+                    )
+
+                latency_runs.append(await _guarded("latency", run, 0, latency))
+    finally:
+        await _cleanup(infra)
+    result["systems"] = {
+        system: report.summarize_system(runs) for system, runs in measurements.items()
+    }
+    if latency_runs:
+        result["latency"] = report.summarize_latency(latency_runs)
+    result["ratios"] = report.ratios(result["systems"])
+    failed = any(m.error for runs in measurements.values() for m in runs) or any(
+        m.error for m in latency_runs
+    )
+    if options.keep_logs or failed:
+        result["logs"] = str(infra.log_dir)
+    else:
+        shutil.rmtree(infra.log_dir, ignore_errors=True)
+    return result
+
+
+def _action(
+    system: str,
+    infra: Infra,
+    workload: Workload,
+    run: int,
+    options: BenchOptions,
+    prefetch: int,
+    pool: int,
+) -> Callable[[], Awaitable[Measurement]]:
+    async def action() -> Measurement:
+        if system == "broker":
+            return await measure.broker_limit(
+                infra, workload, run, prefetch=prefetch, service_env=options.service_env
+            )
+        if system == "database":
+            return await measure.database_limit(infra, workload, run, clients=pool)
+        if system == "service":
+            return await measure.service_throughput(
+                infra, workload, run, service_env=options.service_env
+            )
+        if system == "celery":
+            return await measure.celery_throughput(infra, workload, run, prefetch=prefetch)
+        if system == "dramatiq":
+            return await measure.dramatiq_throughput(infra, workload, run, prefetch=prefetch)
+        raise BenchError(f"unknown system {system!r}")
+
+    return action
+
+
+async def _cleanup(infra: Infra) -> None:
+    """Leave nothing behind: this invocation's queues, exchanges and databases."""
+    for what, step in (
+        ("broker objects", infra.sweep_broker),
+        ("celery delayed-delivery topology", infra.remove_celery_delayed_delivery),
+        ("databases", infra.drop_all_databases),
+    ):
+        try:
+            await step()
+        except (BenchError, OSError, asyncpg.PostgresError, aio_pika.exceptions.AMQPError) as e:
+            progress(f"cleanup of {what} failed: {e}")

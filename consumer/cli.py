@@ -29,6 +29,7 @@ from consumer.retry import rung_label
 from consumer.service import Service
 from consumer.settings import Settings
 from consumer.startup import EXIT_CONFIG, EXIT_FAILURE, fail, load_handlers, load_settings
+from consumer.tls import database_connector, database_dsn
 from consumer.watchdog import LoopWatchdog
 
 T = TypeVar("T")
@@ -163,23 +164,28 @@ def _fatal(logger: Logger, message: str, code: int) -> int:
 
 
 async def _migrate(settings: Settings, directory: Path, create_database: bool) -> int:
-    dsn = settings.database_url.get_secret_value()
+    dsn = database_dsn(settings)
+    connect = database_connector(settings)
     try:
         if create_database:
             name = database_name(settings)
-            admin = await asyncpg.connect(dsn, database="postgres")
+            admin = await connect(dsn, database="postgres")
             try:
                 if await create_database_if_missing(admin, name):
                     print(f"created database {name}")
             finally:
                 await admin.close()
-        conn = await asyncpg.connect(dsn)
+        conn = await connect(dsn)
+    except ConfigError as error:
+        fail(str(error), EXIT_CONFIG)
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
         fail(f"cannot connect to {settings.safe_database_url}: {describe_database_error(error)}")
     try:
         applied = await migrate(conn, directory)
     except MigrationError as error:
         fail(str(error))
+    except asyncpg.PostgresError as error:
+        fail(f"migration failed: {describe_database_error(error)}")
     finally:
         await conn.close()
     for filename in applied:

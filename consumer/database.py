@@ -15,6 +15,7 @@ import asyncpg
 from consumer.errors import ConfigError, DatabaseUnavailable
 from consumer.redact import scrub
 from consumer.settings import Settings
+from consumer.tls import database_connector, database_dsn
 
 Connection = asyncpg.Connection
 
@@ -74,7 +75,8 @@ class Database:
         if self._pool is not None:
             raise RuntimeError("Database is already open")
         self._pool = await asyncpg.create_pool(
-            self._settings.database_url.get_secret_value(),
+            database_dsn(self._settings),
+            connect=database_connector(self._settings),
             min_size=0,
             max_size=self._settings.db_pool_size,
             # Handlers run under the soft time limit; this only stops a hung server holding a

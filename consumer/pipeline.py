@@ -343,6 +343,14 @@ def _stop_if_receipts_broken(error: Exception) -> None:
         raise PipelineFault(f"cannot write receipts: {error}") from error
 
 
+def _connection_lost(conn: asyncpg.Connection[Any]) -> bool:
+    try:
+        return conn.is_closed()
+    except asyncpg.InterfaceError:
+        # The pool has already taken back a connection that died under us.
+        return True
+
+
 def _raise_if_connection_lost(conn: asyncpg.Connection[Any], error: BaseException) -> None:
-    if conn.is_closed() and not isinstance(error, DatabaseUnavailable):
+    if not isinstance(error, DatabaseUnavailable) and _connection_lost(conn):
         raise DatabaseUnavailable(f"the database connection was lost: {error}") from error

@@ -9,9 +9,11 @@ Choices such as the log level are case-insensitive. A bad value raises ``pydanti
 from __future__ import annotations
 
 import re
+import ssl
 from datetime import timedelta
+from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from pydantic import (
     BeforeValidator,
@@ -20,11 +22,13 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from consumer.durations import format_duration, parse_duration
 from consumer.redact import redact_url
+from consumer.tls import no_passphrase
 
 ENV_PREFIX = "CONSUMER_"
 
@@ -52,6 +56,18 @@ def _positive_duration(value: object) -> timedelta:
 Duration = Annotated[timedelta, BeforeValidator(_positive_duration)]
 LogLevel = Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], BeforeValidator(_upper)]
 LogFormat = Annotated[Literal["auto", "json", "console"], BeforeValidator(_lower)]
+SslMode = Annotated[
+    Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"],
+    BeforeValidator(_lower),
+]
+
+# libpq's modes that check the server's certificate (require does once a root certificate is given).
+VERIFYING_SSLMODES = frozenset({"require", "verify-ca", "verify-full"})
+# aiormq reads these from an amqps:// URL, but only when it is given no SSL context: the service
+# always gives one, so they would be ignored. Refuse them rather than ignore them.
+_AMQP_TLS_QUERY = frozenset({"cafile", "capath", "cadata", "certfile", "keyfile", "no_verify_ssl"})
+# A URL secret may come from a file instead (Docker and Kubernetes secrets): CONSUMER_X_FILE.
+_SECRET_FROM_FILE = ("amqp_url", "database_url")
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _HANDLER_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -60,6 +76,36 @@ _HANDLER_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)
 def _split_list(value: object) -> object:
     if isinstance(value, str):
         return tuple(part.strip() for part in value.split(",") if part.strip())
+    return value
+
+
+def _env(field: str) -> str:
+    return f"{ENV_PREFIX}{field.upper()}"
+
+
+def _read_secret_file(field: str, path: object) -> str:
+    """The content of ``CONSUMER_<FIELD>_FILE`` without its trailing newline."""
+    name = _env(f"{field}_file")
+    try:
+        text = Path(str(path)).read_text(encoding="utf-8")
+    except OSError as error:
+        raise ValueError(f"{name}: cannot read {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{name}: {path} is not UTF-8 text") from None
+    value = text.rstrip("\r\n")
+    if not value:
+        raise ValueError(f"{name}: {path} is empty")
+    return value
+
+
+def _readable_file(value: Path | None) -> Path | None:
+    if value is None:
+        return None
+    try:
+        with value.open("rb") as file:
+            file.read(1)
+    except OSError as error:
+        raise ValueError(f"cannot read {value}: {error.strerror or error}") from None
     return value
 
 
@@ -105,21 +151,134 @@ class Settings(BaseSettings):
     log_level: LogLevel = "INFO"
     log_format: LogFormat = "auto"
     log_payloads: bool = False
+    # Read by _secrets_from_files before anything else; kept to show where the URL came from.
+    amqp_url_file: Path | None = None
+    database_url_file: Path | None = None
+    # TLS to RabbitMQ (amqps:// URLs): the CA to trust (default: the system's), a client
+    # certificate and key, and whether the URL's host must be named in the broker's certificate.
+    amqp_ca_file: Path | None = None
+    amqp_cert_file: Path | None = None
+    amqp_key_file: Path | None = Field(default=None, validate_default=True)
+    amqp_verify_hostname: bool = True
+    # TLS to PostgreSQL, libpq's meaning; they override sslmode= and sslrootcert= in the URL.
+    database_sslmode: SslMode | None = None
+    database_sslrootcert: Path | None = Field(default=None, validate_default=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets_from_files(cls, data: Any) -> Any:
+        """``CONSUMER_AMQP_URL_FILE`` and ``CONSUMER_DATABASE_URL_FILE``: the URL from a file."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for field in _SECRET_FROM_FILE:
+            path = data.get(f"{field}_file")
+            if path is None or path == "":
+                continue
+            if data.get(field) not in (None, ""):
+                raise ValueError(
+                    f"{_env(field)} and {_env(field)}_FILE are both set: set only one of them"
+                )
+            data[field] = _read_secret_file(field, path)
+        return data
 
     @field_validator("amqp_url")
     @classmethod
     def _check_amqp_url(cls, value: SecretStr) -> SecretStr:
-        scheme = urlsplit(value.get_secret_value()).scheme
-        if scheme not in ("amqp", "amqps"):
+        parts = urlsplit(value.get_secret_value())
+        if parts.scheme not in ("amqp", "amqps"):
             raise ValueError("must be an amqp:// or amqps:// URL")
+        try:
+            parts.port  # noqa: B018 - raises on a port that is not a number in range
+        except ValueError:
+            raise ValueError("has a port that is not a number from 0 to 65535") from None
+        if not parts.hostname:
+            raise ValueError("names no host")
+        refused = sorted(_AMQP_TLS_QUERY & parse_qs(parts.query).keys())
+        if refused:
+            raise ValueError(
+                f"TLS options in the URL ({', '.join(refused)}) are not used: set "
+                "CONSUMER_AMQP_CA_FILE, CONSUMER_AMQP_CERT_FILE, CONSUMER_AMQP_KEY_FILE or "
+                "CONSUMER_AMQP_VERIFY_HOSTNAME instead"
+            )
         return value
 
     @field_validator("database_url")
     @classmethod
     def _check_database_url(cls, value: SecretStr) -> SecretStr:
-        scheme = urlsplit(value.get_secret_value()).scheme
-        if scheme not in ("postgres", "postgresql"):
+        parts = urlsplit(value.get_secret_value())
+        if parts.scheme not in ("postgres", "postgresql"):
             raise ValueError("must be a postgresql:// URL")
+        if "," not in parts.netloc:  # several hosts: asyncpg parses them itself
+            try:
+                parts.port  # noqa: B018 - raises on a port that is not a number in range
+            except ValueError:
+                raise ValueError("has a port that is not a number from 0 to 65535") from None
+        return value
+
+    @field_validator("http_host")
+    @classmethod
+    def _check_http_host(cls, value: str) -> str:
+        if not value.strip():
+            # aiohttp would listen on every interface: say so explicitly if that is wanted.
+            raise ValueError("is empty (to listen on every interface say 0.0.0.0 or ::)")
+        return value
+
+    @field_validator("amqp_ca_file", "amqp_cert_file")
+    @classmethod
+    def _check_amqp_tls_file(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
+        url = info.data.get("amqp_url")
+        if url is not None and urlsplit(url.get_secret_value()).scheme != "amqps":
+            raise ValueError("is set but CONSUMER_AMQP_URL is not an amqps:// (TLS) URL")
+        _readable_file(value)
+        if info.field_name == "amqp_ca_file":
+            try:
+                ssl.create_default_context(cafile=str(value))
+            except ssl.SSLError:
+                raise ValueError(f"{value} holds no PEM CA certificate") from None
+        return value
+
+    @field_validator("amqp_key_file")
+    @classmethod
+    def _check_amqp_key(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        cert = info.data.get("amqp_cert_file")
+        if value is None:
+            if cert is not None:
+                raise ValueError("is needed with CONSUMER_AMQP_CERT_FILE")
+            return None
+        if cert is None:
+            if "amqp_cert_file" in info.data:  # not merely invalid: missing
+                raise ValueError("is set without CONSUMER_AMQP_CERT_FILE")
+            return value
+        _readable_file(value)
+        try:
+            ssl.create_default_context().load_cert_chain(
+                str(cert), str(value), password=no_passphrase
+            )
+        except ssl.SSLError:
+            raise ValueError(
+                f"{value} is not an unencrypted PEM key for CONSUMER_AMQP_CERT_FILE"
+            ) from None
+        return value
+
+    @field_validator("database_sslrootcert")
+    @classmethod
+    def _check_sslrootcert(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
+        _readable_file(value)
+        mode = info.data.get("database_sslmode")
+        url = info.data.get("database_url")
+        if mode is None and url is not None:
+            given = parse_qs(urlsplit(url.get_secret_value()).query).get("sslmode")
+            mode = given[-1] if given else "prefer"
+        if mode is not None and mode not in VERIFYING_SSLMODES:
+            raise ValueError(
+                f"is set but sslmode is {mode}, which never checks the server's certificate: "
+                "set CONSUMER_DATABASE_SSLMODE=verify-full"
+            )
         return value
 
     @field_validator("name", "exchange")
@@ -162,6 +321,10 @@ class Settings(BaseSettings):
         return value
 
     @property
+    def amqp_uses_tls(self) -> bool:
+        return urlsplit(self.amqp_url.get_secret_value()).scheme == "amqps"
+
+    @property
     def safe_amqp_url(self) -> str:
         return redact_url(self.amqp_url.get_secret_value())
 
@@ -177,6 +340,8 @@ class Settings(BaseSettings):
         for key, value in values.items():
             if isinstance(value, timedelta):
                 values[key] = format_duration(value)
+            elif isinstance(value, Path):
+                values[key] = str(value)
             elif isinstance(value, tuple) and value and isinstance(value[0], timedelta):
                 values[key] = ",".join(format_duration(item) for item in value)
         return values
@@ -187,11 +352,14 @@ def describe_settings_error(error: ValidationError) -> str:
     problems = []
     for detail in error.errors(include_url=False):
         field = str(detail["loc"][0]) if detail["loc"] else ""
-        env_name = f"{ENV_PREFIX}{field.upper()}"
         message = detail["msg"].removeprefix("Value error, ")
+        if not field:
+            # From a check across settings: the message names them itself.
+            problems.append(message)
+            continue
         if field not in ("amqp_url", "database_url") and detail["type"] != "missing":
             given = detail.get("input")
             if isinstance(given, str | int | float):
                 message = f"{message} (got {given!r})"
-        problems.append(f"{env_name}: {message}")
+        problems.append(f"{_env(field)}: {message}")
     return "invalid setting " + "; ".join(problems)

@@ -1,0 +1,116 @@
+"""TLS for the connections to RabbitMQ and PostgreSQL, built from the settings.
+
+RabbitMQ: an ``amqps://`` URL gets an :class:`ssl.SSLContext` that trusts ``CONSUMER_AMQP_CA_FILE``
+(else the system's CAs), presents ``CONSUMER_AMQP_CERT_FILE``/``CONSUMER_AMQP_KEY_FILE`` when
+set, and checks that the certificate names the URL's host unless
+``CONSUMER_AMQP_VERIFY_HOSTNAME=false``. The chain is always verified.
+
+PostgreSQL: ``CONSUMER_DATABASE_SSLMODE`` and ``CONSUMER_DATABASE_SSLROOTCERT`` become the DSN's
+``sslmode`` and ``sslrootcert`` (libpq's meaning, which asyncpg follows), replacing any in the URL.
+A certificate the client rejects is a :class:`CertificateRejected`: waiting will not fix it.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import asyncpg
+
+from consumer.errors import ConfigError
+
+if TYPE_CHECKING:  # settings imports no_passphrase from here
+    from consumer.settings import Settings
+
+DatabaseConnect = Callable[..., Awaitable["asyncpg.Connection[Any]"]]
+
+
+class CertificateRejected(ConfigError):
+    """The server's TLS certificate did not verify (wrong CA, or it does not name the host)."""
+
+
+def no_passphrase() -> bytes:
+    """The password callback for keys: an encrypted key fails instead of OpenSSL prompting."""
+    return b""
+
+
+def amqp_ssl_context(settings: Settings) -> ssl.SSLContext | None:
+    """The context for an ``amqps://`` URL; None for ``amqp://``. Raises OSError, ssl.SSLError."""
+    if not settings.amqp_uses_tls:
+        return None
+    cafile = str(settings.amqp_ca_file) if settings.amqp_ca_file is not None else None
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=cafile)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if settings.amqp_cert_file is not None and settings.amqp_key_file is not None:
+        context.load_cert_chain(
+            str(settings.amqp_cert_file), str(settings.amqp_key_file), password=no_passphrase
+        )
+    # Verifying the chain stays on (CERT_REQUIRED); only the name check can be turned off.
+    context.check_hostname = settings.amqp_verify_hostname
+    return context
+
+
+def database_dsn(settings: Settings) -> str:
+    """``CONSUMER_DATABASE_URL`` with the TLS settings in its query (they win over the URL's)."""
+    url = settings.database_url.get_secret_value()
+    overrides = {
+        "sslmode": settings.database_sslmode,
+        "sslrootcert": str(settings.database_sslrootcert)
+        if settings.database_sslrootcert is not None
+        else None,
+    }
+    overrides = {key: value for key, value in overrides.items() if value is not None}
+    if not overrides:
+        return url
+    parts = urlsplit(url)
+    query = [(key, value) for key, value in parse_qsl(parts.query) if key not in overrides]
+    query.extend(overrides.items())
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def find_tls_error(error: BaseException) -> ssl.SSLError | None:
+    """The :class:`ssl.SSLError` behind ``error`` (libraries wrap it), if there is one."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ssl.SSLError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def describe_tls_error(error: ssl.SSLError) -> str:
+    """One short phrase: what TLS refused, without OpenSSL's source locations."""
+    if isinstance(error, ssl.SSLCertVerificationError):
+        reason = str(error.verify_message or error.reason or "verify failed").rstrip(".")
+        return f"the server's TLS certificate was rejected: {reason}"
+    reason = str(error.reason or error.strerror or type(error).__name__)
+    return f"TLS failed: {reason.replace('_', ' ').lower()}"
+
+
+def database_connector(settings: Settings) -> DatabaseConnect:
+    """``asyncpg.connect`` that turns a rejected certificate into :class:`CertificateRejected`.
+
+    Given to the pool (``connect=``) and used by ``migrate``: a wrong CA stops start-up with one
+    line instead of passing for an outage.
+    """
+
+    async def connect(*args: Any, **kwargs: Any) -> asyncpg.Connection[Any]:
+        try:
+            return await asyncpg.connect(*args, **kwargs)
+        except ssl.SSLCertVerificationError as error:
+            raise CertificateRejected(
+                f"cannot connect to PostgreSQL at {settings.safe_database_url}: "
+                f"{describe_tls_error(error)} (check CONSUMER_DATABASE_SSLROOTCERT and "
+                "CONSUMER_DATABASE_SSLMODE)"
+            ) from None
+        except asyncpg.ClientConfigurationError as error:
+            # sslmode needs a root certificate that is not there, and similar.
+            raise ConfigError(
+                f"CONSUMER_DATABASE_URL/CONSUMER_DATABASE_SSLMODE: {str(error).rstrip('.')}"
+            ) from None
+
+    return connect

@@ -9,6 +9,7 @@ from __future__ import annotations
 import platform
 from collections.abc import Callable, Iterable
 from importlib import metadata
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -40,6 +41,10 @@ class Metrics:
     ) -> None:
         self.registry = registry
         self._known_types = frozenset(event_types)
+        # Resolved label children, by labels: one line per message passes here.
+        self._message_children: dict[tuple[str, OutcomeKind], Any] = {}
+        self._handler_children: dict[str, Any] = {}
+        self._lag_children: dict[str, Any] = {}
         self.messages = Counter(
             "consumer_messages_total",
             "Messages by event type and outcome.",
@@ -90,6 +95,11 @@ class Metrics:
             "Acks or nacks not sent because their channel had closed (the broker redelivers).",
             registry=registry,
         )
+        self.batch_conflicts = Counter(
+            "consumer_batch_conflicts_total",
+            "Batches that ran into another transaction's row locks and went round again.",
+            registry=registry,
+        )
         self.broker_connected = Gauge(
             "consumer_broker_connected", "1 while connected to RabbitMQ.", registry=registry
         )
@@ -133,7 +143,23 @@ class Metrics:
         return event_type if event_type in self._known_types else UNKNOWN_TYPE
 
     def count(self, event_type: str | None, outcome: OutcomeKind) -> None:
-        self.messages.labels(type=self.type_label(event_type), outcome=outcome.value).inc()
+        key = (self.type_label(event_type), outcome)
+        child = self._message_children.get(key)
+        if child is None:
+            child = self._message_children[key] = self.messages.labels(key[0], outcome.value)
+        child.inc()
+
+    def observe_handler(self, type_label: str, seconds: float) -> None:
+        child = self._handler_children.get(type_label)
+        if child is None:
+            child = self._handler_children[type_label] = self.handler_duration.labels(type_label)
+        child.observe(seconds)
+
+    def observe_lag(self, type_label: str, seconds: float) -> None:
+        child = self._lag_children.get(type_label)
+        if child is None:
+            child = self._lag_children[type_label] = self.lag.labels(type_label)
+        child.observe(seconds)
 
     def watch_pool(self, size: Callable[[], int], in_use: Callable[[], int]) -> None:
         """Read the pool's numbers at scrape time."""

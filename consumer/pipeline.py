@@ -12,8 +12,9 @@
 Several deliveries can share one transaction (``CONSUMER_BATCH_SIZE``): the handlers run one after
 the other; if one fails, the transaction is rolled back and the others run again, each in a
 savepoint, so a failing one rolls back only itself. A handler can therefore run more than once for
-one delivery, but only its last, committed run has any effect. If the commit itself fails, each
-event is applied again alone.
+one delivery, but only its last, committed run has any effect. A batch that runs into another's
+row locks commits what it has and applies the rest in a further round. If the commit itself
+fails, each event is applied again alone.
 Nothing here talks to the broker; :mod:`consumer.settle` turns verdicts into acks and publishes.
 """
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -63,12 +64,13 @@ ON CONFLICT DO NOTHING
 RETURNING event_id
 """
 
-_DELETE_RECEIPT = "DELETE FROM receipts WHERE consumer = $1 AND event_id = $2"
-
 # One savepoint name, re-established between events: one round trip per event.
 _FIRST_SAVEPOINT = "SAVEPOINT consumer_event"
 _NEXT_SAVEPOINT = "RELEASE SAVEPOINT consumer_event; SAVEPOINT consumer_event"
 _ROLLBACK_TO_SAVEPOINT = "ROLLBACK TO SAVEPOINT consumer_event"
+
+# A batch that keeps colliding with others is applied event by event after this many rounds.
+_MAX_BATCH_ROUNDS = 3
 
 # Conflicts that batching can cause between concurrent transactions: a lock wait past
 # CONSUMER_BATCH_LOCK_TIMEOUT, a deadlock, a serialization failure.
@@ -118,7 +120,9 @@ class Pipeline:
         registry: HandlerRegistry,
         database: Database,
         policy: RetryPolicy,
+        on_conflict: Callable[[], object] = lambda: None,
     ) -> None:
+        self._on_conflict = on_conflict
         self._consumer = settings.name
         self._max_body = settings.max_body_bytes
         self._default_timeout = settings.handler_timeout.total_seconds()
@@ -151,11 +155,14 @@ class Pipeline:
                 outcomes[index] = Outcome(item.delivery, verdict, item.event, item.handler_seconds)
         return [outcomes[index] for index in range(len(deliveries))]
 
-    async def _apply(self, items: list[_Ready]) -> list[Verdict]:
+    async def _apply(self, items: list[_Ready], rounds: int = 0) -> list[Verdict]:
         if len(items) == 1:
             return [await self._apply_alone(items[0])]
+        if rounds >= _MAX_BATCH_ROUNDS:
+            # Still colliding with other batches: wait for locks like any single transaction.
+            return [await self._apply_alone(item) for item in items]
         try:
-            return await self._apply_together(items)
+            return await self._apply_together(items, rounds)
         except _ApplyAlone:
             return [await self._apply_alone(item) for item in items]
 
@@ -176,23 +183,24 @@ class Pipeline:
             return self._failed(item, error)
         return Applied(duplicate=not fresh, committed_at=datetime.now(UTC))
 
-    async def _apply_together(self, items: list[_Ready]) -> list[Verdict]:
-        """One transaction for the batch, every receipt in one statement.
+    async def _apply_together(self, items: list[_Ready], rounds: int) -> list[Verdict]:
+        """One transaction for the batch.
 
-        First optimistically, each handler straight after the other. If one fails, that
-        transaction is rolled back and the batch runs again without the failed event, each
-        handler in a savepoint, so that any further failure rolls back only itself. Lock
-        conflicts that batching itself causes (see ``_CONTENTION``) cost no attempt: the event
-        is applied again alone after the commit.
+        First optimistically: every receipt in one statement, the handlers one after the other.
+        If a handler fails, that transaction is rolled back and the batch runs again without the
+        failed event, each event in a savepoint, so any further failure rolls back only itself.
+        A lock conflict that batching itself causes (see ``_CONTENTION``) is no failure of the
+        event: the batch commits what it has done so far, releasing its locks, and the rest is
+        applied in a further round.
         """
-        alone: list[int] = []
+        deferred: list[int] = []
         try:
             async with self._database.connection() as conn:
                 try:
                     try:
-                        verdicts = await self._apply_optimistically(conn, items)
+                        found = await self._apply_optimistically(conn, items)
                     except _HandlerFailed as failure:
-                        verdicts = await self._apply_in_savepoints(conn, items, failure, alone)
+                        found = await self._apply_in_savepoints(conn, items, failure, deferred)
                 except Exception as error:
                     _raise_if_connection_lost(conn, error)
                     raise
@@ -203,92 +211,79 @@ class Pipeline:
                 return [self._failed(item, error) for item in items]
             raise _ApplyAlone from error
         committed_at = datetime.now(UTC)
-        verdicts = [
-            Applied(v.duplicate, committed_at) if isinstance(v, Applied) else v for v in verdicts
+        verdicts: list[Verdict | None] = [
+            Applied(v.duplicate, committed_at) if isinstance(v, Applied) else v for v in found
         ]
-        for index in alone:
-            verdicts[index] = await self._apply_alone(items[index])
-        return verdicts
-
-    async def _begin_batch(
-        self, conn: asyncpg.Connection[Any], items: list[_Ready]
-    ) -> tuple[list[Verdict | None], list[int]]:
-        """Insert the receipts; duplicates get their verdict, the rest is what to apply."""
-        # A batch holds its row locks until it commits: never wait long behind another one
-        # (see _CONTENTION), so lock convoys cannot build up.
-        await conn.execute(self._batch_lock_timeout)
-        fresh = await self._insert_receipts(conn, items)
-        verdicts: list[Verdict | None] = [None] * len(items)
-        todo: list[int] = []
-        claimed: set[UUID] = set()
-        for index, item in enumerate(items):
-            event_id = item.event.event_id
-            if event_id in fresh and event_id not in claimed:
-                claimed.add(event_id)
-                todo.append(index)
-            else:
-                verdicts[index] = Applied(True, _EPOCH)
-        return verdicts, todo
+        if deferred:
+            again = await self._apply([items[index] for index in deferred], rounds + 1)
+            for index, verdict in zip(deferred, again, strict=True):
+                verdicts[index] = verdict
+        return _complete(verdicts)
 
     async def _apply_optimistically(
         self, conn: asyncpg.Connection[Any], items: list[_Ready]
-    ) -> list[Verdict]:
+    ) -> list[Verdict | None]:
         async with conn.transaction():
-            verdicts, todo = await self._begin_batch(conn, items)
-            for index in todo:
-                try:
-                    await self._run_handler(conn, items[index])
-                except Exception as error:
-                    _raise_if_connection_lost(conn, error)
-                    if classify(error) is ErrorKind.UNAVAILABLE:
-                        raise
-                    # Leaving the block rolls back the whole transaction.
-                    raise _HandlerFailed(index, error) from error
-                verdicts[index] = Applied(False, _EPOCH)
-        return _complete(verdicts)
-
-    async def _apply_in_savepoints(
-        self,
-        conn: asyncpg.Connection[Any],
-        items: list[_Ready],
-        failure: _HandlerFailed,
-        alone: list[int],
-    ) -> list[Verdict]:
-        kept = [index for index in range(len(items)) if index != failure.index]
-        verdicts: list[Verdict | None] = [None] * len(items)
-        self._record_failure(items, failure.index, failure.error, verdicts, alone)
-        async with conn.transaction():
-            rest, todo = await self._begin_batch(conn, [items[index] for index in kept])
-            for position, verdict in enumerate(rest):
-                verdicts[kept[position]] = verdict
-            for number, position in enumerate(todo):
-                index = kept[position]
-                item = items[index]
-                await conn.execute(_NEXT_SAVEPOINT if number else _FIRST_SAVEPOINT)
+            # A batch holds its row locks until it commits: never wait long behind another
+            # batch (see _CONTENTION), so lock convoys cannot build up.
+            await conn.execute(self._batch_lock_timeout)
+            fresh = await self._insert_receipts(conn, items)
+            verdicts: list[Verdict | None] = [None] * len(items)
+            claimed: set[UUID] = set()
+            for index, item in enumerate(items):
+                event_id = item.event.event_id
+                if event_id not in fresh or event_id in claimed:
+                    verdicts[index] = Applied(True, _EPOCH)
+                    continue
+                claimed.add(event_id)
                 try:
                     await self._run_handler(conn, item)
                 except Exception as error:
                     _raise_if_connection_lost(conn, error)
                     if classify(error) is ErrorKind.UNAVAILABLE:
                         raise
-                    await conn.execute(_ROLLBACK_TO_SAVEPOINT)
-                    await conn.execute(_DELETE_RECEIPT, self._consumer, item.event.event_id)
-                    self._record_failure(items, index, error, verdicts, alone)
-                else:
-                    verdicts[index] = Applied(False, _EPOCH)
-        return _complete(verdicts)
+                    # Leaving the block rolls the whole transaction back.
+                    raise _HandlerFailed(index, error) from error
+                verdicts[index] = Applied(False, _EPOCH)
+        return verdicts
 
-    def _record_failure(
+    async def _apply_in_savepoints(
         self,
+        conn: asyncpg.Connection[Any],
         items: list[_Ready],
-        index: int,
-        error: Exception,
-        verdicts: list[Verdict | None],
-        alone: list[int],
-    ) -> None:
-        verdicts[index] = self._failed(items[index], error)
-        if isinstance(error, _CONTENTION):
-            alone.append(index)
+        failure: _HandlerFailed,
+        deferred: list[int],
+    ) -> list[Verdict | None]:
+        verdicts: list[Verdict | None] = [None] * len(items)
+        if isinstance(failure.error, _CONTENTION):
+            self._on_conflict()
+            deferred.append(failure.index)
+        else:
+            verdicts[failure.index] = self._failed(items[failure.index], failure.error)
+        kept = [index for index in range(len(items)) if index != failure.index]
+        async with conn.transaction():
+            await conn.execute(self._batch_lock_timeout)
+            for number, index in enumerate(kept):
+                item = items[index]
+                await conn.execute(_NEXT_SAVEPOINT if number else _FIRST_SAVEPOINT)
+                try:
+                    fresh = await self._insert_receipt(conn, item)
+                    if fresh:
+                        await self._run_handler(conn, item)
+                except Exception as error:
+                    _raise_if_connection_lost(conn, error)
+                    if classify(error) is ErrorKind.UNAVAILABLE:
+                        raise
+                    await conn.execute(_ROLLBACK_TO_SAVEPOINT)
+                    if isinstance(error, _CONTENTION):
+                        self._on_conflict()
+                        # Commit what is done, so our locks go; the rest goes round again.
+                        deferred.extend(kept[number:])
+                        break
+                    verdicts[index] = self._failed(item, error)
+                else:
+                    verdicts[index] = Applied(not fresh, _EPOCH)
+        return verdicts
 
     async def _insert_receipt(self, conn: asyncpg.Connection[Any], item: _Ready) -> bool:
         event = item.event

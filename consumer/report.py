@@ -43,11 +43,11 @@ class OutcomeReporter:
             "duration_ms": round((time.monotonic() - delivery.received_at) * 1000, 2),
         }
         if outcome.handler_seconds is not None:
-            metrics.handler_duration.labels(type=type_label).observe(outcome.handler_seconds)
+            metrics.observe_handler(type_label, outcome.handler_seconds)
             fields["handler_ms"] = round(outcome.handler_seconds * 1000, 2)
         if isinstance(verdict, Applied) and not verdict.duplicate and event is not None:
             lag = (verdict.committed_at - event.occurred_at).total_seconds()
-            metrics.lag.labels(type=type_label).observe(max(lag, 0.0))
+            metrics.observe_lag(type_label, max(lag, 0.0))
         if isinstance(verdict, Rejected):
             fields["reason"] = verdict.poison.reason.value
             fields["error"] = truncate(verdict.poison.detail, 300)

@@ -114,6 +114,7 @@ class Service:
                 registry=self._registry,
                 database=database,
                 policy=self._policy,
+                on_conflict=self._metrics.batch_conflicts.inc,
             )
             workers = [
                 asyncio.create_task(self._worker(pipeline), name=f"worker-{index}")

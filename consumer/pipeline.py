@@ -45,7 +45,7 @@ from consumer.errors import (
 from consumer.headers import attempts_so_far
 from consumer.outcome import Applied, Failed, Outcome, Rejected, Verdict
 from consumer.registry import Handler, HandlerRegistry
-from consumer.retry import RetryPolicy
+from consumer.retry import RetryPolicy, Return
 from consumer.settings import Settings
 
 _INSERT_RECEIPT = """
@@ -150,10 +150,29 @@ class Pipeline:
             else:
                 ready.append((index, _Ready(delivery, handler, event)))
         if ready:
-            verdicts = await self._apply([item for _, item in ready])
+            verdicts = await self._blame_a_stalled_database(
+                await self._apply([item for _, item in ready])
+            )
             for (index, item), verdict in zip(ready, verdicts, strict=True):
                 outcomes[index] = Outcome(item.delivery, verdict, item.event, item.handler_seconds)
         return [outcomes[index] for index in range(len(deliveries))]
+
+    async def _blame_a_stalled_database(self, verdicts: list[Verdict]) -> list[Verdict]:
+        """A handler that timed out may have waited on a database that stopped answering (a
+        frozen server, a network partition): if the database does not answer a probe now, the
+        events are returned and the service pauses, instead of spending their retries."""
+        if not any(_timed_out(verdict) for verdict in verdicts):
+            return verdicts
+        try:
+            await self._database.probe()
+        except DatabaseUnavailable as down:
+            return [
+                Failed(down, Return(), verdict.attempts_so_far)
+                if isinstance(verdict, Failed) and _timed_out(verdict)
+                else verdict
+                for verdict in verdicts
+            ]
+        return verdicts
 
     async def _apply(self, items: list[_Ready], rounds: int = 0) -> list[Verdict]:
         if len(items) == 1:
@@ -336,6 +355,12 @@ def _stop_if_receipts_broken(error: Exception) -> None:
     if classify(error) is ErrorKind.PERMANENT:
         # Not the event's fault: the receipts table itself is broken or missing.
         raise PipelineFault(f"cannot write receipts: {error}") from error
+
+
+def _timed_out(verdict: Verdict) -> bool:
+    return isinstance(verdict, Failed) and isinstance(
+        verdict.error, HandlerTimeout | TimeoutError | asyncpg.QueryCanceledError
+    )
 
 
 def _connection_lost(conn: asyncpg.Connection[Any]) -> bool:

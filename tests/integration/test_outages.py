@@ -116,3 +116,36 @@ async def _at_least(env: TestEnv, expected: int) -> bool:
         return await movements(env.database_url) >= expected
     except OSError:
         return False
+
+
+async def test_a_frozen_database_pauses_instead_of_spending_retries(
+    env: TestEnv, postgres: ThrowawayPostgres
+) -> None:
+    await make_template(postgres.admin_dsn, "consumer")
+    dsn = postgres.dsn("consumer")
+    env = dataclasses.replace(env, database_url=dsn)
+    settings = {"handler_timeout": "1s", "hard_timeout": "5s", "delivery_limit": "3"}
+    await env.apply_topology(**settings)
+    service = await ServiceProcess(env, **settings).start().wait_ready()
+    events = restocks(400)
+    async with Producer(env.amqp_url) as producer:
+        await producer.send_many(events[:100])
+        await wait_until(lambda: _at_least(env, 100), timeout=30, what="100 applied")
+        # Frozen, not down: connections hang instead of failing, past the handler's time limit.
+        postgres.freeze()
+        await producer.send_many(events[100:])
+
+        async def paused() -> bool:
+            return await service.metric("consumer_paused") == 1
+
+        await wait_until(paused, timeout=30, what="the service to pause")
+        await asyncio.sleep(3)  # longer than the whole retry ladder
+        postgres.thaw()
+
+    await wait_until(lambda: _at_least(env, 400), timeout=120, what="all 400 applied")
+    await asyncio.sleep(0.5)
+    await assert_exactly_once(dsn, 400)
+    assert await queue_depth(env.amqp_url, env.names.dead) == 0
+    for reason in ("permanent_failure", "retries_exhausted"):
+        assert await service.metric("consumer_dead_letters_total", reason=reason) == 0
+    assert await service.stop() == 0

@@ -21,7 +21,7 @@ from typing import Any
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
 
 from consumer import headers as h
-from consumer.envelope import Poison, check_content_type, parse_envelope
+from consumer.envelope import EnvelopeParser, Poison, check_content_type
 from consumer.errors import PublishFailed
 from consumer.publisher import Publisher, copy_properties
 from consumer.registry import HandlerRegistry
@@ -100,7 +100,7 @@ def read_dead_letter(
     position: int,
     *,
     registry: HandlerRegistry,
-    max_body_bytes: int,
+    parser: EnvelopeParser,
 ) -> DeadMessage:
     """What a dead letter says about itself; poison is parsed again to say why it failed."""
     headers = dict(message.headers or {})
@@ -110,7 +110,8 @@ def read_dead_letter(
     poison: Poison | None = None
     try:
         check_content_type(message.content_type, message.content_encoding)
-        raw = parse_envelope(body, max_bytes=max_body_bytes)
+        parser.check_headers(headers)
+        raw = parser.parse(body)
         event_id, event_type = str(raw.event_id), raw.type
         registry.resolve(raw)
     except Poison as error:
@@ -196,12 +197,12 @@ class DeadLetterQueue:
         *,
         queue: str,
         registry: HandlerRegistry,
-        max_body_bytes: int,
+        parser: EnvelopeParser,
     ) -> None:
         self._connection = connection
         self._queue_name = queue
         self._registry = registry
-        self._max_body = max_body_bytes
+        self._parser = parser
         self._channel: AbstractChannel | None = None
         self._queue: AbstractQueue | None = None
         self._held: list[tuple[AbstractIncomingMessage, DeadMessage]] = []
@@ -235,7 +236,7 @@ class DeadLetterQueue:
             if message is None:
                 break
             letter = read_dead_letter(
-                message, len(self._held), registry=self._registry, max_body_bytes=self._max_body
+                message, len(self._held), registry=self._registry, parser=self._parser
             )
             self._held.append((message, letter))
             letters.append(letter)

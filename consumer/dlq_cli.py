@@ -14,6 +14,7 @@ import aiormq
 from consumer.amqp import BrokerUnreachable, connect
 from consumer.dlq import DeadLetterQueue, DeadMessage, Selection, counts, replay
 from consumer.durations import parse_duration
+from consumer.envelope import EnvelopeLimits, EnvelopeParser
 from consumer.publisher import Publisher
 from consumer.settings import Settings
 from consumer.startup import EXIT_CONFIG, fail, load_handlers
@@ -103,7 +104,10 @@ async def _run(settings: Settings, arguments: argparse.Namespace) -> int:
     connection = await connect(settings, "dlq")
     try:
         async with DeadLetterQueue(
-            connection, queue=names.dead, registry=registry, max_body_bytes=settings.max_body_bytes
+            connection,
+            queue=names.dead,
+            registry=registry,
+            parser=EnvelopeParser(EnvelopeLimits.from_settings(settings)),
         ) as dead:
             command = arguments.dlq_command
             if command == "purge":

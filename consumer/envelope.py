@@ -7,11 +7,24 @@ why the message can never be processed.
 from __future__ import annotations
 
 import enum
-from datetime import datetime
-from typing import Any, Generic, TypeVar
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from uuid import UUID
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
+
+if TYPE_CHECKING:
+    from consumer.settings import Settings
 
 PayloadT = TypeVar("PayloadT")
 
@@ -32,8 +45,22 @@ class Envelope(BaseModel, Generic[PayloadT]):
     payload: PayloadT
     correlation_id: str | None = Field(default=None, max_length=255)
 
+    @field_validator("occurred_at", mode="before")
+    @classmethod
+    def _rfc3339_text(cls, value: object) -> object:
+        # RFC 3339 text only: a bare number would be read as a Unix time, silently.
+        if not isinstance(value, str | datetime):
+            raise ValueError("must be an RFC 3339 timestamp with an offset")
+        return value
+
 
 RawEnvelope = Envelope[dict[str, Any]]
+
+
+class _LenientRawEnvelope(RawEnvelope):
+    """The same envelope, ignoring unknown top-level fields (``CONSUMER_ALLOW_EXTRA_FIELDS``)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
 
 class PoisonReason(enum.StrEnum):
@@ -46,6 +73,9 @@ class PoisonReason(enum.StrEnum):
     INVALID_ENVELOPE = "invalid_envelope"
     UNKNOWN_TYPE = "unknown_type"
     INVALID_PAYLOAD = "invalid_payload"
+    TOO_DEEP = "too_deep"
+    DUPLICATE_KEY = "duplicate_key"
+    HEADERS_TOO_LARGE = "headers_too_large"
 
 
 class Poison(Exception):
@@ -74,27 +104,137 @@ def check_content_type(content_type: str | None, content_encoding: str | None) -
         raise Poison(PoisonReason.WRONG_CONTENT_TYPE, f"content encoding {content_encoding!r}")
 
 
-def parse_envelope(body: bytes, *, max_bytes: int) -> RawEnvelope:
-    """Parse a message body straight from bytes into an envelope whose payload is still a dict."""
-    if len(body) > max_bytes:
-        raise Poison(PoisonReason.BODY_TOO_LARGE, f"{len(body)} bytes, the limit is {max_bytes}")
-    try:
-        return RawEnvelope.model_validate_json(body)
-    except ValidationError as error:
-        raise _poison_from(error, body) from None
+@dataclass(frozen=True, slots=True)
+class EnvelopeLimits:
+    """What the parser accepts; anything beyond is poison."""
+
+    max_bytes: int = 1024 * 1024
+    max_depth: int = 32
+    max_header_bytes: int = 64 * 1024
+    max_future_skew: timedelta = timedelta(hours=24)
+    allow_extra_fields: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> EnvelopeLimits:
+        return cls(
+            max_bytes=settings.max_body_bytes,
+            max_depth=settings.max_json_depth,
+            max_header_bytes=settings.max_header_bytes,
+            max_future_skew=settings.max_future_skew,
+            allow_extra_fields=settings.allow_extra_fields,
+        )
 
 
-def _poison_from(error: ValidationError, body: bytes) -> Poison:
-    details = error.errors(include_url=False, include_input=False)
-    if any(detail["type"] == "json_invalid" for detail in details):
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # Parsers disagree on which of two equal keys wins; a producer's validator and this service
+    # could read different events from one body. Refuse the body instead.
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return result
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _deeper_than(value: object, limit: int) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Iterable[object] = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _header_size(value: object, budget: int) -> int:
+    """Roughly the bytes ``value`` takes in an AMQP headers table, counting up to ``budget``."""
+    size = 0
+    stack = [value]
+    while stack and size <= budget:
+        item = stack.pop()
+        if isinstance(item, str | bytes | bytearray):
+            size += len(item) + 5
+        elif isinstance(item, dict):
+            size += sum(len(key) + 1 for key in item)
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        else:
+            size += 9
+    return size
+
+
+class EnvelopeParser:
+    """Turns a message body into an envelope, or raises :class:`Poison` saying why it cannot.
+
+    For any bytes it does one of the two and nothing else: UTF-8 is strict, JSON is standard
+    (no NaN, no duplicate keys), nesting is bounded, the envelope's schema is strict.
+    """
+
+    def __init__(self, limits: EnvelopeLimits) -> None:
+        self.limits = limits
+        self._model: type[RawEnvelope] = (
+            _LenientRawEnvelope if limits.allow_extra_fields else RawEnvelope
+        )
+
+    def check_headers(self, headers: Mapping[str, Any]) -> None:
+        limit = self.limits.max_header_bytes
+        if headers and _header_size(headers, limit) > limit:
+            raise Poison(PoisonReason.HEADERS_TOO_LARGE, f"headers over {limit} bytes")
+
+    def parse(self, body: bytes, *, now: datetime | None = None) -> RawEnvelope:
+        limits = self.limits
+        if len(body) > limits.max_bytes:
+            raise Poison(
+                PoisonReason.BODY_TOO_LARGE, f"{len(body)} bytes, the limit is {limits.max_bytes}"
+            )
         try:
-            body.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            return Poison(PoisonReason.NOT_UTF8, f"invalid UTF-8 at byte {exc.start}")
-        return Poison(PoisonReason.NOT_JSON, details[0]["msg"])
-    if any(detail["type"] == "model_type" and not detail["loc"] for detail in details):
-        return Poison(PoisonReason.INVALID_ENVELOPE, "the body is not a JSON object")
-    return Poison(PoisonReason.INVALID_ENVELOPE, describe_validation_error(error))
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise Poison(PoisonReason.NOT_UTF8, f"invalid UTF-8 at byte {error.start}") from None
+        try:
+            decoded = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constants)
+        except _DuplicateKey as duplicate:
+            raise Poison(
+                PoisonReason.DUPLICATE_KEY, one_line(f"key {duplicate.key[:100]!r} appears twice")
+            ) from None
+        except RecursionError:
+            raise Poison(PoisonReason.TOO_DEEP, f"nested deeper than {limits.max_depth}") from None
+        except ValueError as error:
+            raise Poison(PoisonReason.NOT_JSON, one_line(str(error), 200)) from None
+        if not isinstance(decoded, dict):
+            raise Poison(PoisonReason.INVALID_ENVELOPE, "the body is not a JSON object")
+        if _deeper_than(decoded, limits.max_depth):
+            raise Poison(PoisonReason.TOO_DEEP, f"nested deeper than {limits.max_depth}")
+        try:
+            envelope = self._model.model_validate(decoded)
+        except ValidationError as error:
+            raise Poison(PoisonReason.INVALID_ENVELOPE, describe_validation_error(error)) from None
+        ahead = envelope.occurred_at - (now or datetime.now(UTC))
+        if ahead > limits.max_future_skew:
+            raise Poison(
+                PoisonReason.INVALID_ENVELOPE,
+                f"occurred_at is {ahead} in the future (more than {limits.max_future_skew})",
+            )
+        return envelope
 
 
 def describe_validation_error(error: ValidationError, limit: int = 3) -> str:
@@ -102,13 +242,18 @@ def describe_validation_error(error: ValidationError, limit: int = 3) -> str:
     parts = []
     for detail in error.errors(include_url=False, include_input=False)[:limit]:
         where = ".".join(str(part) for part in detail["loc"]) or "body"
-        parts.append(f"{where}: {detail['msg']}")
+        parts.append(f"{where[:100]}: {detail['msg']}")
     more = error.error_count() - limit
     if more > 0:
         parts.append(f"and {more} more")
-    return "; ".join(parts)
+    return one_line("; ".join(parts))
 
 
-def event_age_seconds(occurred_at: datetime, now: datetime) -> float:
-    """Seconds from when the event occurred to ``now`` (both timezone-aware)."""
-    return (now - occurred_at).total_seconds()
+# Control characters and everything str.splitlines() breaks at.
+_CONTROL = {code: f"\\u{code:04x}" for code in (*range(32), 127, 0x85, 0x2028, 0x2029)}
+
+
+def one_line(text: str, limit: int = 500) -> str:
+    """``text`` on one line, control characters escaped (they come from hostile input)."""
+    flat = text.translate(_CONTROL)
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"

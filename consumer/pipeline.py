@@ -33,7 +33,13 @@ import asyncpg
 from consumer.database import Database
 from consumer.delivery import Delivery
 from consumer.durations import format_duration, to_milliseconds
-from consumer.envelope import Envelope, Poison, check_content_type, parse_envelope
+from consumer.envelope import (
+    Envelope,
+    EnvelopeLimits,
+    EnvelopeParser,
+    Poison,
+    check_content_type,
+)
 from consumer.errors import (
     ConfigError,
     DatabaseUnavailable,
@@ -124,7 +130,7 @@ class Pipeline:
     ) -> None:
         self._on_conflict = on_conflict
         self._consumer = settings.name
-        self._max_body = settings.max_body_bytes
+        self._parser = EnvelopeParser(EnvelopeLimits.from_settings(settings))
         self._default_timeout = settings.handler_timeout.total_seconds()
         lock_ms = to_milliseconds(settings.batch_lock_timeout)
         self._batch_lock_timeout = f"SET LOCAL lock_timeout = '{lock_ms}ms'"
@@ -135,7 +141,8 @@ class Pipeline:
     def prepare(self, delivery: Delivery) -> tuple[Handler, Envelope[Any]]:
         """Parse and bind a delivery, or raise :class:`Poison`."""
         check_content_type(delivery.content_type, delivery.content_encoding)
-        raw = parse_envelope(delivery.body, max_bytes=self._max_body)
+        self._parser.check_headers(delivery.headers)
+        raw = self._parser.parse(delivery.body)
         return self._registry.resolve(raw)
 
     async def process(self, deliveries: Sequence[Delivery]) -> list[Outcome]:

@@ -148,6 +148,10 @@ class Settings(BaseSettings):
     publish_timeout: Duration = timedelta(seconds=10)
     reconnect_max_delay: Duration = timedelta(seconds=30)
     max_body_bytes: int = Field(default=1024 * 1024, ge=64, le=128 * 1024 * 1024)
+    max_json_depth: int = Field(default=32, ge=2, le=512)
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    max_future_skew: Duration = timedelta(hours=24)
+    allow_extra_fields: bool = False
     log_level: LogLevel = "INFO"
     log_format: LogFormat = "auto"
     log_payloads: bool = False
@@ -259,7 +263,8 @@ class Settings(BaseSettings):
             )
         except ssl.SSLError:
             raise ValueError(
-                f"{value} is not an unencrypted PEM key for CONSUMER_AMQP_CERT_FILE"
+                f"cannot load {value} with CONSUMER_AMQP_CERT_FILE (both PEM, the key "
+                "unencrypted and the certificate's own)"
             ) from None
         return value
 

@@ -103,7 +103,7 @@ async def test_show_gives_headers_body_and_for_poison_the_parse_error(
     poison = next(row for row in listed(env) if row["reason"] == "not_json")
     code, out, _ = dlq(env, "show", poison["id"])
     assert code == 0
-    assert "parse error:     Invalid JSON" in out
+    assert "parse error:     Expecting value" in out
     assert "<xml/>" in out
 
     code, _, err = dlq(env, "show", "no-such-id")

@@ -175,13 +175,15 @@ async def test_sigterm_under_load_drains_exits_0_and_loses_nothing(env: TestEnv)
             ("test.behave", behave(f"k{n}", sleep_s=0.05), event_id)
             for n, event_id in enumerate(ids)
         )
-    service = await ServiceProcess(env, shutdown_grace="5s").start().wait_ready()
+    # Two workers and a prefetch of 50: at any moment most prefetched events have not started.
+    service = ServiceProcess(env, shutdown_grace="8s", db_pool_size="2", prefetch="50").start()
+    await service.wait_ready()
     await wait_until(lambda: _effects_at_least(env, 100), what="100 effects")
 
     started = time.monotonic()
     service.signal(signal.SIGTERM)
-    assert await service.wait_exit(timeout=10) == 0
-    assert time.monotonic() - started < 5
+    assert await service.wait_exit(timeout=15) == 0
+    assert time.monotonic() - started < 8
     draining = next(x for x in service.log_lines() if x.get("event") == "draining")
     assert draining["returned_to_queue"] > 0  # prefetched, never started: back to the queue
     applied = await _effects(env)

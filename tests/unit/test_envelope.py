@@ -1,11 +1,19 @@
 import json
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from consumer.envelope import Poison, PoisonReason, check_content_type, parse_envelope
+from consumer.envelope import (
+    EnvelopeLimits,
+    EnvelopeParser,
+    Poison,
+    PoisonReason,
+    check_content_type,
+)
 
 LIMIT = 4096
+PARSER = EnvelopeParser(EnvelopeLimits(max_bytes=LIMIT, max_depth=8))
 
 
 def body(**overrides: object) -> bytes:
@@ -21,13 +29,13 @@ def body(**overrides: object) -> bytes:
 
 def reason_for(data: bytes) -> PoisonReason:
     with pytest.raises(Poison) as caught:
-        parse_envelope(data, max_bytes=LIMIT)
+        PARSER.parse(data)
     return caught.value.reason
 
 
 def test_parses_a_valid_envelope_from_bytes() -> None:
     event_id = uuid.uuid4()
-    parsed = parse_envelope(body(event_id=str(event_id), correlation_id="c-1"), max_bytes=LIMIT)
+    parsed = PARSER.parse(body(event_id=str(event_id), correlation_id="c-1"))
     assert parsed.event_id == event_id
     assert parsed.type == "inventory.reserve"
     assert parsed.occurred_at.utcoffset() is not None
@@ -50,6 +58,15 @@ def test_parses_a_valid_envelope_from_bytes() -> None:
         (body(payload=[1]), PoisonReason.INVALID_ENVELOPE),
         (body(extra_field=1), PoisonReason.INVALID_ENVELOPE),
         (body(payload="x" * LIMIT), PoisonReason.BODY_TOO_LARGE),
+        (body(occurred_at=1_700_000_000), PoisonReason.INVALID_ENVELOPE),
+        (body(occurred_at="2999-01-01T00:00:00Z"), PoisonReason.INVALID_ENVELOPE),
+        (b'{"event_id": 1, "event_id": 2}', PoisonReason.DUPLICATE_KEY),
+        (body(payload={"a": 1}).replace(b'"a": 1', b'"a": 1, "a": 2'), PoisonReason.DUPLICATE_KEY),
+        (body(payload={"n": float("nan")}), PoisonReason.NOT_JSON),
+        (b"\xef\xbb\xbf" + body(), PoisonReason.NOT_JSON),
+        (body(payload={"a": [[[[[[[[[1]]]]]]]]]}), PoisonReason.TOO_DEEP),
+        (b"[" * 100_000 + b"]" * 100_000, PoisonReason.BODY_TOO_LARGE),
+        (('{"a": ' * 3000 + "1" + "}" * 3000).encode(), PoisonReason.BODY_TOO_LARGE),
     ],
 )
 def test_every_bad_body_is_poison_with_its_reason(data: bytes, reason: PoisonReason) -> None:
@@ -58,7 +75,7 @@ def test_every_bad_body_is_poison_with_its_reason(data: bytes, reason: PoisonRea
 
 def test_a_missing_field_is_named_in_the_detail() -> None:
     with pytest.raises(Poison) as caught:
-        parse_envelope(body(event_id=None), max_bytes=LIMIT)
+        PARSER.parse(body(event_id=None))
     assert "event_id" in caught.value.detail
 
 
@@ -78,3 +95,45 @@ def test_other_content_types_are_poison(content_type: str | None, encoding: str 
     with pytest.raises(Poison) as caught:
         check_content_type(content_type, encoding)
     assert caught.value.reason is PoisonReason.WRONG_CONTENT_TYPE
+
+
+BIG = EnvelopeParser(EnvelopeLimits(max_bytes=10_000_000, max_depth=32))
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"[" * 200_000 + b"]" * 200_000,
+        ('{"a": ' * 50_000 + "1" + "}" * 50_000).encode(),
+        body(payload={"deep": json.loads("[" * 40 + "]" * 40)}),
+    ],
+)
+def test_deep_nesting_is_poison_not_a_crash(data: bytes) -> None:
+    with pytest.raises(Poison) as caught:
+        BIG.parse(data)
+    assert caught.value.reason is PoisonReason.TOO_DEEP
+
+
+def test_extra_top_level_fields_only_when_allowed() -> None:
+    data = body(producer="svc-a")
+    assert reason_for(data) is PoisonReason.INVALID_ENVELOPE
+    lenient = EnvelopeParser(EnvelopeLimits(allow_extra_fields=True))
+    assert lenient.parse(data).type == "inventory.reserve"
+
+
+def test_occurred_at_may_run_a_little_ahead_of_our_clock() -> None:
+    now = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
+    parser = EnvelopeParser(EnvelopeLimits(max_future_skew=timedelta(hours=1)))
+    parser.parse(body(occurred_at=(now + timedelta(minutes=59)).isoformat()), now=now)
+    with pytest.raises(Poison, match="in the future"):
+        parser.parse(body(occurred_at=(now + timedelta(minutes=61)).isoformat()), now=now)
+
+
+def test_oversized_headers_are_poison() -> None:
+    parser = EnvelopeParser(EnvelopeLimits(max_header_bytes=1024))
+    parser.check_headers({"consumer-attempt": 2, "tenant": "acme", "x-death": [{"queue": "q"}]})
+    with pytest.raises(Poison) as caught:
+        parser.check_headers({"blob": "x" * 2000})
+    assert caught.value.reason is PoisonReason.HEADERS_TOO_LARGE
+    with pytest.raises(Poison):
+        parser.check_headers({f"h{n}": [{"k": "v" * 10}] * 10 for n in range(20)})

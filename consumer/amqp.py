@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import ssl
@@ -13,6 +14,12 @@ from aio_pika.abc import AbstractConnection
 from consumer.redact import scrub
 from consumer.settings import Settings
 from consumer.tls import amqp_ssl_context, describe_tls_error, find_tls_error
+
+# aiormq logs each failed connection attempt itself, at ERROR. The service sends library records
+# to its JSON log (consumer.logs.route_library_logs, a root handler, which still gets them); a
+# one-shot command says what failed in its own single line, so without this handler the record
+# would reach stderr a second time through logging's last-resort handler.
+logging.getLogger("aiormq").addHandler(logging.NullHandler())
 
 
 class BrokerUnreachable(ConnectionError):

@@ -7,9 +7,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 # The password runs to the last "@" before the host's end: a password with an unescaped "@"
 # ("u:p@ss@host") is still hidden whole, as urlsplit reads it.
-_CREDENTIALS_IN_URL = re.compile(
-    r"(?P<prefix>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)[^\s/?#]*@"
-)
+_CREDENTIALS_IN_URL = re.compile(r"(?P<prefix>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)[^\s/?#]*@")
 
 
 def redact_url(url: str) -> str:

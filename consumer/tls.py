@@ -13,7 +13,7 @@ A certificate the client rejects is a :class:`CertificateRejected`: waiting will
 from __future__ import annotations
 
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -24,7 +24,7 @@ from consumer.errors import ConfigError
 if TYPE_CHECKING:  # settings imports no_passphrase from here
     from consumer.settings import Settings
 
-DatabaseConnect = Callable[..., Awaitable["asyncpg.Connection[Any]"]]
+DatabaseConnect = Callable[..., Coroutine[Any, Any, "asyncpg.Connection[Any]"]]
 
 
 class CertificateRejected(ConfigError):
@@ -55,13 +55,11 @@ def amqp_ssl_context(settings: Settings) -> ssl.SSLContext | None:
 def database_dsn(settings: Settings) -> str:
     """``CONSUMER_DATABASE_URL`` with the TLS settings in its query (they win over the URL's)."""
     url = settings.database_url.get_secret_value()
-    overrides = {
-        "sslmode": settings.database_sslmode,
-        "sslrootcert": str(settings.database_sslrootcert)
-        if settings.database_sslrootcert is not None
-        else None,
-    }
-    overrides = {key: value for key, value in overrides.items() if value is not None}
+    overrides: dict[str, str] = {}
+    if settings.database_sslmode is not None:
+        overrides["sslmode"] = settings.database_sslmode
+    if settings.database_sslrootcert is not None:
+        overrides["sslrootcert"] = str(settings.database_sslrootcert)
     if not overrides:
         return url
     parts = urlsplit(url)
@@ -100,7 +98,7 @@ def database_connector(settings: Settings) -> DatabaseConnect:
 
     async def connect(*args: Any, **kwargs: Any) -> asyncpg.Connection[Any]:
         try:
-            return await asyncpg.connect(*args, **kwargs)
+            connection: asyncpg.Connection[Any] = await asyncpg.connect(*args, **kwargs)
         except ssl.SSLCertVerificationError as error:
             raise CertificateRejected(
                 f"cannot connect to PostgreSQL at {settings.safe_database_url}: "
@@ -112,5 +110,6 @@ def database_connector(settings: Settings) -> DatabaseConnect:
             raise ConfigError(
                 f"CONSUMER_DATABASE_URL/CONSUMER_DATABASE_SSLMODE: {str(error).rstrip('.')}"
             ) from None
+        return connection
 
     return connect

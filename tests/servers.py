@@ -14,6 +14,7 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
@@ -39,15 +40,21 @@ def _as_user(user: str, argv: list[str], env: dict[str, str] | None = None) -> l
 
 
 class ThrowawayRabbit:
-    """A RabbitMQ node of its own (``RABBITMQ_NODENAME``, ports and data folders)."""
+    """A RabbitMQ node of its own (``RABBITMQ_NODENAME``, ports and data folders).
 
-    def __init__(self) -> None:
+    ``config`` lines (the attribute, read at each :meth:`start`) go into its ``rabbitmq.conf``;
+    files they name (certificates, keys) can be put in the node's folder, readable by the
+    rabbitmq user, with :meth:`add_file`.
+    """
+
+    def __init__(self, config: Sequence[str] = ()) -> None:
         self.node = f"t{uuid.uuid4().hex[:8]}@localhost"
         self.port = free_port()
         self.dist_port = free_port()
         # Under the rabbitmq user's home: Mnesia refuses some temporary file systems.
         self.base = RABBITMQ_HOME / f"throwaway-{self.node.split('@')[0]}"
         self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/"
+        self.config = list(config)
 
     @property
     def _env(self) -> dict[str, str]:
@@ -68,7 +75,7 @@ class ThrowawayRabbit:
         }
 
     def _ctl(
-        self, *args: str, check: bool = True, timeout: float = 60
+        self, *args: str, check: bool = True, timeout: float = 60, input_text: str | None = None
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             _as_user(
@@ -79,17 +86,37 @@ class ThrowawayRabbit:
             check=check,
             timeout=timeout,
             cwd="/",
+            input=input_text,
         )
 
+    def ctl_command(self) -> list[str]:
+        """``rabbitmqctl`` for this node, as argv to put in front of a command's arguments."""
+        return _as_user("rabbitmq", [str(RABBITMQ_BIN / "rabbitmqctl"), "-n", self.node], self._env)
+
+    def _prepare(self) -> None:
+        if self.base.exists():
+            return
+        for sub in ("mnesia", "log"):
+            (self.base / sub).mkdir(parents=True)
+        for name in ("rabbitmq.conf", "enabled_plugins", "rabbitmq-env.conf"):
+            (self.base / name).write_text("")
+        shutil.chown(self.base, "rabbitmq", "rabbitmq")
+        for path in self.base.rglob("*"):
+            shutil.chown(path, "rabbitmq", "rabbitmq")
+
+    def add_file(self, name: str, source: Path, mode: int = 0o600) -> Path:
+        """Copy ``source`` into the node's folder, owned by rabbitmq; the path to name in config."""
+        self._prepare()
+        target = self.base / name
+        shutil.copyfile(source, target)
+        shutil.chown(target, "rabbitmq", "rabbitmq")
+        target.chmod(mode)
+        return target
+
     def start(self, timeout: float = 90) -> None:
-        if not self.base.exists():
-            for sub in ("mnesia", "log"):
-                (self.base / sub).mkdir(parents=True)
-            for name in ("rabbitmq.conf", "enabled_plugins", "rabbitmq-env.conf"):
-                (self.base / name).write_text("")
-            shutil.chown(self.base, "rabbitmq", "rabbitmq")
-            for path in self.base.rglob("*"):
-                shutil.chown(path, "rabbitmq", "rabbitmq")
+        self._prepare()
+        if self.config:
+            (self.base / "rabbitmq.conf").write_text("".join(f"{line}\n" for line in self.config))
         subprocess.run(
             _as_user("rabbitmq", [str(RABBITMQ_BIN / "rabbitmq-server"), "-detached"], self._env),
             check=True,
@@ -116,20 +143,43 @@ class ThrowawayRabbit:
     def close_all_connections(self) -> None:
         self._ctl("close_all_connections", "closed by a test")
 
+    def queue_messages(self) -> dict[str, int]:
+        """Messages in each queue of the node, ready and unacknowledged, by queue name."""
+        listed = self._ctl("list_queues", "--quiet", "--no-table-headers", "name", "messages")
+        counts: dict[str, int] = {}
+        for line in listed.stdout.splitlines():
+            name, _, count = line.rpartition("\t")
+            if name and count.strip().isdigit():
+                counts[name] = int(count)
+        return counts
+
     def destroy(self) -> None:
         self.stop()
         shutil.rmtree(self.base, ignore_errors=True)
 
 
 class ThrowawayPostgres:
-    """A PostgreSQL cluster made with ``initdb`` in a folder of its own, on its own port."""
+    """A PostgreSQL cluster made with ``initdb`` in a folder of its own, on its own port.
 
-    def __init__(self, version_bin: Path | None = None) -> None:
+    ``options`` are extra ``postgres -c name=value`` settings; ``hba``, when given, replaces
+    ``pg_hba.conf`` (initdb's is trust for everything). :meth:`add_file` puts a file such as a
+    TLS key in the cluster's folder, owned by postgres, before :meth:`start`.
+    """
+
+    def __init__(
+        self,
+        version_bin: Path | None = None,
+        *,
+        options: Mapping[str, str] | None = None,
+        hba: str | None = None,
+    ) -> None:
         self.bin = version_bin or _postgres_bin()
         self.port = free_port()
         self.base = Path(f"/tmp/throwaway-pg-{uuid.uuid4().hex[:8]}")
         self.data = self.base / "data"
         self.admin_dsn = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        self.options = dict(options or {})
+        self.hba = hba
 
     def dsn(self, database: str) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
@@ -158,12 +208,26 @@ class ThrowawayPostgres:
             "-E",
             "UTF8",
         )
+        if self.hba is not None:
+            hba = self.data / "pg_hba.conf"
+            hba.write_text(self.hba)
+            shutil.chown(hba, "postgres", "postgres")
+
+    def add_file(self, name: str, source: Path, mode: int = 0o600) -> Path:
+        """Copy ``source`` into the cluster's folder, owned by postgres; its path for options."""
+        target = self.base / name
+        shutil.copyfile(source, target)
+        shutil.chown(target, "postgres", "postgres")
+        target.chmod(mode)
+        return target
 
     def start(self) -> None:
         options = (
             f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c fsync=off "
             "-c synchronous_commit=off -c full_page_writes=off"
         )
+        for name, value in self.options.items():
+            options += f" -c {name}={value}"
         self._run(
             str(self.bin / "pg_ctl"),
             "-D",

@@ -1,0 +1,150 @@
+"""The HTTP endpoint listens only on CONSUMER_HTTP_HOST and serves three paths to GET, nothing else.
+
+The service runs with its broker and database unreachable: the HTTP side needs neither.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.servers import free_port
+from tests.support import ServiceProcess, TestEnv, wait_until
+
+OTHER_LOOPBACK = "127.0.0.2"  # on Linux all of 127.0.0.0/8 is local
+
+
+def non_loopback_addresses() -> list[str]:
+    """This machine's own IPv4 addresses that are not loopback (none in a bare sandbox)."""
+    ip = shutil.which("ip")
+    if ip is None:
+        return []
+    listed = subprocess.run(
+        [ip, "-4", "-o", "addr", "show", "scope", "global"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=10,
+    ).stdout
+    return [line.split()[3].split("/")[0] for line in listed.splitlines() if len(line.split()) > 3]
+
+
+def status_of(host: str, port: int, request: bytes) -> int:
+    """The status code the server answers a raw HTTP/1.1 request with."""
+    with socket.create_connection((host, port), timeout=5) as connection:
+        connection.sendall(request)
+        head = b""
+        while b"\r\n" not in head:
+            chunk = connection.recv(4096)
+            if not chunk:
+                break
+            head += chunk
+    return int(head.split(b" ", 2)[1])
+
+
+def request(method: str, path: str, body: bytes = b"") -> bytes:
+    return (
+        f"{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def unreachable_env(tmp_path: Path) -> TestEnv:
+    return TestEnv(
+        name="httptest",
+        database_url=f"postgresql://nobody@127.0.0.1:{free_port()}/nothing",
+        amqp_url=f"amqp://nobody:nothing@127.0.0.1:{free_port()}/",
+        http_port=free_port(),
+        log_dir=tmp_path,
+        overrides={"handlers": "consumer.handlers.inventory"},
+    )
+
+
+async def answering(service: ServiceProcess, host: str) -> None:
+    async def up() -> bool:
+        assert service.returncode is None, service.log_text()
+        return await asyncio.to_thread(reachable, host, service.port)
+
+    await wait_until(up, what=f"HTTP on {host}")
+
+
+async def test_by_default_it_listens_on_loopback_only_and_serves_three_paths(
+    tmp_path: Path,
+) -> None:
+    # Given the service with the default CONSUMER_HTTP_HOST
+    env = unreachable_env(tmp_path)
+    service = ServiceProcess(env).start()
+    await answering(service, "127.0.0.1")
+    port = service.port
+    try:
+        # Then no other local address reaches it, loopback or not
+        for address in (OTHER_LOOPBACK, *non_loopback_addresses()):
+            assert not reachable(address, port), f"HTTP answers on {address}"
+
+        # And the three paths answer GET (HEAD too, as GET's header-only twin)
+        assert status_of("127.0.0.1", port, request("GET", "/metrics")) == 200
+        assert status_of("127.0.0.1", port, request("GET", "/healthz")) == 200
+        assert status_of("127.0.0.1", port, request("GET", "/readyz")) == 503  # nothing reached
+        assert status_of("127.0.0.1", port, request("HEAD", "/healthz")) == 200
+
+        # And any other path is 404, whatever its spelling
+        for path in (
+            "/",
+            "/metrics/",
+            "/Metrics",
+            "/metrics/extra",
+            "/admin",
+            "/debug/pprof",
+            "/..%2f..%2fetc%2fpasswd",
+            "/../etc/passwd",
+            "//metrics",
+            "/healthz%00",
+        ):
+            assert status_of("127.0.0.1", port, request("GET", path)) == 404, path
+
+        # And any other method on the three paths is 405
+        for method in ("POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE"):
+            for path in ("/metrics", "/healthz", "/readyz"):
+                status = status_of("127.0.0.1", port, request(method, path, b"{}"))
+                assert status == 405, (method, path, status)
+        # A body larger than the service would ever read is refused too
+        assert status_of("127.0.0.1", port, request("POST", "/metrics", b"x" * 65536)) in (
+            405,
+            413,
+        )
+    finally:
+        await service.stop()
+
+
+@pytest.mark.parametrize("where", ["another loopback address", "a non-loopback address"])
+async def test_it_listens_where_consumer_http_host_says(where: str, tmp_path: Path) -> None:
+    if where == "another loopback address":
+        host = OTHER_LOOPBACK
+    else:
+        addresses = non_loopback_addresses()
+        if not addresses:
+            pytest.skip("this machine has no non-loopback IPv4 address")
+        host = addresses[0]
+
+    # Given the service told to listen on that address
+    service = ServiceProcess(unreachable_env(tmp_path), http_host=host).start()
+    try:
+        # Then it answers there, and not on 127.0.0.1
+        await answering(service, host)
+        assert status_of(host, service.port, request("GET", "/healthz")) == 200
+        assert not reachable("127.0.0.1", service.port)
+    finally:
+        await service.stop()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -18,6 +18,7 @@ from consumer.settings import Settings
 from consumer.tls import database_connector, database_dsn
 
 Connection = asyncpg.Connection
+T = TypeVar("T")
 
 # Connecting can fail like this without anything being wrong with the settings.
 _CONNECT_ERRORS: tuple[type[BaseException], ...] = (
@@ -50,6 +51,48 @@ def describe_database_error(error: BaseException) -> str:
 
 def database_name(settings: Settings) -> str:
     return urlsplit(settings.database_url.get_secret_value()).path.lstrip("/") or "postgres"
+
+
+async def guarded(conn: asyncpg.Connection[Any], step: Awaitable[T], *, within: float) -> T:
+    """``step`` on ``conn``, or :class:`DatabaseUnavailable` if no answer comes ``within`` seconds.
+
+    For the service's own statements (BEGIN, receipts, savepoints, COMMIT): a server that stops
+    answering (frozen, partitioned) would otherwise hold the connection for as long as TCP does.
+    The connection is dropped; whatever it was doing is rolled back by the server or, if the
+    COMMIT got through, found as a receipt when the message comes back.
+    """
+    deadline = asyncio.timeout(within)
+    try:
+        async with deadline:
+            return await step
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        conn.terminate()
+        raise DatabaseUnavailable(f"the database did not answer within {within:g}s") from None
+
+
+@asynccontextmanager
+async def guarded_transaction(
+    conn: asyncpg.Connection[Any], *, within: float
+) -> AsyncIterator[None]:
+    """A transaction whose BEGIN, COMMIT and ROLLBACK are each :func:`guarded`."""
+    transaction = conn.transaction()
+    await guarded(conn, transaction.start(), within=within)
+    try:
+        yield
+    except BaseException:
+        if not _closed(conn):
+            await guarded(conn, transaction.rollback(), within=within)
+        raise
+    await guarded(conn, transaction.commit(), within=within)
+
+
+def _closed(conn: asyncpg.Connection[Any]) -> bool:
+    try:
+        return conn.is_closed()
+    except asyncpg.InterfaceError:
+        return True  # the pool has already taken back a connection that died
 
 
 async def _keep_session(_: asyncpg.Connection[Any]) -> None:
@@ -125,10 +168,21 @@ class Database:
                 await self.pool.release(conn)
 
     async def probe(self) -> None:
-        """Raise :class:`DatabaseUnavailable` unless the database answers."""
+        """Raise :class:`DatabaseUnavailable` unless the database answers on a new connection.
+
+        A new connection, not a pooled one: the pool's may all be busy or stuck on a server that
+        stopped answering, and what matters is whether a fresh session can be had now.
+        """
+        connect = database_connector(self._settings)
         try:
-            async with asyncio.timeout(PROBE_TIMEOUT), self.connection() as conn:
-                await conn.fetchval("SELECT 1")
+            async with asyncio.timeout(PROBE_TIMEOUT):
+                conn = await connect(database_dsn(self._settings), timeout=PROBE_TIMEOUT)
+                try:
+                    await conn.fetchval("SELECT 1")
+                finally:
+                    conn.terminate()
+        except _CONFIG_ERRORS as error:
+            raise ConfigError(f"CONSUMER_DATABASE_URL: {describe_database_error(error)}") from None
         except _CONNECT_ERRORS as error:
             raise DatabaseUnavailable(describe_database_error(error)) from error
 

@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 import asyncpg
 
-from consumer.database import Database
+from consumer.database import Database, guarded, guarded_transaction
 from consumer.delivery import Delivery
 from consumer.durations import format_duration, to_milliseconds
 from consumer.envelope import (
@@ -53,6 +53,8 @@ from consumer.outcome import Applied, Failed, Outcome, Rejected, Verdict
 from consumer.registry import Handler, HandlerRegistry
 from consumer.retry import RetryPolicy, Return
 from consumer.settings import Settings
+
+T = TypeVar("T")
 
 _INSERT_RECEIPT = """
 INSERT INTO receipts (consumer, event_id, type) VALUES ($1, $2, $3)
@@ -134,6 +136,7 @@ class Pipeline:
         self._default_timeout = settings.handler_timeout.total_seconds()
         lock_ms = to_milliseconds(settings.batch_lock_timeout)
         self._batch_lock_timeout = f"SET LOCAL lock_timeout = '{lock_ms}ms'"
+        self._stall = settings.db_stall_timeout.total_seconds()
         self._registry = registry
         self._database = database
         self._policy = policy
@@ -186,17 +189,28 @@ class Pipeline:
             return [await self._apply_alone(items[0])]
         if rounds >= _MAX_BATCH_ROUNDS:
             # Still colliding with other batches: wait for locks like any single transaction.
-            return [await self._apply_alone(item) for item in items]
+            return await self._apply_each_alone(items)
         try:
             return await self._apply_together(items, rounds)
         except _ApplyAlone:
-            return [await self._apply_alone(item) for item in items]
+            return await self._apply_each_alone(items)
+
+    async def _apply_each_alone(self, items: list[_Ready]) -> list[Verdict]:
+        verdicts: list[Verdict] = []
+        for item in items:
+            previous = verdicts[-1] if verdicts else None
+            if isinstance(previous, Failed) and isinstance(previous.decision, Return):
+                # The database went away: give the rest back without knocking for each.
+                verdicts.append(self._failed(item, previous.error))
+                continue
+            verdicts.append(await self._apply_alone(item))
+        return verdicts
 
     async def _apply_alone(self, item: _Ready) -> Verdict:
         try:
             async with self._database.connection() as conn:
                 try:
-                    async with conn.transaction():
+                    async with guarded_transaction(conn, within=self._stall):
                         fresh = await self._insert_receipt(conn, item)
                         if fresh:
                             await self._run_handler(conn, item)
@@ -249,10 +263,10 @@ class Pipeline:
     async def _apply_optimistically(
         self, conn: asyncpg.Connection[Any], items: list[_Ready]
     ) -> list[Verdict | None]:
-        async with conn.transaction():
+        async with guarded_transaction(conn, within=self._stall):
             # A batch holds its row locks until it commits: never wait long behind another
             # batch (see _CONTENTION), so lock convoys cannot build up.
-            await conn.execute(self._batch_lock_timeout)
+            await self._step(conn, conn.execute(self._batch_lock_timeout))
             fresh = await self._insert_receipts(conn, items)
             verdicts: list[Verdict | None] = [None] * len(items)
             claimed: set[UUID] = set()
@@ -287,11 +301,13 @@ class Pipeline:
         else:
             verdicts[failure.index] = self._failed(items[failure.index], failure.error)
         kept = [index for index in range(len(items)) if index != failure.index]
-        async with conn.transaction():
-            await conn.execute(self._batch_lock_timeout)
+        async with guarded_transaction(conn, within=self._stall):
+            await self._step(conn, conn.execute(self._batch_lock_timeout))
             for number, index in enumerate(kept):
                 item = items[index]
-                await conn.execute(_NEXT_SAVEPOINT if number else _FIRST_SAVEPOINT)
+                await self._step(
+                    conn, conn.execute(_NEXT_SAVEPOINT if number else _FIRST_SAVEPOINT)
+                )
                 try:
                     fresh = await self._insert_receipt(conn, item)
                     if fresh:
@@ -300,7 +316,7 @@ class Pipeline:
                     _raise_if_connection_lost(conn, error)
                     if classify(error) is ErrorKind.UNAVAILABLE:
                         raise
-                    await conn.execute(_ROLLBACK_TO_SAVEPOINT)
+                    await self._step(conn, conn.execute(_ROLLBACK_TO_SAVEPOINT))
                     if isinstance(error, _CONTENTION):
                         self._on_conflict()
                         # Commit what is done, so our locks go; the rest goes round again.
@@ -311,11 +327,16 @@ class Pipeline:
                     verdicts[index] = Applied(not fresh, _EPOCH)
         return verdicts
 
+    async def _step(self, conn: asyncpg.Connection[Any], step: Awaitable[T]) -> T:
+        return await guarded(conn, step, within=self._stall)
+
     async def _insert_receipt(self, conn: asyncpg.Connection[Any], item: _Ready) -> bool:
         event = item.event
         try:
             return bool(
-                await conn.fetchval(_INSERT_RECEIPT, self._consumer, event.event_id, event.type)
+                await self._step(
+                    conn, conn.fetchval(_INSERT_RECEIPT, self._consumer, event.event_id, event.type)
+                )
             )
         except Exception as error:
             _stop_if_receipts_broken(error)
@@ -328,7 +349,7 @@ class Pipeline:
         ids = [item.event.event_id for item in items]
         types = [item.event.type for item in items]
         try:
-            rows = await conn.fetch(_INSERT_RECEIPTS, self._consumer, ids, types)
+            rows = await self._step(conn, conn.fetch(_INSERT_RECEIPTS, self._consumer, ids, types))
         except Exception as error:
             _stop_if_receipts_broken(error)
             raise
@@ -339,11 +360,12 @@ class Pipeline:
         handler = item.handler
         limit = handler.timeout.total_seconds() if handler.timeout else self._default_timeout
         started = time.perf_counter()
+        deadline = asyncio.timeout(limit)
         try:
-            async with asyncio.timeout(limit):
+            async with deadline:
                 await handler.func(item.event, conn)
         except TimeoutError as error:
-            if time.perf_counter() - started >= limit:
+            if deadline.expired():
                 shown = format_duration(timedelta(seconds=limit))
                 raise HandlerTimeout(f"{handler.qualname} ran past its {shown} limit") from error
             raise

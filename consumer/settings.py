@@ -123,11 +123,12 @@ class Settings(BaseSettings):
     database_url: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:5432/consumer")
     name: str = "consumer"
     exchange: str = "events"
-    prefetch: int = Field(default=50, ge=1, le=65535)
-    db_pool_size: int = Field(default=10, ge=1, le=1000)
-    batch_size: int = Field(default=1, ge=1, le=1000)
+    prefetch: int = Field(default=200, ge=1, le=65535)
+    db_pool_size: int = Field(default=4, ge=1, le=1000)
+    batch_size: int = Field(default=50, ge=1, le=1000)
     batch_wait: Annotated[timedelta, BeforeValidator(parse_duration)] = timedelta(0)
     batch_lock_timeout: Duration = timedelta(milliseconds=100)
+    db_stall_timeout: Duration = timedelta(seconds=5)
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=8080, ge=1, le=65535)
     retry_delays: Annotated[tuple[Duration, ...], NoDecode, BeforeValidator(_split_list)] = (

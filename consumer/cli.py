@@ -18,7 +18,13 @@ from prometheus_client import CollectorRegistry
 
 from consumer.amqp import BrokerUnreachable
 from consumer.database import database_name, describe_database_error
-from consumer.errors import ConfigError, MigrationError, PipelineFault, TopologyMissing
+from consumer.errors import (
+    ConfigError,
+    MigrationError,
+    PipelineFault,
+    PublishFailed,
+    TopologyMissing,
+)
 from consumer.http import HttpServer, build_app
 from consumer.logs import Logger, make_logger, route_library_logs
 from consumer.metrics import Metrics
@@ -215,7 +221,7 @@ async def _publish(settings: Settings, arguments: argparse.Namespace) -> int:
     )
     try:
         event_id = await publish_event(settings, request)
-    except (BrokerUnreachable, ConfigError) as error:
+    except (BrokerUnreachable, ConfigError, PublishFailed) as error:
         fail(str(error))
     print(event_id)
     return 0

@@ -11,7 +11,7 @@ from typing import Any
 
 import aiormq
 
-from consumer.amqp import BrokerUnreachable, connect
+from consumer.amqp import BrokerUnreachable, connect, describe_amqp_error
 from consumer.dlq import DeadLetterQueue, DeadMessage, Selection, counts, replay
 from consumer.durations import parse_duration
 from consumer.envelope import EnvelopeLimits, EnvelopeParser
@@ -96,6 +96,8 @@ def run_dlq(settings: Settings, arguments: argparse.Namespace) -> int:
         fail(str(error))
     except aiormq.exceptions.ChannelNotFoundEntity:
         fail(f"{names_for(settings).dead} does not exist: run `python -m topology apply`")
+    except aiormq.exceptions.ChannelAccessRefused as error:
+        fail(f"RabbitMQ refused: {describe_amqp_error(error)}")
 
 
 async def _run(settings: Settings, arguments: argparse.Namespace) -> int:

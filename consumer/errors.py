@@ -15,6 +15,7 @@
     ├── DatabaseUnavailable    the database cannot be reached: pause, count no attempt
     ├── PipelineFault          the service itself cannot work (no receipts table): it stops
     └── PublishFailed          the broker did not confirm a publish: return the original
+        └── Unroutable         no queue is bound for the routing key
 
 Library errors are translated here, by type, never by message text: :func:`classify`
 decides what an exception raised while applying an event means.
@@ -72,11 +73,15 @@ class DatabaseUnavailable(ConsumerError):
 
 
 class PipelineFault(ConsumerError):
-    """Something no event can be blamed for is broken (the receipts table is missing): stop."""
+    """Something no event can be blamed for is broken (no receipts table, a missing grant): stop."""
 
 
 class PublishFailed(ConsumerError):
     """The broker nacked, returned or did not confirm a publish in time."""
+
+
+class Unroutable(PublishFailed):
+    """The broker returned a mandatory publish: no queue is bound for it."""
 
 
 class ErrorKind(enum.Enum):

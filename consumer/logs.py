@@ -60,7 +60,10 @@ def _processors(console: bool) -> list[Processor]:
         ]
     return [
         *shared,
-        structlog.processors.dict_tracebacks,
+        # Never the locals: a frame may hold a password that is not in a URL.
+        structlog.processors.ExceptionRenderer(
+            structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
+        ),
         scrub_secrets,
         structlog.processors.JSONRenderer(serializer=orjson.dumps),
     ]

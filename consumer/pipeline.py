@@ -278,6 +278,8 @@ class Pipeline:
                 claimed.add(event_id)
                 try:
                     await self._run_handler(conn, item)
+                except (ConfigError, PipelineFault):
+                    raise
                 except Exception as error:
                     _raise_if_connection_lost(conn, error)
                     if classify(error) is ErrorKind.UNAVAILABLE:
@@ -312,6 +314,8 @@ class Pipeline:
                     fresh = await self._insert_receipt(conn, item)
                     if fresh:
                         await self._run_handler(conn, item)
+                except (ConfigError, PipelineFault):
+                    raise
                 except Exception as error:
                     _raise_if_connection_lost(conn, error)
                     if classify(error) is ErrorKind.UNAVAILABLE:
@@ -369,6 +373,10 @@ class Pipeline:
                 shown = format_duration(timedelta(seconds=limit))
                 raise HandlerTimeout(f"{handler.qualname} ran past its {shown} limit") from error
             raise
+        except asyncpg.InsufficientPrivilegeError as error:
+            # A missing grant is the deployment's fault, not the event's: stop rather than
+            # dead-letter every event of this type.
+            raise PipelineFault(f"{handler.qualname}: {error} (a grant is missing)") from error
         finally:
             item.handler_seconds = time.perf_counter() - started
 

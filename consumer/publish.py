@@ -11,7 +11,7 @@ from typing import Any
 from pamqp.commands import Basic
 
 from consumer.amqp import connect
-from consumer.errors import ConfigError, PublishFailed
+from consumer.errors import ConfigError, Unroutable
 from consumer.publisher import PERSISTENT, Publisher
 from consumer.settings import Settings
 
@@ -75,7 +75,7 @@ async def publish_event(settings: Settings, request: PublishRequest) -> uuid.UUI
                 exchange=settings.exchange,
                 routing_key=request.event_type,
             )
-        except PublishFailed as error:
+        except Unroutable as error:
             raise ConfigError(
                 f"{error}: is the topology applied (`python -m topology apply`) and a handler "
                 f"registered for {request.event_type!r}?"

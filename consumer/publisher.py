@@ -9,8 +9,9 @@ import aiormq
 from aio_pika.abc import AbstractChannel
 from pamqp.commands import Basic
 
+from consumer.amqp import describe_amqp_error
 from consumer.durations import to_milliseconds
-from consumer.errors import PublishFailed
+from consumer.errors import PublishFailed, Unroutable
 
 PERSISTENT = 2
 
@@ -76,12 +77,12 @@ class Publisher:
                 timeout=self._timeout,
             )
         except aiormq.exceptions.PublishError as error:
-            raise PublishFailed(f"{exchange!r} could not route {routing_key!r}") from error
+            raise Unroutable(f"{exchange!r} could not route {routing_key!r}") from error
         except aiormq.exceptions.DeliveryError as error:
             raise PublishFailed(f"the broker refused the message for {exchange!r}") from error
         except TimeoutError as error:
             raise PublishFailed(f"no confirm from the broker within {self._timeout:g}s") from error
         except (aiormq.exceptions.AMQPError, RuntimeError, ConnectionError) as error:
-            raise PublishFailed(f"publishing channel failed: {type(error).__name__}") from error
+            raise PublishFailed(f"publishing failed: {describe_amqp_error(error)}") from error
         if not isinstance(result, Basic.Ack):
             raise PublishFailed(f"the broker did not confirm the message for {exchange!r}")

@@ -6,7 +6,9 @@ import argparse
 import asyncio
 from collections.abc import Sequence
 
-from consumer.amqp import BrokerUnreachable, connect
+import aiormq
+
+from consumer.amqp import BrokerUnreachable, connect, describe_amqp_error
 from consumer.errors import TopologyError
 from consumer.settings import Settings
 from consumer.startup import fail, load_handlers, load_settings
@@ -72,3 +74,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(runner(settings, topology))
     except (TopologyError, BrokerUnreachable) as error:
         fail(str(error))
+    except aiormq.exceptions.ChannelAccessRefused as error:
+        fail(f"RabbitMQ refused: {describe_amqp_error(error)} (the bootstrap user needs configure)")

@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 import aio_pika
+import asyncpg
 import pytest
 
 from consumer import headers as h
@@ -315,3 +316,40 @@ async def _applied(env: TestEnv, event_id: uuid.UUID) -> bool:
 
 async def _count(env: TestEnv, query: str, expected: int) -> bool:
     return int(await fetchval(env.database_url, query)) >= expected
+
+
+async def test_a_missing_grant_stops_the_service_instead_of_dead_lettering(
+    env: TestEnv, admin_dsn: str
+) -> None:
+    # Given a database role that may write receipts but not the handler's own table
+    role = f"{env.name}_limited"
+    database = env.database_url.rsplit("/", 1)[1]
+    conn = await asyncpg.connect(env.database_url)
+    try:
+        await conn.execute(f'CREATE ROLE "{role}" LOGIN')
+        await conn.execute(f'GRANT CONNECT ON DATABASE "{database}" TO "{role}"')
+        await conn.execute(f'GRANT SELECT, INSERT ON receipts, handler_calls TO "{role}"')
+        await conn.execute(f'GRANT SELECT ON test_effects TO "{role}"')
+        limited = env.database_url.replace("postgres@", f"{role}@")
+        await env.apply_topology()
+        service = ServiceProcess(env, database_url=limited).start()
+        await service.wait_ready()
+        async with Producer(env.amqp_url) as producer:
+            event_id = await producer.send("test.behave", behave("forbidden"))
+
+        # When the handler hits the missing grant, the service stops with one clear line
+        assert await service.wait_exit(timeout=30) == 1
+        assert "permission denied for table test_effects (a grant is missing)" in service.log_text()
+        # And the event is neither applied nor dead-lettered: it waits for the fix
+        assert await queue_depth(env.amqp_url, env.names.dead) == 0
+        assert await effects(env, event_id) == 0
+        assert await fetchval(env.database_url, "SELECT count(*) FROM receipts") == 0
+    finally:
+        await conn.execute(f'REVOKE ALL ON ALL TABLES IN SCHEMA public FROM "{role}"')
+        await conn.execute(f'REVOKE ALL ON DATABASE "{database}" FROM "{role}"')
+        await conn.close()
+        env.kill_processes()
+        admin = await asyncpg.connect(admin_dsn)
+        await admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+        await admin.close()

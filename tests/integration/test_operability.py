@@ -169,14 +169,17 @@ async def test_one_log_line_per_outcome_without_payloads_or_passwords(
 
 async def test_sigterm_under_load_drains_exits_0_and_loses_nothing(env: TestEnv) -> None:
     await env.apply_topology()
-    ids = [uuid.uuid4() for _ in range(1500)]
+    ids = [uuid.uuid4() for _ in range(1000)]
     async with Producer(env.amqp_url) as producer:
         await producer.send_many(
-            ("test.behave", behave(f"k{n}", sleep_s=0.05), event_id)
+            ("test.behave", behave(f"k{n}", sleep_s=0.02), event_id)
             for n, event_id in enumerate(ids)
         )
-    # Two workers and a prefetch of 50: at any moment most prefetched events have not started.
-    service = ServiceProcess(env, shutdown_grace="8s", db_pool_size="2", prefetch="50").start()
+    # Two workers taking five at a time out of a prefetch of 50: at any moment most prefetched
+    # events have not started.
+    service = ServiceProcess(
+        env, shutdown_grace="8s", db_pool_size="2", batch_size="5", prefetch="50"
+    ).start()
     await service.wait_ready()
     await wait_until(lambda: _effects_at_least(env, 100), what="100 effects")
 
@@ -187,13 +190,13 @@ async def test_sigterm_under_load_drains_exits_0_and_loses_nothing(env: TestEnv)
     draining = next(x for x in service.log_lines() if x.get("event") == "draining")
     assert draining["returned_to_queue"] > 0  # prefetched, never started: back to the queue
     applied = await _effects(env)
-    assert applied < 1500
+    assert applied < 1000
 
     await ServiceProcess(env, "after").start().wait_ready()
-    await wait_until(lambda: _effects_at_least(env, 1500), timeout=120, what="all effects")
+    await wait_until(lambda: _effects_at_least(env, 1000), timeout=120, what="all effects")
     await asyncio.sleep(0.5)
-    assert await _effects(env) == 1500
-    assert await fetchval(env.database_url, "SELECT count(*) FROM receipts") == 1500
+    assert await _effects(env) == 1000
+    assert await fetchval(env.database_url, "SELECT count(*) FROM receipts") == 1000
     assert await queue_depth(env.amqp_url, env.names.dead) == 0
 
 

@@ -15,6 +15,7 @@ import bisect
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiormq
@@ -31,7 +32,12 @@ class ChannelGone(Exception):
 
 
 class Acker:
-    """Settles the deliveries of one channel. Create one per consume channel."""
+    """Settles the deliveries of one channel. Create one per consume channel.
+
+    Every ack and nack leaves through one writer, in the order it was decided: a multiple ack
+    that overtook a single ack or nack of a tag below it would make the broker close the channel
+    ("unknown delivery tag").
+    """
 
     def __init__(
         self,
@@ -49,7 +55,8 @@ class Acker:
         self._settled: set[int] = set()
         self._flush_scheduled = False
         self._timer: asyncio.TimerHandle | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._frames: asyncio.Queue[_Frame] = asyncio.Queue()
+        self._writer: asyncio.Task[None] | None = None
 
     @property
     def is_open(self) -> bool:
@@ -69,15 +76,49 @@ class Acker:
         self._schedule_flush()
 
     async def nack(self, tag: int, *, requeue: bool) -> None:
-        """Reject ``tag`` alone, now."""
+        """Reject ``tag`` alone, now; returns once the frame is on its way."""
         if not self.is_open:
             raise ChannelGone(f"delivery tag {tag} belongs to a closed channel")
         self._settled.add(tag)
-        try:
-            await self._channel.basic_nack(tag, multiple=False, requeue=requeue)
-        except _CHANNEL_ERRORS as error:
-            raise ChannelGone(str(error)) from error
+        sent = self._send(_Frame(tag, multiple=False, requeue=requeue))
+        await sent
         self._schedule_flush()
+
+    def _send(self, frame: _Frame) -> asyncio.Future[None]:
+        frame.sent = asyncio.get_running_loop().create_future()
+        self._frames.put_nowait(frame)
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(self._write())
+        return frame.sent
+
+    async def _write(self) -> None:
+        while not self._frames.empty():
+            frame = self._frames.get_nowait()
+            try:
+                if frame.requeue is None:
+                    await self._channel.basic_ack(frame.tag, multiple=frame.multiple, wait=False)
+                else:
+                    await self._channel.basic_nack(
+                        frame.tag, multiple=False, requeue=frame.requeue, wait=False
+                    )
+            except Exception as error:  # a frame that cannot go out settles nothing
+                self._fail_pending(frame, error)
+                return
+            if frame.sent is not None and not frame.sent.done():
+                frame.sent.set_result(None)
+
+    def _fail_pending(self, frame: _Frame, error: BaseException) -> None:
+        lost = 0
+        while True:
+            if frame.requeue is None:
+                lost += 1
+            if frame.sent is not None and not frame.sent.done():
+                frame.sent.set_exception(ChannelGone(str(error)))
+            if self._frames.empty():
+                break
+            frame = self._frames.get_nowait()
+        if lost:
+            self._on_lost(lost)
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
@@ -112,10 +153,9 @@ class Acker:
             if lost:
                 self._on_lost(lost)
             return
-        frames: list[tuple[int, bool]] = []
         highest = self._advance()
         if highest is not None:
-            frames.append((highest, True))
+            self._send(_Frame(highest, multiple=True))
         if self._done:
             # Done, but behind a delivery still being applied: ack alone once they have waited.
             cutoff = time.monotonic() - self._max_delay
@@ -123,25 +163,13 @@ class Acker:
                 if since <= cutoff:
                     del self._done[tag]
                     self._settled.add(tag)
-                    frames.append((tag, False))
+                    self._send(_Frame(tag, multiple=False))
             if self._done and self._timer is None:
                 self._timer = asyncio.get_running_loop().call_later(self._max_delay, self._tick)
-        if frames:
-            task = asyncio.get_running_loop().create_task(self._send(frames))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
 
     def _tick(self) -> None:
         self._timer = None
         self._flush()
-
-    async def _send(self, frames: list[tuple[int, bool]]) -> None:
-        for position, (tag, multiple) in enumerate(frames):
-            try:
-                await self._channel.basic_ack(tag, multiple=multiple, wait=False)
-            except _CHANNEL_ERRORS:
-                self._on_lost(len(frames) - position)
-                return
 
     def close(self) -> None:
         if self._timer is not None:
@@ -157,5 +185,13 @@ class Acker:
                 for tag in list(self._done):
                     self._done[tag] = 0.0
             self._flush()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._writer is not None:
+            await asyncio.gather(self._writer, return_exceptions=True)
+
+
+@dataclass(slots=True)
+class _Frame:
+    tag: int
+    multiple: bool
+    requeue: bool | None = None  # None: an ack
+    sent: asyncio.Future[None] | None = None

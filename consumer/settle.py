@@ -84,7 +84,12 @@ class Settler:
             await asyncio.sleep(self._publish_failure_pause)
             await delivery.nack(requeue=True)
             return Settled(OutcomeKind.RETURNED, publish_error=error)
-        delivery.ack()
+        try:
+            delivery.ack()
+        except ChannelGone:
+            # The copy is out; the original comes back and will be copied again (a second copy,
+            # no second effect). Count what happened to this one.
+            return Settled(kind, channel_gone=True)
         return Settled(kind)
 
     async def _publish_retry(self, delivery: Delivery, failed: Failed, retry: Retry) -> None:

@@ -14,11 +14,17 @@ class RecordingChannel:
         self.frames: list[tuple[str, int, bool]] = []
         self.is_closed = False
 
+        self.slow = False
+
     async def basic_ack(self, tag: int, *, multiple: bool, wait: bool) -> None:
+        if self.slow:
+            await asyncio.sleep(0.01)  # the connection's write queue is full
         self.frames.append(("ack", tag, multiple))
 
-    async def basic_nack(self, tag: int, *, multiple: bool, requeue: bool) -> None:
+    async def basic_nack(self, tag: int, *, multiple: bool, requeue: bool, wait: bool) -> None:
         assert not multiple
+        if self.slow:
+            await asyncio.sleep(0.01)
         self.frames.append(("nack-requeue" if requeue else "nack", tag, multiple))
 
 
@@ -96,3 +102,41 @@ async def test_drain_sends_everything_done() -> None:
     acker.ack(3)
     await acker.drain()
     assert channel.frames == [("ack", 3, False)]
+
+
+async def test_frames_leave_in_the_order_they_were_decided_even_when_writing_waits() -> None:
+    # A multiple ack overtaking a single ack below it is "unknown delivery tag" to the broker.
+    acker, channel, _ = await make(1, 2, 3, 4, 5, max_delay=0.01)
+    channel.slow = True
+    acker.ack(2)
+    acker.ack(3)
+    await asyncio.sleep(0.05)  # 2 and 3 wait behind 1 long enough to be acked alone
+    acker.ack(1)
+    await acker.nack(4, requeue=True)
+    acker.ack(5)
+    await acker.drain()
+    assert broker_view(channel.frames, {1, 2, 3, 4, 5}) == {"acked": {1, 2, 3, 5}, "requeued": {4}}
+
+
+def broker_view(frames: list[tuple[str, int, bool]], delivered: set[int]) -> dict[str, set[int]]:
+    """What the broker makes of the frames, in order; an unknown tag closes the channel."""
+    outstanding = set(delivered)
+    settled: dict[str, set[int]] = {"acked": set(), "requeued": set()}
+    for kind, tag, multiple in frames:
+        if tag not in outstanding:
+            raise AssertionError(f"PRECONDITION_FAILED - unknown delivery tag {tag}: {frames}")
+        covered = {t for t in outstanding if t <= tag} if multiple else {tag}
+        outstanding -= covered
+        settled["acked" if kind == "ack" else "requeued"] |= covered
+    return settled
+
+
+async def test_a_frame_that_cannot_be_written_fails_its_waiter() -> None:
+    acker, channel, _ = await make(1, 2)
+
+    async def broken(*_: object, **__: object) -> None:
+        raise ConnectionResetError("gone")
+
+    channel.basic_nack = broken  # type: ignore[method-assign]
+    with pytest.raises(ChannelGone):
+        await acker.nack(1, requeue=True)

@@ -113,6 +113,9 @@ _UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.AdminShutdownError,
     asyncpg.CrashShutdownError,
     asyncpg.TooManyConnectionsError,
+    # The driver's protocol state broke, as when the server cuts a connection mid-statement:
+    # never the event's fault. If the database answers, the event is simply tried again.
+    asyncpg.InternalClientError,
 )
 
 

@@ -40,6 +40,7 @@ POLICY = RetryPolicy(LADDER)
         (DatabaseUnavailable("down"), 3, Return()),
         (asyncpg.ConnectionDoesNotExistError("gone"), 1, Return()),
         (asyncpg.CannotConnectNowError("starting"), 0, Return()),
+        (asyncpg.InternalClientError("cannot switch to state 12"), 2, Return()),
     ],
 )
 def test_decision_table(error: BaseException, attempts: int, decision: object) -> None:

@@ -61,5 +61,14 @@ bench: $(BENCH_STAMP) services
 soak: $(BENCH_STAMP) services
 	@$(PY) -m bench soak $(SOAK_ARGS)
 
+# `make chaos`: the chaos suite's long profile (`make chaos PROFILE=short` for the quick one that
+# `make test` also runs); tests/chaos/README.md. More flags in CHAOS_ARGS. The table goes to
+# tests/chaos/results/. It needs RabbitMQ's and PostgreSQL's packages (for throwaway servers).
+.PHONY: chaos
+PROFILE ?= long
+
+chaos: install services
+	@$(PY) -m tests.chaos --profile $(PROFILE) $(CHAOS_ARGS)
+
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -143,16 +143,6 @@ class ThrowawayRabbit:
     def close_all_connections(self) -> None:
         self._ctl("close_all_connections", "closed by a test")
 
-    def queue_messages(self) -> dict[str, int]:
-        """Messages in each queue of the node, ready and unacknowledged, by queue name."""
-        listed = self._ctl("list_queues", "--quiet", "--no-table-headers", "name", "messages")
-        counts: dict[str, int] = {}
-        for line in listed.stdout.splitlines():
-            name, _, count = line.rpartition("\t")
-            if name and count.strip().isdigit():
-                counts[name] = int(count)
-        return counts
-
     def destroy(self) -> None:
         self.stop()
         shutil.rmtree(self.base, ignore_errors=True)
@@ -258,12 +248,18 @@ class ThrowawayPostgres:
 
     def freeze(self) -> None:
         """SIGSTOP the postmaster and every backend: connections hang instead of failing."""
-        for pid in self._pids():
-            os.kill(pid, signal.SIGSTOP)
+        self.signal_all(signal.SIGSTOP)
 
     def thaw(self) -> None:
+        self.signal_all(signal.SIGCONT)
+
+    def signal_all(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the postmaster and every backend, skipping any that exit meanwhile
+        (a backend ends whenever its client disconnects, so :meth:`freeze` and :meth:`thaw` can
+        race with one while clients come and go)."""
         for pid in self._pids():
-            os.kill(pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
     def destroy(self) -> None:
         self.thaw()

@@ -1,0 +1,201 @@
+"""Reading a scenario's end state from the database and the broker, never from the consumers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import aio_pika
+import asyncpg
+
+from tests.support import REPO
+
+FIRST_DEATH_REASON = "x-first-death-reason"
+DEAD_REASON = "consumer-dead-reason"
+
+
+def _text(value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", errors="replace")
+    return str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadCopy:
+    """One message in ``<name>.dead``."""
+
+    message_id: str | None
+    reason: str | None
+    """``consumer-dead-reason``: set by the service on what it dead-letters itself."""
+    first_death_reason: str | None
+    """``x-first-death-reason``: set by the broker (``rejected`` for poison, ``delivery_limit``)."""
+    deaths: str = ""
+    """The broker's ``x-death``, newest first: ``queue:reason xcount`` for each."""
+
+
+def _deaths(headers: dict[str, Any]) -> str:
+    found = headers.get("x-death")
+    if not isinstance(found, list):
+        return ""
+    parts = []
+    for death in found:
+        if isinstance(death, dict):
+            parts.append(
+                f"{_text(death.get('queue'))}:{_text(death.get('reason'))} x{death.get('count')}"
+            )
+    return "; ".join(parts)
+
+
+@dataclass
+class EndState:
+    effects: Counter[uuid.UUID] = field(default_factory=Counter)
+    """``test_effects`` rows per event id (the chaos schema has no unique key there)."""
+    movements: Counter[uuid.UUID] = field(default_factory=Counter)
+    receipts: Counter[uuid.UUID] = field(default_factory=Counter)
+    foreign_receipts: int = 0
+    stock: dict[str, int] = field(default_factory=dict)
+    handler_calls: int = 0
+    dead: list[DeadCopy] = field(default_factory=list)
+    listed: list[dict[str, Any]] = field(default_factory=list)
+    """``python -m consumer dlq list --json``, one object per dead letter."""
+    list_error: str | None = None
+    leftovers: dict[str, int] = field(default_factory=dict)
+    """Messages still in the work queue or a delay queue after the consumers stopped."""
+    leftover_samples: list[str] = field(default_factory=list)
+    """What some of them are: message id, redelivered, delivery count, attempt, x-death."""
+
+    @property
+    def applied(self) -> int:
+        return sum(self.effects.values()) + sum(self.movements.values())
+
+
+async def read_database(dsn: str, consumer: str, state: EndState) -> None:
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        for row in await conn.fetch("SELECT event_id, count(*) FROM test_effects GROUP BY 1"):
+            state.effects[row[0]] = int(row[1])
+        for row in await conn.fetch("SELECT event_id, count(*) FROM stock_movements GROUP BY 1"):
+            state.movements[row[0]] = int(row[1])
+        for row in await conn.fetch(
+            "SELECT event_id, count(*) FROM receipts WHERE consumer = $1 GROUP BY 1", consumer
+        ):
+            state.receipts[row[0]] = int(row[1])
+        state.foreign_receipts = int(
+            await conn.fetchval("SELECT count(*) FROM receipts WHERE consumer <> $1", consumer)
+        )
+        state.stock = {
+            row["sku"]: int(row["available"])
+            for row in await conn.fetch("SELECT sku, available FROM stock")
+        }
+        state.handler_calls = int(await conn.fetchval("SELECT count(*) FROM handler_calls"))
+    finally:
+        await conn.close()
+
+
+async def list_dead_letters(environment: dict[str, str], state: EndState) -> None:
+    """``python -m consumer dlq list --json`` with the scenario's settings."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "consumer",
+        "dlq",
+        "list",
+        "--json",
+        env=environment,
+        cwd=REPO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), timeout=300)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        state.list_error = "dlq list did not finish within 300s"
+        return
+    if process.returncode != 0:
+        state.list_error = f"dlq list exited {process.returncode}: {err.decode()[-500:]}"
+        return
+    state.listed = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
+
+
+async def take_dead_letters(url: str, queue: str, state: EndState) -> None:
+    """Every message in the dead-letter queue, removed (the queue is deleted afterwards)."""
+    connection = await aio_pika.connect(url, timeout=10)
+    try:
+        channel = await connection.channel()
+        target = await channel.get_queue(queue)
+        while (message := await target.get(no_ack=True, fail=False, timeout=30)) is not None:
+            headers = message.headers or {}
+            state.dead.append(
+                DeadCopy(
+                    message_id=message.message_id,
+                    reason=_text(headers.get(DEAD_REASON)),
+                    first_death_reason=_text(headers.get(FIRST_DEATH_REASON)),
+                    deaths=_deaths(headers),
+                )
+            )
+    finally:
+        await connection.close()
+
+
+async def sample_messages(url: str, queue: str, state: EndState, limit: int = 50) -> None:
+    """Describe up to ``limit`` messages left in ``queue`` (read, then returned)."""
+    connection = await aio_pika.connect(url, timeout=10)
+    try:
+        channel = await connection.channel()
+        target = await channel.get_queue(queue)
+        held: list[aio_pika.abc.AbstractIncomingMessage] = []
+        while len(held) < limit:
+            message = await target.get(no_ack=False, fail=False, timeout=10)
+            if message is None:
+                break
+            held.append(message)
+            headers = message.headers or {}
+            state.leftover_samples.append(
+                f"{queue}: {message.message_id} redelivered={message.redelivered} "
+                f"delivery-count={_text(headers.get('x-delivery-count'))} "
+                f"attempt={_text(headers.get('consumer-attempt'))} deaths=[{_deaths(headers)}]"
+            )
+        for message in held:
+            await message.nack(requeue=True)
+    finally:
+        await connection.close()
+
+
+class QueueProbe:
+    """Ready messages in a queue by passive declare, on one connection kept open (and reopened
+    after a broker fault); None while the broker cannot say."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._connection: aio_pika.abc.AbstractConnection | None = None
+
+    async def ready(self, queue: str) -> int | None:
+        try:
+            if self._connection is None or self._connection.is_closed:
+                self._connection = await aio_pika.connect(self._url, timeout=5)
+            channel = await self._connection.channel()
+            try:
+                declared = await channel.declare_queue(queue, passive=True, timeout=5)
+                return int(declared.declaration_result.message_count or 0)
+            finally:
+                if not channel.is_closed:
+                    await channel.close()
+        except Exception:
+            await self.close()
+            return None
+
+    async def close(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(connection.close(), timeout=5)

@@ -1,0 +1,468 @@
+"""Runs the scenarios of a profile, one after the other, on one throwaway RabbitMQ node and one
+throwaway PostgreSQL cluster of the run's own; every scenario gets a fresh ``CONSUMER_NAME`` (so
+its own queues and ingress exchange) and a fresh database. Everything is bounded in time, and
+whatever the run started is stopped and removed on the way out.
+
+Per scenario: start the consumers, publish the workload at a steady rate while the faults strike
+at set shares of the effects, wait until the queues are quiet, scrape ``/metrics``, stop the
+consumers with SIGTERM, then read the end state and check every invariant (:mod:`.verify`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import aio_pika
+import asyncpg
+
+from consumer.durations import format_duration
+from consumer.migrations import migrate
+from tests.chaos.faults import Fault
+from tests.chaos.observe import (
+    EndState,
+    QueueProbe,
+    list_dead_letters,
+    read_database,
+    sample_messages,
+    take_dead_letters,
+)
+from tests.chaos.producer import Attempt, Gates, PublishLog, ResilientProducer
+from tests.chaos.report import FaultRecord, RunReport, ScenarioResult
+from tests.chaos.scenarios import CONSUMER_SETTINGS, Profile, Scenario, scenarios_for
+from tests.chaos.verify import check, dead_by_reason
+from tests.chaos.workload import Workload, plan_workload
+from tests.chaos.world import World
+from tests.servers import ThrowawayPostgres, ThrowawayRabbit, free_port
+from tests.support import REPO, TestEnv
+
+SCHEMA = Path(__file__).with_name("schema.sql")
+RESULTS = Path(__file__).with_name("results")
+QUIET_FOR = 10.0
+"""Queues empty and nothing changing this long: whatever is missing will not come."""
+MIN_SCENARIO_SECONDS = 20.0
+"""A scenario is not started with less of the run's budget left."""
+LEAD = 0.06
+"""Publications that go out past a fault's point (a share of all) before the stream waits for it."""
+GATE_GRACE = 10.0
+"""The stream waits at a fault's gate; if its share of effects is not reached this long after,
+the fault strikes anyway (and the report says it was late)."""
+
+
+def _say(message: str) -> None:
+    print(f"[chaos {datetime.now(UTC):%H:%M:%S}] {message}", file=sys.stderr, flush=True)
+
+
+async def _admin(dsn: str, statement: str) -> None:
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+async def _make_template(postgres: ThrowawayPostgres, name: str) -> None:
+    await _admin(postgres.admin_dsn, f'CREATE DATABASE "{name}"')
+    conn = await asyncpg.connect(postgres.dsn(name), timeout=10)
+    try:
+        await migrate(conn)
+        await conn.execute(SCHEMA.read_text())
+    finally:
+        await conn.close()
+
+
+def _versions(rabbit: ThrowawayRabbit, postgres: ThrowawayPostgres) -> dict[str, str]:
+    found: dict[str, str] = {"python": sys.version.split()[0]}
+    with contextlib.suppress(Exception):
+        status = subprocess.run(
+            [*rabbit.ctl_command(), "version"], capture_output=True, text=True, timeout=30
+        )
+        found["rabbitmq"] = status.stdout.strip() or "?"
+    with contextlib.suppress(Exception):
+        found["postgresql"] = subprocess.run(
+            [str(postgres.bin / "postgres"), "--version"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.split()[2]
+    with contextlib.suppress(Exception):
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=30,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=30,
+        ).stdout.strip()
+        found["commit"] = commit + (" (with uncommitted changes)" if dirty else "")
+    found["cores"] = str(len(os.sched_getaffinity(0)))
+    return found
+
+
+SHOWN_SETTINGS = (
+    "prefetch",
+    "db_pool_size",
+    "batch_size",
+    "batch_wait",
+    "retry_delays",
+    "delivery_limit",
+    "handler_timeout",
+    "hard_timeout",
+    "shutdown_grace",
+    "reconnect_max_delay",
+    "publish_timeout",
+)
+
+
+def _shown_settings(overrides: dict[str, str]) -> dict[str, str]:
+    """The consumers' effective settings that matter here (the product's defaults, the test
+    environment's, the suite's and the command line's), as ``CONSUMER_*`` values."""
+    settings = TestEnv(
+        "chaos", "postgresql://x@127.0.0.1/x", "amqp://x@127.0.0.1/", 1, Path()
+    ).settings(**overrides)
+    shown: dict[str, str] = {}
+    for name in SHOWN_SETTINGS:
+        value = getattr(settings, name, None)
+        if isinstance(value, timedelta):
+            text = format_duration(value)
+        elif isinstance(value, list | tuple):
+            text = ",".join(format_duration(item) for item in value)
+        else:
+            text = str(value)
+        shown[f"CONSUMER_{name.upper()}"] = text
+    return shown
+
+
+async def run(
+    profile: Profile,
+    *,
+    command: str,
+    results_dir: Path = RESULTS,
+    only: Sequence[str] = (),
+    settings: dict[str, str] | None = None,
+    events: int | None = None,
+    seed: int = 1,
+    keep_logs: bool = False,
+) -> RunReport:
+    """Run the profile's scenarios (or ``only`` those); save and return the report."""
+    started = time.monotonic()
+    deadline = started + profile.budget
+    if events is not None:
+        profile = Profile(**{**profile.__dict__, "events": events})
+    chosen = [s for s in scenarios_for(profile) if not only or s.slug in only]
+    unknown = set(only) - {s.slug for s in scenarios_for(profile)}
+    if unknown:
+        raise ValueError(f"no such scenario: {', '.join(sorted(unknown))}")
+    overrides = {**CONSUMER_SETTINGS, **(settings or {})}
+    run_id = uuid.uuid4().hex[:6]
+    stamp = datetime.now(UTC)
+    log_root = results_dir / f"logs-{profile.name}-{stamp:%Y%m%dT%H%M%SZ}"
+    rabbit = ThrowawayRabbit()
+    postgres = ThrowawayPostgres()
+    report = RunReport(
+        profile=profile.name,
+        command=command,
+        started_at=stamp,
+        environment={},
+        settings=_shown_settings(overrides),
+    )
+    try:
+        _say(
+            f"{profile.name} profile: starting a throwaway RabbitMQ node ({rabbit.node}, port "
+            f"{rabbit.port}) and PostgreSQL cluster ({postgres.base}, port {postgres.port})"
+        )
+
+        def start_postgres() -> None:
+            postgres.init()
+            postgres.start()
+
+        await asyncio.gather(asyncio.to_thread(rabbit.start), asyncio.to_thread(start_postgres))
+        report.environment = _versions(rabbit, postgres)
+        template = f"chaos_{run_id}_template"
+        await _make_template(postgres, template)
+        for number, scenario in enumerate(chosen):
+            result = ScenarioResult(scenario.slug, scenario.title, scenario.consumers)
+            report.results.append(result)
+            left = deadline - time.monotonic()
+            if left < MIN_SCENARIO_SECONDS:
+                result.skipped = f"the run's {profile.budget:.0f}s budget was spent"
+                continue
+            _say(f"scenario {scenario.slug}: {scenario.title}")
+            try:
+                await asyncio.wait_for(
+                    run_scenario(
+                        result,
+                        scenario,
+                        profile,
+                        rabbit=rabbit,
+                        postgres=postgres,
+                        template=template,
+                        name=f"chaos{run_id}-{number}-{scenario.slug}",
+                        overrides={**overrides, **scenario.settings},
+                        seed=seed + number,
+                        log_dir=log_root / scenario.slug,
+                        run_deadline=deadline,
+                    ),
+                    timeout=left,
+                )
+            except TimeoutError:
+                result.error = f"stopped when the run's {profile.budget:.0f}s budget ran out"
+            _say(
+                f"scenario {scenario.slug}: {'invariants hold' if result.ok else 'FAILED'} "
+                f"in {result.seconds:.0f}s"
+            )
+            if result.ok and not keep_logs:
+                shutil.rmtree(log_root / scenario.slug, ignore_errors=True)
+    finally:
+        _say("removing the throwaway servers")
+
+        def remove_postgres() -> None:
+            postgres.signal_all(signal.SIGCONT)
+            postgres.stop()
+            shutil.rmtree(postgres.base, ignore_errors=True)
+
+        await asyncio.gather(
+            asyncio.to_thread(rabbit.destroy),
+            asyncio.to_thread(remove_postgres),
+            return_exceptions=True,
+        )
+        with contextlib.suppress(OSError):
+            log_root.rmdir()  # only if empty
+        report.seconds = time.monotonic() - started
+    path = report.save(results_dir)
+    _say(f"saved {path}")
+    return report
+
+
+async def run_scenario(
+    result: ScenarioResult,
+    scenario: Scenario,
+    profile: Profile,
+    *,
+    rabbit: ThrowawayRabbit,
+    postgres: ThrowawayPostgres,
+    template: str,
+    name: str,
+    overrides: dict[str, str],
+    seed: int,
+    log_dir: Path,
+    run_deadline: float,
+) -> None:
+    """Run one scenario and fill in ``result`` (also when cancelled part-way)."""
+    started = time.monotonic()
+    database = name.replace("-", "_")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = TestEnv(
+        name=name,
+        database_url=postgres.dsn(database),
+        amqp_url=rabbit.url,
+        http_port=free_port(),
+        log_dir=log_dir,
+        overrides={"exchange": f"{name}.events", **overrides},
+    )
+    world = World(env=env, rabbit=rabbit, postgres=postgres, consumers=scenario.consumers)
+    workload = plan_workload(profile.events, seed=seed)
+    progress = asyncio.create_task(world.progress.run(), name="progress")
+    publishing: asyncio.Task[PublishLog] | None = None
+    try:
+        await _admin(postgres.admin_dsn, f'CREATE DATABASE "{database}" TEMPLATE "{template}"')
+        await env.apply_topology()
+        await world.start(*range(scenario.consumers))
+        # Publishing takes events / rate; faults and a slow machine can stretch it, within bounds.
+        publish_deadline = min(
+            run_deadline + 60, time.monotonic() + profile.events / profile.rate * 3 + 90
+        )
+        producer = ResilientProducer(env.amqp_url, env.settings().exchange)
+        total = len(workload.publications)
+        gates = Gates(
+            [min(total, math.ceil((share + LEAD) * total)) for share, _ in scenario.schedule()]
+        )
+        publishing = asyncio.create_task(
+            producer.publish_all(
+                workload.publications, rate=profile.rate, deadline=publish_deadline, gates=gates
+            )
+        )
+        try:
+            result.faults = await _inject(world, scenario, workload, gates, publish_deadline)
+        finally:
+            gates.open()
+        log = await publishing
+        waited = await _settle(world, workload, log, timeout=profile.settle_timeout)
+        if waited is not None:
+            world.notes.append(waited)
+        await world.stop_all()
+        state = EndState()
+        await _count_leftovers(env, state)
+        await list_dead_letters(env.env(), state)
+        await take_dead_letters(env.amqp_url, env.names.dead, state)
+        await read_database(env.database_url, name, state)
+        verdict = check(workload, log, state, extra_dead_allowed=scenario.cuts_broker_links)
+        result.metrics, failures = world.metrics_check(
+            state.applied, dead_by_reason(state), scenario.cuts_broker_links
+        )
+        verdict.violations += failures
+        verdict.violations += world.unexpected_exits
+        verdict.notes += world.notes + world.log_findings()
+        result.verdict = verdict
+    except Exception as error:  # report what could not be run, and go on with the next
+        result.error = f"{type(error).__name__}: {error}"
+        _say(f"scenario {scenario.slug} stopped: {result.error}")
+    finally:
+        if publishing is not None and not publishing.done():
+            publishing.cancel()
+            with contextlib.suppress(BaseException):
+                await publishing
+        progress.cancel()
+        with contextlib.suppress(BaseException):
+            await progress
+        world.kill_everything()
+        postgres.signal_all(signal.SIGCONT)
+        with contextlib.suppress(Exception):
+            await _remove_broker_objects(env)
+        with contextlib.suppress(Exception):
+            await _admin(postgres.admin_dsn, f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        result.seconds = time.monotonic() - started
+
+
+async def _inject(
+    world: World, scenario: Scenario, workload: Workload, gates: Gates, deadline: float
+) -> list[FaultRecord]:
+    """Each fault once its share of the effects is applied; then its gate opens."""
+    records: list[FaultRecord] = []
+    fault: Fault
+    for gate, (share, fault) in enumerate(scenario.schedule()):
+        on_time = await _wait_for_share(
+            world, math.ceil(share * workload.to_apply), gates.reached[gate], deadline
+        )
+        applied_at = world.progress.applied
+        began = time.monotonic()
+        _say(f"  {fault.label} at {applied_at} applied")
+        await fault.inject(world)
+        gates.open(gate)
+        records.append(
+            FaultRecord(fault.label, share, applied_at, on_time, time.monotonic() - began)
+        )
+    return records
+
+
+async def _wait_for_share(world: World, target: int, held: asyncio.Event, deadline: float) -> bool:
+    """Until ``target`` effects are applied (True); False if the stream has waited at the gate
+    for :data:`GATE_GRACE` seconds, or ``deadline`` passed, first."""
+    held_since: float | None = None
+    while world.progress.applied < target:
+        now = time.monotonic()
+        if held.is_set():
+            held_since = held_since or now
+            if now - held_since > GATE_GRACE:
+                return False
+        if now > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+async def _settle(
+    world: World, workload: Workload, log: PublishLog, *, timeout: float
+) -> str | None:
+    """Wait until every effect is in, every expected dead letter is there, the work and delay
+    queues hold nothing ready and no consumer holds a delivery, twice in a row; or until nothing
+    has moved for :data:`QUIET_FOR` seconds with the queues empty; or ``timeout``. None when
+    settled. (The consumers' ``consumer_in_flight`` only tells when to stop waiting: the checks
+    afterwards count what is left in the queues once the consumers have stopped.)"""
+    names = world.env.names
+    busy_queues = _busy_queues(world.env)
+    dead_bound = {p.message_id for p in workload.publications if not p.event.kind.applies}
+    expected_dead = sum(
+        1
+        for attempt, outcome in log.attempts.items()
+        if outcome is Attempt.CONFIRMED and attempt.split("~")[0] in dead_bound
+    )
+    probe = QueueProbe(world.env.amqp_url)
+    deadline = time.monotonic() + timeout
+    last: tuple[int, int, int] | None = None
+    changed = time.monotonic()
+    settled_polls = 0
+    try:
+        while time.monotonic() < deadline:
+            await world.revive_crashed()
+            depths = [await probe.ready(queue) for queue in [*busy_queues, names.dead]]
+            if any(depth is None for depth in depths):
+                await asyncio.sleep(0.5)
+                continue
+            busy = sum(depth or 0 for depth in depths[:-1]) + await world.in_flight()
+            dead = depths[-1] or 0
+            applied = world.progress.applied
+            if busy == 0 and applied >= workload.to_apply and dead >= expected_dead:
+                settled_polls += 1
+                if settled_polls >= 2:
+                    return None
+            else:
+                settled_polls = 0
+            now = (busy, dead, applied)
+            if now != last:
+                last, changed = now, time.monotonic()
+            elif busy == 0 and time.monotonic() - changed > QUIET_FOR:
+                return (
+                    f"stopped waiting: queues empty and nothing moved for {QUIET_FOR:.0f}s with "
+                    f"{applied} of {workload.to_apply} effects and {dead} of {expected_dead} dead"
+                )
+            await asyncio.sleep(0.3)
+    finally:
+        await probe.close()
+    return f"not settled within {timeout:.0f}s"
+
+
+def _busy_queues(env: TestEnv) -> list[str]:
+    names = env.names
+    return [names.work, *(names.rung(delay) for delay in env.settings().retry_delays)]
+
+
+async def _count_leftovers(env: TestEnv, state: EndState) -> None:
+    """Messages in the work and delay queues once the consumers have stopped (whatever they held
+    is back in the queue by then). Passive declares: ``rabbitmqctl list_queues`` shows quorum
+    queues' statistics, which lag by seconds."""
+    probe = QueueProbe(env.amqp_url)
+    try:
+        await asyncio.sleep(0.5)
+        for queue in _busy_queues(env):
+            state.leftovers[queue] = await probe.ready(queue) or 0
+        if any(state.leftovers.values()):
+            await asyncio.sleep(3)
+            state.leftover_samples += [
+                f"3s later: {queue}={await probe.ready(queue)}" for queue in state.leftovers
+            ]
+            for queue, count in state.leftovers.items():
+                if count:
+                    await sample_messages(env.amqp_url, queue, state)
+    finally:
+        await probe.close()
+
+
+async def _remove_broker_objects(env: TestEnv) -> None:
+    connection = await aio_pika.connect(env.amqp_url, timeout=10)
+    try:
+        channel = await connection.channel()
+        for topology in env.topologies:
+            for queue in topology.queues:
+                await channel.queue_delete(queue.name)
+            for exchange in topology.exchanges:
+                await channel.exchange_delete(exchange.name)
+    finally:
+        await connection.close()

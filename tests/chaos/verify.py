@@ -1,0 +1,244 @@
+"""The invariants, checked from the end state against the workload. Pure: no I/O.
+
+How dead letters are counted: by message id. Every publication has its own (``<key>.<copy>``, and
+``~<n>`` for the producer's re-sends after an unconfirmed publish), and the service and the broker
+keep it on the dead copy. So a permanent or poison event published twice (a duplicate) must be in
+the dead-letter queue twice, once per publication: each copy is dead-lettered on its own, and that
+is expected. A confirmed publication must be there exactly once; a re-sent attempt that was never
+confirmed may be there 0 or 1 times. A second copy of one message id is an *extra dead copy*: the
+known window of publish-confirm-then-ack (a kill or connection loss after the broker confirmed the
+dead-letter copy and before the original's ack reached it). It is counted and reported; it is only
+allowed in scenarios that cut the consumers' broker links (SIGKILL, connection close, broker
+restart). An extra dead copy is not a duplicated effect.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+
+from tests.chaos.observe import EndState
+from tests.chaos.producer import Attempt, PublishLog
+from tests.chaos.workload import Kind, PlannedEvent, Workload, publication_of
+
+
+@dataclass
+class Figures:
+    sent: int = 0
+    """Publications (duplicates and poison included); the producer's re-sends not counted."""
+    resent: int = 0
+    """Publish attempts not confirmed and sent again (broker faults hit the producer too)."""
+    to_apply: int = 0
+    applied: int = 0
+    """Events that must apply and have an effect."""
+    dead_expected: int = 0
+    """Confirmed publications of permanent and poison events: one dead copy each."""
+    dead_lettered: int = 0
+    """Messages in the dead-letter queue."""
+    lost: int = 0
+    """Events that must apply without an effect + confirmed dead-bound publications with no copy."""
+    duplicated: int = 0
+    """Effects beyond the first of an event."""
+    extra_dead: int = 0
+    """Dead copies beyond one per message id."""
+    handler_calls: int = 0
+
+
+@dataclass
+class Verdict:
+    figures: Figures
+    violations: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    details: dict[str, list[str]] = field(default_factory=dict)
+    """Every offending key, by violation (the violations themselves show five)."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def _report(verdict: Verdict, what: str, examples: list[str]) -> None:
+    if examples:
+        verdict.details[what] = examples
+        shown = ", ".join(examples[:5]) + (" ..." if len(examples) > 5 else "")
+        verdict.violations.append(f"{what}: {len(examples)} ({shown})")
+
+
+def _effects(state: EndState, event: PlannedEvent) -> int:
+    if event.event_id is None:
+        return 0
+    if event.kind is Kind.RESTOCK:
+        return state.movements.get(event.event_id, 0)
+    return state.effects.get(event.event_id, 0)
+
+
+def check(
+    workload: Workload, log: PublishLog, state: EndState, *, extra_dead_allowed: bool
+) -> Verdict:
+    """Every invariant; the figures for the table."""
+    figures = Figures(sent=len(workload.publications), resent=log.resent)
+    verdict = Verdict(figures)
+    figures.to_apply = workload.to_apply
+    figures.dead_lettered = len(state.dead)
+    figures.handler_calls = state.handler_calls
+
+    copies: Counter[str] = Counter(copy.message_id or "?" for copy in state.dead)
+    attempts_of: dict[str, list[tuple[str, Attempt]]] = {}
+    for attempt, outcome in log.attempts.items():
+        attempts_of.setdefault(publication_of(attempt), []).append((attempt, outcome))
+
+    not_applied: list[str] = []
+    doubled: list[str] = []
+    receipts_wrong: list[str] = []
+    applied_and_dead: list[str] = []
+    dead_with_effect: list[str] = []
+    missing_dead: list[str] = []
+    extra: list[str] = []
+    unsent = {publication.message_id for publication in log.unsent}
+    for event in workload.events:
+        effects = _effects(state, event)
+        receipts = state.receipts.get(event.event_id, 0) if event.event_id else 0
+        publications = workload.publications_of(event)
+        dead_copies = sum(
+            copies[attempt]
+            for publication in publications
+            for attempt, _ in attempts_of.get(publication.message_id, [])
+        )
+        if event.kind.applies:
+            if effects == 0:
+                not_applied.append(event.key)
+            else:
+                figures.applied += 1
+            if effects > 1:
+                figures.duplicated += effects - 1
+                doubled.append(f"{event.key}x{effects}")
+            if receipts != (1 if effects else 0):  # a receipt and its effect commit together
+                receipts_wrong.append(f"{event.key}: {receipts} receipts, {effects} effects")
+            if dead_copies:
+                deaths = [
+                    copy.deaths
+                    for copy in state.dead
+                    if publication_of(copy.message_id or "").split(".")[0] == event.key
+                ]
+                applied_and_dead.append(f"{event.key} ({event.kind.value}) x-death: {deaths}")
+            continue
+        if effects or receipts:
+            dead_with_effect.append(f"{event.key}: {effects} effects, {receipts} receipts")
+        for publication in publications:
+            for attempt, outcome in attempts_of.get(publication.message_id, []):
+                found = copies[attempt]
+                if outcome is Attempt.CONFIRMED:
+                    figures.dead_expected += 1
+                    if found == 0:
+                        missing_dead.append(attempt)
+                if found > 1:
+                    extra.append(f"{attempt}x{found}")
+                    figures.extra_dead += found - 1
+    figures.lost = len(not_applied) + len(missing_dead)
+
+    _report(verdict, "LOST: events that must apply with no effect", not_applied)
+    _report(verdict, "LOST: confirmed dead-bound publications not in the DLQ", missing_dead)
+    _report(verdict, "DUPLICATED effects", doubled)
+    _report(verdict, "receipts that do not match the effect", receipts_wrong)
+    _report(verdict, "events that must apply found in the DLQ", applied_and_dead)
+    _report(verdict, "dead-bound events with an effect or a receipt", dead_with_effect)
+    if extra_dead_allowed:
+        if extra:
+            verdict.notes.append(
+                f"extra dead copies (confirm-then-ack window): {figures.extra_dead} "
+                f"({', '.join(extra[:5])})"
+            )
+    else:
+        _report(verdict, "extra dead copies where no fault cuts the broker link", extra)
+    _report(verdict, "publications never confirmed by the producer", sorted(unsent))
+
+    _check_dead_reasons(workload, state, verdict)
+    _check_listing(workload, state, verdict)
+    _check_unknown_rows(workload, state, verdict)
+
+    restocked = workload.restocked()
+    if state.stock != restocked:
+        wrong = [
+            f"{sku}: {state.stock.get(sku)} != {restocked.get(sku)}"
+            for sku in sorted(set(state.stock) | set(restocked))
+            if state.stock.get(sku) != restocked.get(sku)
+        ]
+        _report(verdict, "stock that is not the sum of the restocks", wrong)
+    _report(
+        verdict,
+        "messages left in the work or delay queues after stopping",
+        [f"{queue}={count}" for queue, count in sorted(state.leftovers.items()) if count],
+    )
+    if state.leftover_samples:
+        verdict.details["messages left (samples)"] = state.leftover_samples
+    return verdict
+
+
+def _check_dead_reasons(workload: Workload, state: EndState, verdict: Verdict) -> None:
+    """Headers: ``consumer-dead-reason: permanent_failure`` on what the service dead-letters,
+    the broker's ``x-first-death-reason: rejected`` (and no service reason) on poison."""
+    wrong: list[str] = []
+    strangers: list[str] = []
+    for copy in state.dead:
+        publication = workload.by_message_id.get(publication_of(copy.message_id or ""))
+        if publication is None:
+            strangers.append(str(copy.message_id))
+            continue
+        kind = publication.event.kind
+        if kind.poison:
+            good = copy.reason is None and copy.first_death_reason == "rejected"
+        elif kind.applies:
+            continue  # reported as an event that must apply found in the DLQ
+        else:
+            good = copy.reason == "permanent_failure"
+        if not good:
+            wrong.append(
+                f"{copy.message_id} ({kind.value}): reason={copy.reason} "
+                f"first-death={copy.first_death_reason}"
+            )
+    _report(verdict, "dead copies with the wrong reason headers", wrong)
+    _report(verdict, "dead copies of messages never published", strangers)
+
+
+def _check_listing(workload: Workload, state: EndState, verdict: Verdict) -> None:
+    """``dlq list --json``: one row per dead copy, each with its kind's reason."""
+    if state.list_error is not None:
+        verdict.violations.append(f"dlq list failed: {state.list_error}")
+        return
+    if len(state.listed) != len(state.dead):
+        verdict.violations.append(
+            f"dlq list shows {len(state.listed)} dead letters, the queue held {len(state.dead)}"
+        )
+    wrong: list[str] = []
+    for row in state.listed:
+        ident = str(row.get("id"))
+        event: PlannedEvent | None = None
+        try:
+            event = workload.by_event_id.get(uuid.UUID(ident))
+        except ValueError:
+            publication = workload.by_message_id.get(publication_of(ident))
+            event = publication.event if publication is not None else None
+        if event is None:
+            wrong.append(f"{ident}: not a published event")
+        elif row.get("reason") != (event.kind.dead_reason or "-"):
+            wrong.append(f"{event.key} ({event.kind.value}): dlq list says {row.get('reason')}")
+    _report(verdict, "dlq list reasons that are not the expected ones", wrong)
+
+
+def _check_unknown_rows(workload: Workload, state: EndState, verdict: Verdict) -> None:
+    known = set(workload.by_event_id)
+    strangers = [
+        str(event_id)
+        for rows in (state.effects, state.movements, state.receipts)
+        for event_id in rows
+        if event_id not in known
+    ]
+    _report(verdict, "rows for event ids never published", strangers)
+    if state.foreign_receipts:
+        verdict.violations.append(f"receipts of other consumers: {state.foreign_receipts}")
+
+
+def dead_by_reason(state: EndState) -> dict[str, int]:
+    """The dead-letter queue's copies by ``dlq list`` reason."""
+    return dict(Counter(str(row.get("reason")) for row in state.listed))

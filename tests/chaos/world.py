@@ -1,0 +1,329 @@
+"""One scenario's world: its names, database and consumer processes on the run's throwaway servers.
+
+Consumers are ``python -m consumer run`` processes (:class:`tests.support.ServiceProcess`). Each
+start of one is a :class:`Lifetime`; the metrics of a lifetime die with it, so the checks compare
+them with the database only where that is exact (see :meth:`World.metrics_check`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from tests.servers import ThrowawayPostgres, ThrowawayRabbit, free_port
+from tests.support import ServiceProcess, TestEnv
+
+SCRAPE_TIMEOUT = 3.0
+READY_TIMEOUT = 60.0
+STOP_TIMEOUT = 40.0
+"""SIGTERM to exit: the test environment's shutdown grace (10s) and then some."""
+
+_APPLIED = "SELECT (SELECT count(*) FROM test_effects) + (SELECT count(*) FROM stock_movements)"
+
+
+@dataclass
+class Lifetime:
+    """One run of one consumer process, from start to SIGKILL, SIGTERM or the scenario's end."""
+
+    consumer: int
+    epoch: int | None
+    """Set when it started with no other consumer running, so nothing else applied meanwhile."""
+    scraped: dict[str, float] = field(default_factory=dict)
+    """The last ``/metrics`` figures seen (see :func:`summarise_metrics`)."""
+    end: str | None = None
+    exit_code: int | None = None
+
+
+@dataclass
+class Epoch:
+    """Consumers started together while none ran: the effects already applied then, exactly."""
+
+    applied_before: int
+    lifetimes: list[Lifetime] = field(default_factory=list)
+
+
+def summarise_metrics(
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float],
+) -> dict[str, float]:
+    """``processed``, ``duplicate``, ``poison``... (messages by outcome, summed over types) and
+    ``dead:<reason>`` (dead letters by reason) from one scrape."""
+    summary: dict[str, float] = {}
+    for (name, labels), value in samples.items():
+        label = dict(labels)
+        if name == "consumer_messages_total":
+            key = label.get("outcome", "?")
+        elif name == "consumer_dead_letters_total":
+            key = "dead:" + label.get("reason", "?")
+        else:
+            continue
+        summary[key] = summary.get(key, 0.0) + value
+    return summary
+
+
+class Progress:
+    """Polls how many effects are applied, on its own connection, through outages and freezes."""
+
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self.applied = 0
+        self._changed = asyncio.Event()
+
+    async def run(self) -> None:
+        while True:
+            conn: asyncpg.Connection[Any] | None = None
+            try:
+                conn = await asyncpg.connect(self._dsn, timeout=2)
+                while True:
+                    value = int(await conn.fetchval(_APPLIED, timeout=2))
+                    if value != self.applied:
+                        self.applied = value
+                        self._changed.set()
+                    await asyncio.sleep(0.2)
+            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                await asyncio.sleep(0.5)
+            finally:
+                if conn is not None:
+                    conn.terminate()
+
+    async def reach(self, target: int, deadline: float) -> bool:
+        """Wait until ``applied >= target``; False if ``deadline`` (monotonic) passes first."""
+        while self.applied < target:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout=min(remaining, 1.0))
+        return True
+
+
+class World:
+    """The servers, names, database and consumers of one scenario."""
+
+    def __init__(
+        self,
+        *,
+        env: TestEnv,
+        rabbit: ThrowawayRabbit,
+        postgres: ThrowawayPostgres,
+        consumers: int,
+    ) -> None:
+        self.env = env
+        self.rabbit = rabbit
+        self.postgres = postgres
+        self.services = [
+            ServiceProcess(env, f"consumer-{index}", http_port=str(free_port()))
+            for index in range(consumers)
+        ]
+        self.current: list[Lifetime | None] = [None] * consumers
+        self.lifetimes: list[Lifetime] = []
+        self.epochs: list[Epoch] = []
+        self.progress = Progress(env.database_url)
+        self.notes: list[str] = []
+        """Things that went wrong on the way (a consumer not ready in time, an unplanned exit)."""
+        self.unexpected_exits: list[str] = []
+
+    # -- consumers --------------------------------------------------------------------------
+
+    def alive(self, index: int) -> bool:
+        service = self.services[index]
+        return service.process is not None and service.process.poll() is None
+
+    def any_alive(self) -> bool:
+        return any(self.alive(index) for index in range(len(self.services)))
+
+    async def start(self, *indices: int) -> None:
+        """Start these consumers and wait until each is ready."""
+        epoch: int | None = None
+        if not self.any_alive():
+            await self._quiesce()
+            self.epochs.append(Epoch(applied_before=await self.count_applied()))
+            epoch = len(self.epochs) - 1
+        for index in indices:
+            lifetime = Lifetime(index, epoch)
+            if epoch is not None:
+                self.epochs[epoch].lifetimes.append(lifetime)
+            self.lifetimes.append(lifetime)
+            self.current[index] = lifetime
+            self.services[index].start()
+        await self.wait_ready(*indices)
+
+    async def wait_ready(self, *indices: int) -> None:
+        """Wait until these consumers (all running ones if none named) answer ``/readyz``."""
+        chosen = indices or tuple(i for i in range(len(self.services)) if self.alive(i))
+        results = await asyncio.gather(
+            *(self.services[i].wait_ready(timeout=READY_TIMEOUT) for i in chosen),
+            return_exceptions=True,
+        )
+        for index, result in zip(chosen, results, strict=True):
+            if isinstance(result, BaseException):
+                self.notes.append(f"consumer-{index} not ready: {str(result).splitlines()[0]}")
+
+    async def scrape(self, index: int) -> None:
+        lifetime = self.current[index]
+        if lifetime is None or not self.alive(index):
+            return
+        try:
+            samples = await asyncio.wait_for(self.services[index].metrics(), SCRAPE_TIMEOUT)
+        except Exception:  # a consumer busy or reconnecting: keep the last scrape
+            return
+        lifetime.scraped = summarise_metrics(samples)
+
+    def _ended(self, index: int, how: str, exit_code: int | None) -> None:
+        lifetime = self.current[index]
+        if lifetime is not None:
+            lifetime.end, lifetime.exit_code = how, exit_code
+        self.current[index] = None
+
+    async def kill(self, index: int) -> None:
+        await self.scrape(index)
+        code = await asyncio.to_thread(self.services[index].kill)
+        self._ended(index, "SIGKILL", code)
+
+    async def terminate(self, index: int, how: str = "SIGTERM") -> int:
+        """Scrape, SIGTERM and wait for the exit; the code (0 is a clean drain)."""
+        await self.scrape(index)
+        code = await self.services[index].stop(timeout=STOP_TIMEOUT)
+        self._ended(index, how, code)
+        if code != 0:
+            self.unexpected_exits.append(f"consumer-{index} exited with {code} after SIGTERM")
+        return code
+
+    async def stop_all(self) -> None:
+        """The scenario's end: a last scrape of each running consumer, then SIGTERM to all."""
+        running = [index for index in range(len(self.services)) if self.alive(index)]
+        await asyncio.gather(*(self.terminate(index, "final") for index in running))
+
+    async def revive_crashed(self) -> None:
+        """Restart, as a supervisor would, a consumer that exited without being told to."""
+        for index, lifetime in enumerate(self.current):
+            service = self.services[index]
+            if lifetime is None or self.alive(index) or service.process is None:
+                continue
+            code = service.process.poll()
+            self.unexpected_exits.append(f"consumer-{index} exited by itself with {code}")
+            self._ended(index, "exited", code)
+            await self.start(index)
+
+    async def in_flight(self) -> int:
+        """Deliveries the running consumers hold (their ``consumer_in_flight``); a consumer that
+        does not answer counts as holding one."""
+        held = 0
+        for index, service in enumerate(self.services):
+            if not self.alive(index):
+                continue
+            try:
+                held += int(
+                    await asyncio.wait_for(service.metric("consumer_in_flight"), SCRAPE_TIMEOUT)
+                )
+            except Exception:
+                held += 1
+        return held
+
+    def log_findings(self) -> list[str]:
+        """What the consumers' logs say about lost broker links (diagnostics, not invariants)."""
+        lost: Counter[str] = Counter()
+        for service in self.services:
+            for line in service.log_lines():
+                if line.get("event") == "lost RabbitMQ":
+                    lost[re.sub(r"\d+", "N", str(line.get("error")))] += 1
+        return [f"consumer logs: lost RabbitMQ {count}x: {error}" for error, count in lost.items()]
+
+    def kill_everything(self) -> None:
+        for index, service in enumerate(self.services):
+            if self.alive(index):
+                service.kill()
+
+    # -- database -----------------------------------------------------------------------------
+
+    async def count_applied(self) -> int:
+        conn = await asyncpg.connect(self.env.database_url, timeout=10)
+        try:
+            return int(await conn.fetchval(_APPLIED, timeout=10))
+        finally:
+            await conn.close()
+
+    async def _quiesce(self, timeout: float = 15) -> None:
+        """Wait until no connection of this scenario's consumers is left in the database (a killed
+        process's last COMMIT may still be in a backend), so a count is final."""
+        deadline = time.monotonic() + timeout
+        conn = await asyncpg.connect(self.postgres.admin_dsn, timeout=10)
+        try:
+            while time.monotonic() < deadline:
+                left = await conn.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                    self.env.name,
+                )
+                if left == 0:
+                    return
+                await asyncio.sleep(0.1)
+        finally:
+            await conn.close()
+        self.notes.append("consumer connections still in the database at a restart")
+
+    # -- what the consumers' own counters say --------------------------------------------------
+
+    def metrics_check(
+        self, applied: int, dead_by_reason: dict[str, int], broker_faults: bool
+    ) -> tuple[str, list[str]]:
+        """Compare the consumers' ``/metrics`` with the database; (what was compared, failures).
+
+        ``processed`` counts fresh commits (an effect each), per process: a killed process takes
+        its count along, so only the last scrape before the kill is known, a lower bound.
+
+        - Always: processed of the running consumers + last scrapes of ended ones <= effects.
+        - When the consumers running at the end all started together while none ran, and none of
+          them ended: their processed == effects applied since that start (exact).
+        - When that start was the scenario's first and nothing cut the broker links: dead letters
+          by reason (``consumer_dead_letters_total``) == the copies in ``<name>.dead``.
+        """
+        failures: list[str] = []
+        final = [lifetime for lifetime in self.lifetimes if lifetime.end == "final"]
+        ended = [lifetime for lifetime in self.lifetimes if lifetime.end != "final"]
+        processed = sum(lifetime.scraped.get("processed", 0.0) for lifetime in final)
+        before = sum(lifetime.scraped.get("processed", 0.0) for lifetime in ended)
+        parts = []
+        if processed + before > applied:
+            failures.append(
+                f"metrics: processed {processed:.0f} (+{before:.0f} scraped before kills or "
+                f"stops) > {applied} effects"
+            )
+        epochs = {lifetime.epoch for lifetime in final}
+        exact: Epoch | None = None
+        if len(epochs) == 1 and (only := epochs.pop()) is not None:
+            candidate = self.epochs[only]
+            if all(lifetime.end == "final" for lifetime in candidate.lifetimes):
+                exact = candidate
+        if exact is not None:
+            expected = applied - exact.applied_before
+            parts.append(f"processed {processed:.0f} = effects since start {expected}")
+            if processed != expected:
+                failures.append(f"metrics: processed {processed:.0f} != {expected} effects")
+            if exact is self.epochs[0] and not broker_faults:
+                reasons = set(dead_by_reason) | {
+                    key.removeprefix("dead:")
+                    for lifetime in final
+                    for key in lifetime.scraped
+                    if key.startswith("dead:")
+                }
+                for reason in sorted(reasons):
+                    counted = sum(lifetime.scraped.get("dead:" + reason, 0.0) for lifetime in final)
+                    if counted != dead_by_reason.get(reason, 0):
+                        failures.append(
+                            f"metrics: dead letters {reason} {counted:.0f} != "
+                            f"{dead_by_reason.get(reason, 0)} in the queue"
+                        )
+                parts.append("dead letters by reason = the queue's")
+        else:
+            parts.append(
+                f"processed {processed:.0f} + {before:.0f} (last scrapes of ended processes) "
+                f"<= effects {applied}"
+            )
+        return "; ".join(parts), failures

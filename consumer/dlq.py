@@ -65,6 +65,13 @@ class DeadMessage:
         }
 
 
+def _latest_death(headers: dict[str, Any], key: str) -> str | None:
+    deaths = headers.get("x-death")
+    if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
+        return h.text(deaths[0].get(key))
+    return None
+
+
 def _x_death_time(headers: dict[str, Any]) -> datetime | None:
     deaths = headers.get("x-death")
     if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
@@ -119,7 +126,11 @@ def read_dead_letter(
         event_id = event_id or _event_id_from(body)
     reason = h.text(headers.get(h.REASON))
     if reason is None:
-        broker_reason = h.text(headers.get("x-first-death-reason")) or "unknown"
+        # The newest x-death entry says why it is here now; the first death may be a retry
+        # rung's expiry long before.
+        broker_reason = (
+            _latest_death(headers, "reason") or h.text(headers.get("x-first-death-reason")) or "?"
+        )
         if broker_reason == "rejected":
             reason = poison.reason.value if poison is not None else "rejected"
         else:

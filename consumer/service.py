@@ -88,6 +88,7 @@ class Service:
         self._policy = RetryPolicy.from_delays(settings.retry_delays)
         self._reporter = OutcomeReporter(logger, metrics, log_payloads=settings.log_payloads)
         self._inbox: asyncio.Queue[Delivery] = asyncio.Queue()
+        self._held: list[Delivery] = []
         self._accepting = False
         self._database_down = asyncio.Event()
         self._fatal: BaseException | None = None
@@ -182,13 +183,19 @@ class Service:
         self._database_down.set()
 
     async def _pause(self, session: BrokerSession, stop: asyncio.Event) -> None:
-        """Stop consuming, return what has not started, probe until the database answers."""
+        """Stop consuming and probe until the database answers, holding what was in hand.
+
+        Held deliveries stay unacked on the channel, then go round again here: handing them
+        back would only pass them to replicas that cannot reach the database either, and every
+        return counts towards the delivery limit. A shutdown or a lost channel returns them once.
+        """
         self._metrics.paused.set(1)
         self._accepting = False
         await session.stop_consuming()
         self._metrics.consuming.set(0)
-        returned = await self._return_inbox()
-        self._logger.warning("paused", returned_to_queue=returned)
+        while not self._inbox.empty():
+            self._held.append(self._inbox.get_nowait())
+        self._logger.warning("paused", holding=len(self._held))
         backoff = Backoff(0.25, self._settings.reconnect_max_delay.total_seconds())
         assert self._database is not None
         while not stop.is_set() and not session.closed.done():
@@ -204,7 +211,8 @@ class Service:
             self._generation += 1
             self._database_down.clear()
             self._metrics.paused.set(0)
-            self._logger.info("database answers again, resuming")
+            self._logger.info("database answers again, resuming", held=len(self._held))
+            self._release_held()
             return
 
     # -- broker -------------------------------------------------------------------------------
@@ -310,8 +318,9 @@ class Service:
             self._metrics.redeliveries.inc()
         if self._accepting:
             self._inbox.put_nowait(delivery)
+        elif self._database_down.is_set():
+            self._held.append(delivery)  # arrived between our basic.cancel and its cancel-ok
         else:
-            # Arrived between our basic.cancel and the broker's cancel-ok.
             await self._give_back(delivery)
 
     async def _give_back(self, delivery: Delivery) -> None:
@@ -320,17 +329,40 @@ class Service:
             await delivery.nack(requeue=True)
 
     async def _return_inbox(self) -> int:
-        returned = 0
+        """Give back, once each, everything received that has not started (shutdown)."""
+        waiting = [*self._held, *self._drain_inbox()]
+        self._held.clear()
+        for delivery in waiting:
+            await self._give_back(delivery)
+        return len(waiting)
+
+    def _drain_inbox(self) -> list[Delivery]:
+        taken = []
         while not self._inbox.empty():
-            await self._give_back(self._inbox.get_nowait())
-            returned += 1
-        return returned
+            taken.append(self._inbox.get_nowait())
+        return taken
 
     def _forget_inbox(self) -> None:
         # These came on a channel that is gone: the broker has them back already.
-        while not self._inbox.empty():
-            self._inbox.get_nowait()
+        for _ in [*self._held, *self._drain_inbox()]:
             self._metrics.in_flight.dec()
+        self._held.clear()
+
+    def _hold_or_retry(self, delivery: Delivery) -> None:
+        """A delivery the database could not take: keep it for after the pause."""
+        if self._database_down.is_set():
+            self._held.append(delivery)
+        else:
+            # The database answered again already (a batch that started before the resume).
+            self._inbox.put_nowait(delivery)
+
+    def _release_held(self) -> None:
+        held, self._held = self._held, []
+        for delivery in held:
+            if delivery.channel_open:
+                self._inbox.put_nowait(delivery)
+            else:
+                self._metrics.in_flight.dec()
 
     async def _next_batch(self) -> list[Delivery]:
         batch = [await self._inbox.get()]
@@ -357,7 +389,9 @@ class Service:
             for delivery in batch:
                 if not delivery.channel_open:
                     self._metrics.in_flight.dec()
-                elif not self._accepting or self._database_down.is_set():
+                elif self._database_down.is_set():
+                    self._held.append(delivery)
+                elif not self._accepting:
                     await self._give_back(delivery)
                 else:
                     live.append(delivery)
@@ -370,16 +404,19 @@ class Service:
                 outcomes = await pipeline.process(live)
                 others: list[Outcome] = []
                 for outcome in outcomes:
-                    if isinstance(outcome.verdict, Applied):
-                        self._reporter.report(
-                            outcome, settle_applied(outcome.delivery, outcome.verdict)
-                        )
+                    verdict = outcome.verdict
+                    if isinstance(verdict, Applied):
+                        self._reporter.report(outcome, settle_applied(outcome.delivery, verdict))
+                    elif isinstance(verdict, Failed) and isinstance(verdict.decision, Return):
+                        # Not settled: the event waits for the database, no attempt counted.
+                        self._on_database_down(verdict.error, generation)
+                        self._hold_or_retry(outcome.delivery)
                     else:
                         others.append(outcome)
                 if others:
                     # Publishes and nacks take a round trip: finish them even if shutdown
                     # cancels the worker meanwhile.
-                    await asyncio.shield(self._settle_others(others, generation))
+                    await asyncio.shield(self._settle_others(others))
             except (PipelineFault, ConfigError) as error:
                 self._fail(error)
                 return
@@ -388,13 +425,10 @@ class Service:
                 if self._busy == 0:
                     self._idle.set()
 
-    async def _settle_others(self, outcomes: list[Outcome], generation: int) -> None:
+    async def _settle_others(self, outcomes: list[Outcome]) -> None:
         settled = await asyncio.gather(*(self._settle(outcome) for outcome in outcomes))
         for outcome, result in zip(outcomes, settled, strict=True):
             self._reporter.report(outcome, result)
-            verdict = outcome.verdict
-            if isinstance(verdict, Failed) and isinstance(verdict.decision, Return):
-                self._on_database_down(verdict.error, generation)
 
     async def _settle(self, outcome: Outcome) -> Settled:
         settler = self._settler

@@ -4,7 +4,8 @@
 - Rejected (poison): nack without requeue; the work queue dead-letters it through the DLX.
 - Failed -> Retry: publish a copy to the rung, wait for the confirm, then ack.
 - Failed -> DeadLetter: publish a copy to the DLX with reason headers, wait for the confirm, ack.
-- Failed -> Return: nack with requeue (the database is down; no attempt is counted).
+- Failed -> Return: nack with requeue, no attempt counted (the service itself holds such
+  deliveries through a database outage instead, and returns them only if it stops).
 - A publish the broker does not confirm: wait a second, then nack with requeue. Never lost.
 """
 

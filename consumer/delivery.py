@@ -21,6 +21,8 @@ class Delivery:
     message: DeliveredMessage
     acker: Acker
     received_at: float = field(default_factory=time.monotonic)
+    prepared: Any = None
+    """What the pipeline made of the body, kept so that it is parsed once."""
 
     @property
     def body(self) -> bytes:

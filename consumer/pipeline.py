@@ -141,6 +141,16 @@ class Pipeline:
         self._database = database
         self._policy = policy
 
+    def prepared(self, delivery: Delivery) -> tuple[Handler, Envelope[Any]] | Poison:
+        """The delivery parsed and bound to its handler (or why it is poison), parsed once."""
+        if delivery.prepared is None:
+            try:
+                delivery.prepared = self.prepare(delivery)
+            except Poison as poison:
+                delivery.prepared = poison
+        result: tuple[Handler, Envelope[Any]] | Poison = delivery.prepared
+        return result
+
     def prepare(self, delivery: Delivery) -> tuple[Handler, Envelope[Any]]:
         """Parse and bind a delivery, or raise :class:`Poison`."""
         check_content_type(delivery.content_type, delivery.content_encoding)
@@ -153,11 +163,11 @@ class Pipeline:
         outcomes: dict[int, Outcome] = {}
         ready: list[tuple[int, _Ready]] = []
         for index, delivery in enumerate(deliveries):
-            try:
-                handler, event = self.prepare(delivery)
-            except Poison as poison:
-                outcomes[index] = Outcome(delivery, Rejected(poison))
+            prepared = self.prepared(delivery)
+            if isinstance(prepared, Poison):
+                outcomes[index] = Outcome(delivery, Rejected(prepared))
             else:
+                handler, event = prepared
                 ready.append((index, _Ready(delivery, handler, event)))
         if ready:
             verdicts = await self._blame_a_stalled_database(

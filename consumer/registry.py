@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
@@ -42,6 +42,7 @@ class Handler:
     func: HandlerFunc
     payload: TypeAdapter[Any]
     timeout: timedelta | None = None
+    key: Callable[[Any], Hashable] | None = None
 
     @property
     def qualname(self) -> str:
@@ -67,12 +68,16 @@ def register(
     *,
     payload: type[BaseModel] | Any,
     timeout: str | timedelta | None = None,
+    key: Callable[[Any], Hashable] | None = None,
 ) -> Callable[[F], F]:
     """Mark an async function as the handler of ``event_type``.
 
     ``payload`` is the pydantic model (or any type pydantic can validate) of the event's payload; a
     payload it rejects makes the message poison. ``timeout`` overrides ``CONSUMER_HANDLER_TIMEOUT``
-    for this handler (``"2s"``, ``timedelta(...)``).
+    for this handler (``"2s"``, ``timedelta(...)``). ``key`` picks, from the validated payload,
+    what the handler locks (a SKU, an account): events with equal keys go to the same worker of a
+    process, one after another, so concurrent batches do not fight over those rows. It is not an
+    ordering promise.
 
     ::
 
@@ -86,7 +91,7 @@ def register(
     def mark(func: F) -> F:
         if not inspect.iscoroutinefunction(cast(object, func)):
             raise ConfigError(f"handler {func.__qualname__} for {event_type!r} must be async")
-        setattr(func, _MARK, (event_type, TypeAdapter(payload), limit))
+        setattr(func, _MARK, (event_type, TypeAdapter(payload), limit, key))
         return func
 
     return mark
@@ -147,5 +152,6 @@ def _marked_functions(values: Iterable[object], module_name: str) -> Iterator[Ha
         # Only functions defined in this module: an imported handler belongs to its own module.
         if mark is None or getattr(value, "__module__", None) != module_name:
             continue
-        event_type, adapter, timeout = mark
-        yield Handler(event_type=event_type, func=value, payload=adapter, timeout=timeout)  # type: ignore[arg-type]
+        event_type, adapter, timeout, key = mark
+        func = cast(HandlerFunc, value)
+        yield Handler(event_type=event_type, func=func, payload=adapter, timeout=timeout, key=key)

@@ -87,7 +87,12 @@ class Service:
         self._topology = build_topology(settings, registry)
         self._policy = RetryPolicy.from_delays(settings.retry_delays)
         self._reporter = OutcomeReporter(logger, metrics, log_payloads=settings.log_payloads)
-        self._inbox: asyncio.Queue[Delivery] = asyncio.Queue()
+        # One inbox per worker: events with equal keys always meet the same worker.
+        self._inboxes: list[asyncio.Queue[Delivery]] = [
+            asyncio.Queue() for _ in range(settings.db_pool_size)
+        ]
+        self._next_inbox = 0
+        self._pipeline: Pipeline | None = None
         self._held: list[Delivery] = []
         self._accepting = False
         self._database_down = asyncio.Event()
@@ -117,9 +122,10 @@ class Service:
                 policy=self._policy,
                 on_conflict=self._metrics.batch_conflicts.inc,
             )
+            self._pipeline = pipeline
             workers = [
-                asyncio.create_task(self._worker(pipeline), name=f"worker-{index}")
-                for index in range(self._settings.db_pool_size)
+                asyncio.create_task(self._worker(pipeline, inbox), name=f"worker-{index}")
+                for index, inbox in enumerate(self._inboxes)
             ]
             try:
                 await self._run_broker(stop)
@@ -193,8 +199,7 @@ class Service:
         self._accepting = False
         await session.stop_consuming()
         self._metrics.consuming.set(0)
-        while not self._inbox.empty():
-            self._held.append(self._inbox.get_nowait())
+        self._held.extend(self._drain_inboxes())
         self._logger.warning("paused", holding=len(self._held))
         backoff = Backoff(0.25, self._settings.reconnect_max_delay.total_seconds())
         assert self._database is not None
@@ -259,7 +264,7 @@ class Service:
                 self._settler = None
                 self._metrics.broker_connected.set(0)
                 self._metrics.consuming.set(0)
-                self._forget_inbox()
+                self._forget_inboxes()
             delay = backoff.next()
             self._logger.info("reconnecting to RabbitMQ", in_s=round(delay, 2))
             await _wait(stop, delay, self._fatal_event)
@@ -297,7 +302,7 @@ class Service:
         self._accepting = False
         await session.stop_consuming()
         self._metrics.consuming.set(0)
-        returned = await self._return_inbox()
+        returned = await self._return_inboxes()
         grace = self._settings.shutdown_grace.total_seconds()
         self._logger.info(
             "draining", returned_to_queue=returned, in_flight=self._busy, grace_s=grace
@@ -317,7 +322,7 @@ class Service:
         if delivery.redelivered:
             self._metrics.redeliveries.inc()
         if self._accepting:
-            self._inbox.put_nowait(delivery)
+            self._route(delivery)
         elif self._database_down.is_set():
             self._held.append(delivery)  # arrived between our basic.cancel and its cancel-ok
         else:
@@ -328,23 +333,40 @@ class Service:
         with contextlib.suppress(ChannelGone):
             await delivery.nack(requeue=True)
 
-    async def _return_inbox(self) -> int:
+    def _route(self, delivery: Delivery) -> None:
+        """To the inbox of the worker that owns the event's key; keyless ones in turn."""
+        assert self._pipeline is not None
+        prepared = self._pipeline.prepared(delivery)
+        key = prepared[0].key if isinstance(prepared, tuple) else None
+        index: int | None = None
+        if key is not None and isinstance(prepared, tuple):
+            # The key alone: a restock and a reserve of one SKU lock the same row. A key function
+            # that fails only costs the routing; the handler still meets the event.
+            with contextlib.suppress(Exception):
+                index = hash(key(prepared[1].payload)) % len(self._inboxes)
+        if index is None:
+            index = self._next_inbox
+            self._next_inbox = (index + 1) % len(self._inboxes)
+        self._inboxes[index].put_nowait(delivery)
+
+    async def _return_inboxes(self) -> int:
         """Give back, once each, everything received that has not started (shutdown)."""
-        waiting = [*self._held, *self._drain_inbox()]
+        waiting = [*self._held, *self._drain_inboxes()]
         self._held.clear()
         for delivery in waiting:
             await self._give_back(delivery)
         return len(waiting)
 
-    def _drain_inbox(self) -> list[Delivery]:
+    def _drain_inboxes(self) -> list[Delivery]:
         taken = []
-        while not self._inbox.empty():
-            taken.append(self._inbox.get_nowait())
+        for inbox in self._inboxes:
+            while not inbox.empty():
+                taken.append(inbox.get_nowait())
         return taken
 
-    def _forget_inbox(self) -> None:
+    def _forget_inboxes(self) -> None:
         # These came on a channel that is gone: the broker has them back already.
-        for _ in [*self._held, *self._drain_inbox()]:
+        for _ in [*self._held, *self._drain_inboxes()]:
             self._metrics.in_flight.dec()
         self._held.clear()
 
@@ -354,37 +376,37 @@ class Service:
             self._held.append(delivery)
         else:
             # The database answered again already (a batch that started before the resume).
-            self._inbox.put_nowait(delivery)
+            self._route(delivery)
 
     def _release_held(self) -> None:
         held, self._held = self._held, []
         for delivery in held:
             if delivery.channel_open:
-                self._inbox.put_nowait(delivery)
+                self._route(delivery)
             else:
                 self._metrics.in_flight.dec()
 
-    async def _next_batch(self) -> list[Delivery]:
-        batch = [await self._inbox.get()]
+    async def _next_batch(self, inbox: asyncio.Queue[Delivery]) -> list[Delivery]:
+        batch = [await inbox.get()]
         size = self._settings.batch_size
         if size > 1:
             deadline = time.monotonic() + self._settings.batch_wait.total_seconds()
             while len(batch) < size:
-                if not self._inbox.empty():
-                    batch.append(self._inbox.get_nowait())
+                if not inbox.empty():
+                    batch.append(inbox.get_nowait())
                     continue
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 try:
-                    batch.append(await asyncio.wait_for(self._inbox.get(), remaining))
+                    batch.append(await asyncio.wait_for(inbox.get(), remaining))
                 except TimeoutError:
                     break
         return batch
 
-    async def _worker(self, pipeline: Pipeline) -> None:
+    async def _worker(self, pipeline: Pipeline, inbox: asyncio.Queue[Delivery]) -> None:
         while True:
-            batch = await self._next_batch()
+            batch = await self._next_batch(inbox)
             live: list[Delivery] = []
             for delivery in batch:
                 if not delivery.channel_open:

@@ -53,14 +53,18 @@ RETURNING id
 """
 
 
-@register("inventory.restock", payload=Restock)
+def _sku(payload: Restock | Reserve) -> str:
+    return payload.sku
+
+
+@register("inventory.restock", payload=Restock, key=_sku)
 async def restock(event: Envelope[Restock], conn: asyncpg.Connection[Any]) -> None:
     """Add ``qty`` to the SKU's available stock, creating the SKU, and record the movement."""
     payload = event.payload
     await conn.execute(_RESTOCK, event.event_id, payload.sku, payload.qty)
 
 
-@register("inventory.reserve", payload=Reserve)
+@register("inventory.reserve", payload=Reserve, key=_sku)
 async def reserve(event: Envelope[Reserve], conn: asyncpg.Connection[Any]) -> None:
     """Take ``qty`` from the SKU for an order; an unknown SKU or too little stock is permanent."""
     payload = event.payload

@@ -142,12 +142,12 @@ def owned_env(infra: Infra, name: str, database_url: str) -> dict[str, str]:
 
 # -- the database limit -------------------------------------------------------------------------
 
-# The service's transaction as a pgbench script: the same four round trips (BEGIN, receipt,
-# reserve, COMMIT) and statements, with a fresh random event id; \gset carries the id from the
-# receipt to the movement, as the service passes the same id to both.
-PGBENCH_SCRIPT = """\
-\\set sku random(1, :skus)
-BEGIN;
+# The service's transaction as a pgbench script: BEGIN, then per event of the batch the receipt
+# (fresh random id, carried to the movement by \\gset as the service passes one id to both) and the
+# reserve, then COMMIT. Each client draws only SKUs of its own residue class, as the service routes
+# equal keys to one worker: without that, batches of random SKUs would deadlock each other.
+PGBENCH_EVENT = """\
+\\set sku 1 + :client_id + :clients * random(0, :skus / :clients - 1)
 INSERT INTO receipts (consumer, event_id, type) VALUES ('pgbench', gen_random_uuid(), '{type}')
 ON CONFLICT DO NOTHING RETURNING event_id \\gset
 WITH reserved AS (
@@ -158,21 +158,26 @@ WITH reserved AS (
 INSERT INTO stock_movements (event_id, order_id, sku, delta)
 SELECT CAST(:event_id AS uuid), 'pgbench', sku, -1 FROM reserved
 RETURNING id;
-END;
 """
 
 
+def pgbench_script(batch: int) -> str:
+    return "BEGIN;\n" + PGBENCH_EVENT.format(type=EVENT_TYPE) * batch + "END;\n"
+
+
 async def database_limit(
-    infra: Infra, workload: Workload, run: int, *, clients: int
+    infra: Infra, workload: Workload, run: int, *, clients: int, batch: int
 ) -> Measurement:
-    """pgbench running the receipt + reserve transaction at the service's pool size."""
+    """pgbench running the service's transaction at its pool size and batch size."""
     result = Measurement("database", run, workload.events)
     database = infra.name(f"pg{run}")
     dsn = await infra.create_database(database, workload)
     try:
         script = infra.log_file(f"pgbench-{run}").with_suffix(".sql")
-        script.write_text(PGBENCH_SCRIPT.format(type=EVENT_TYPE))
-        per_client = math.ceil(workload.events / clients)
+        script.write_text(pgbench_script(batch))
+        if workload.skus < clients:
+            raise BenchError(f"--skus {workload.skus} is fewer than the {clients} pgbench clients")
+        per_client = math.ceil(workload.events / (clients * batch))
         argv = [
             find_pgbench(),
             "--no-vacuum",
@@ -181,6 +186,7 @@ async def database_limit(
             "--jobs=1",
             f"--transactions={per_client}",
             f"--define=skus={workload.skus}",
+            f"--define=clients={clients}",
             f"--file={script}",
             dsn,
         ]
@@ -211,9 +217,10 @@ async def database_limit(
         match = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", output)
         if match is None:
             raise BenchError(f"no tps in pgbench's output:\n{output[-2000:]}")
-        result.rate = float(match.group(1))
+        result.rate = float(match.group(1)) * batch
         result.extra = {
             "clients": clients,
+            "batch": batch,
             "transactions": per_client * clients,
             "committed": await _count(dsn, "SELECT count(*) FROM stock_movements"),
         }

@@ -14,7 +14,7 @@ from bench.measure import Measurement
 
 LABELS = {
     "broker": "broker limit: aio-pika ack-only",
-    "database": "database limit: pgbench",
+    "database": "database limit: pgbench, batched",
     "service": "service: python -m consumer run",
     "celery": "celery: prefork x2, acks_late",
     "dramatiq": "dramatiq: 2 processes x 4 threads",

@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -22,14 +22,31 @@ from bench import measure, report
 from bench.events import Workload
 from bench.infra import BenchError, Infra
 from bench.measure import Measurement
+from consumer.durations import format_duration
+from consumer.settings import Settings
 
 SYSTEMS = ("broker", "database", "service", "celery", "dramatiq")
+
+
+def _service_default(field: str) -> str:
+    # Read from the service's own Settings so the report cannot drift from what actually ran.
+    default = Settings.model_fields[field].default
+    return format_duration(default) if isinstance(default, timedelta) else str(default)
+
+
 SERVICE_KNOBS = {
-    "CONSUMER_PREFETCH": "50",
-    "CONSUMER_DB_POOL_SIZE": "10",
-    "CONSUMER_BATCH_SIZE": "1",
-    "CONSUMER_BATCH_WAIT": "0s",
+    f"CONSUMER_{field.upper()}": _service_default(field)
+    for field in ("prefetch", "db_pool_size", "batch_size", "batch_wait", "batch_lock_timeout")
 }
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The service's sizes in force, which the reference rows copy."""
+
+    prefetch: int
+    pool: int
+    batch: int
 
 
 @dataclass(frozen=True)
@@ -138,8 +155,12 @@ async def _guarded(
 async def run_bench(options: BenchOptions) -> dict[str, Any]:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     knobs = effective_knobs(options.service_env)
-    prefetch = positive_int(knobs, "CONSUMER_PREFETCH")
-    pool = positive_int(knobs, "CONSUMER_DB_POOL_SIZE")
+    sizes = Sizes(
+        prefetch=positive_int(knobs, "CONSUMER_PREFETCH"),
+        pool=positive_int(knobs, "CONSUMER_DB_POOL_SIZE"),
+        batch=positive_int(knobs, "CONSUMER_BATCH_SIZE"),
+    )
+    prefetch = sizes.prefetch
     infra = Infra(
         run_id=uuid.uuid4().hex[:8],
         amqp_url=options.amqp_url,
@@ -157,7 +178,7 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
         "settings": {
             "service": {**knobs, **options.service_env},
             "broker_prefetch": prefetch,
-            "pgbench_clients": pool,
+            "pgbench": {"clients": sizes.pool, "events_per_transaction": sizes.batch},
             "celery": {"pool": "prefork", "concurrency": 2, "prefetch_total": prefetch},
             "dramatiq": {"processes": 2, "threads": 4, "prefetch_total": prefetch},
         },
@@ -173,7 +194,7 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
         for run in range(1, options.runs + 1):
             progress(f"run {run}/{options.runs}")
             for system in options.systems:
-                action = _action(system, infra, workload, run, options, prefetch, pool)
+                action = _action(system, infra, workload, run, options, sizes)
                 measurements[system].append(await _guarded(system, run, options.events, action))
         service_rates = [m.rate for m in measurements.get("service", []) if m.rate]
         if options.latency and (service_rates or options.latency_rate):
@@ -217,16 +238,19 @@ def _action(
     workload: Workload,
     run: int,
     options: BenchOptions,
-    prefetch: int,
-    pool: int,
+    sizes: Sizes,
 ) -> Callable[[], Awaitable[Measurement]]:
+    prefetch = sizes.prefetch
+
     async def action() -> Measurement:
         if system == "broker":
             return await measure.broker_limit(
                 infra, workload, run, prefetch=prefetch, service_env=options.service_env
             )
         if system == "database":
-            return await measure.database_limit(infra, workload, run, clients=pool)
+            return await measure.database_limit(
+                infra, workload, run, clients=sizes.pool, batch=sizes.batch
+            )
         if system == "service":
             return await measure.service_throughput(
                 infra, workload, run, service_env=options.service_env

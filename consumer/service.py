@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +26,7 @@ from consumer.broker import BrokerSession, ConnectionLost
 from consumer.database import Database
 from consumer.delivery import ChannelGone, Delivery
 from consumer.errors import ConfigError, DatabaseUnavailable, PipelineFault, TopologyMissing
+from consumer.inbox import Inbox
 from consumer.logs import Logger
 from consumer.metrics import Metrics
 from consumer.outcome import Applied, Failed, Outcome
@@ -88,8 +88,9 @@ class Service:
         self._policy = RetryPolicy.from_delays(settings.retry_delays)
         self._reporter = OutcomeReporter(logger, metrics, log_payloads=settings.log_payloads)
         # One inbox per worker: events with equal keys always meet the same worker.
-        self._inboxes: list[asyncio.Queue[Delivery]] = [
-            asyncio.Queue() for _ in range(settings.db_pool_size)
+        self._inboxes: list[Inbox[Delivery]] = [
+            Inbox(size=settings.batch_size, wait=settings.batch_wait.total_seconds())
+            for _ in range(settings.db_pool_size)
         ]
         self._next_inbox = 0
         self._pipeline: Pipeline | None = None
@@ -347,7 +348,7 @@ class Service:
         if index is None:
             index = self._next_inbox
             self._next_inbox = (index + 1) % len(self._inboxes)
-        self._inboxes[index].put_nowait(delivery)
+        self._inboxes[index].put(delivery)
 
     async def _return_inboxes(self) -> int:
         """Give back, once each, everything received that has not started (shutdown)."""
@@ -358,11 +359,7 @@ class Service:
         return len(waiting)
 
     def _drain_inboxes(self) -> list[Delivery]:
-        taken = []
-        for inbox in self._inboxes:
-            while not inbox.empty():
-                taken.append(inbox.get_nowait())
-        return taken
+        return [delivery for inbox in self._inboxes for delivery in inbox.drain()]
 
     def _forget_inboxes(self) -> None:
         # These came on a channel that is gone: the broker has them back already.
@@ -386,27 +383,9 @@ class Service:
             else:
                 self._metrics.in_flight.dec()
 
-    async def _next_batch(self, inbox: asyncio.Queue[Delivery]) -> list[Delivery]:
-        batch = [await inbox.get()]
-        size = self._settings.batch_size
-        if size > 1:
-            deadline = time.monotonic() + self._settings.batch_wait.total_seconds()
-            while len(batch) < size:
-                if not inbox.empty():
-                    batch.append(inbox.get_nowait())
-                    continue
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                try:
-                    batch.append(await asyncio.wait_for(inbox.get(), remaining))
-                except TimeoutError:
-                    break
-        return batch
-
-    async def _worker(self, pipeline: Pipeline, inbox: asyncio.Queue[Delivery]) -> None:
+    async def _worker(self, pipeline: Pipeline, inbox: Inbox[Delivery]) -> None:
         while True:
-            batch = await self._next_batch(inbox)
+            batch = await inbox.next_batch()
             live: list[Delivery] = []
             for delivery in batch:
                 if not delivery.channel_open:

@@ -126,7 +126,7 @@ class Settings(BaseSettings):
     prefetch: int = Field(default=200, ge=1, le=65535)
     db_pool_size: int = Field(default=4, ge=1, le=1000)
     batch_size: int = Field(default=50, ge=1, le=1000)
-    batch_wait: Annotated[timedelta, BeforeValidator(parse_duration)] = timedelta(0)
+    batch_wait: Annotated[timedelta, BeforeValidator(parse_duration)] = timedelta(milliseconds=10)
     batch_lock_timeout: Duration = timedelta(milliseconds=100)
     db_stall_timeout: Duration = timedelta(seconds=5)
     http_host: str = "127.0.0.1"

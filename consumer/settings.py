@@ -123,7 +123,7 @@ class Settings(BaseSettings):
     database_url: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:5432/consumer")
     name: str = "consumer"
     exchange: str = "events"
-    prefetch: int = Field(default=200, ge=1, le=65535)
+    prefetch: int = Field(default=400, ge=1, le=65535)
     db_pool_size: int = Field(default=4, ge=1, le=1000)
     batch_size: int = Field(default=50, ge=1, le=1000)
     batch_wait: Annotated[timedelta, BeforeValidator(parse_duration)] = timedelta(milliseconds=10)

@@ -66,7 +66,7 @@ def _rejected(error: BaseException) -> bool:
 def describe_amqp_error(error: BaseException) -> str:
     """A short account of a connection error that never includes the URL it came from."""
     if isinstance(error, aiormq.exceptions.ProbableAuthenticationError):
-        return "authentication failed (check the user and password)"
+        return "authentication failed (check the user and password in CONSUMER_AMQP_URL)"
     tls = find_tls_error(error)
     if isinstance(tls, ssl.SSLCertVerificationError):
         hint = "check CONSUMER_AMQP_CA_FILE"

@@ -20,7 +20,7 @@ from typing import Any
 
 import aiormq
 
-from consumer.amqp import BrokerUnreachable
+from consumer.amqp import BrokerRejected, BrokerUnreachable
 from consumer.backoff import Backoff
 from consumer.broker import BrokerSession, ConnectionLost
 from consumer.database import Database
@@ -257,6 +257,12 @@ class Service:
                 if not connected_once:
                     raise
                 self._logger.error("topology missing", error=str(error))
+            except BrokerRejected as error:
+                # Wrong credentials or an untrusted certificate at start-up are a bad setting, as
+                # for the database; later (a rotated password) they are an outage to wait out.
+                if not connected_once:
+                    raise ConfigError(str(error)) from None
+                self._logger.error("RabbitMQ rejected the connection", error=str(error))
             except _BROKER_ERRORS as error:
                 self._logger.warning("lost RabbitMQ", error=str(error) or type(error).__name__)
             finally:

@@ -203,9 +203,10 @@ async def test_no_password_in_any_output_of_any_command(
         env=env.env(amqp_url=f"http://{user}:{url_password(PASSWORD)}@h/"),
         code=2,
     )
-    await run_until_logged(
-        outputs, env, "run, wrong broker password", "authentication failed", amqp_url=wrong_amqp
+    rejected = outputs.cli(
+        "run, wrong broker password", "consumer", "run", env=env.env(amqp_url=wrong_amqp), code=2
     )
+    assert "authentication failed (check the user and password in CONSUMER_AMQP_URL)" in rejected
     await run_until_logged(outputs, env, "run, no broker", "lost RabbitMQ", amqp_url=nowhere_amqp)
     await run_until_logged(
         outputs,

@@ -160,7 +160,6 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
         pool=positive_int(knobs, "CONSUMER_DB_POOL_SIZE"),
         batch=positive_int(knobs, "CONSUMER_BATCH_SIZE"),
     )
-    prefetch = sizes.prefetch
     infra = Infra(
         run_id=uuid.uuid4().hex[:8],
         amqp_url=options.amqp_url,
@@ -177,10 +176,10 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
         "skus": options.skus,
         "settings": {
             "service": {**knobs, **options.service_env},
-            "broker_prefetch": prefetch,
+            "broker_prefetch": sizes.prefetch,
             "pgbench": {"clients": sizes.pool, "events_per_transaction": sizes.batch},
-            "celery": {"pool": "prefork", "concurrency": 2, "prefetch_total": prefetch},
-            "dramatiq": {"processes": 2, "threads": 4, "prefetch_total": prefetch},
+            "celery": {"pool": "prefork", "concurrency": 2, "prefetch_total": sizes.prefetch},
+            "dramatiq": {"processes": 2, "threads": 4, "prefetch_total": sizes.prefetch},
         },
         "versions": {**versions(), **await server_versions(options.amqp_url, options.admin_dsn)},
         "machine": started_text,
@@ -240,12 +239,10 @@ def _action(
     options: BenchOptions,
     sizes: Sizes,
 ) -> Callable[[], Awaitable[Measurement]]:
-    prefetch = sizes.prefetch
-
     async def action() -> Measurement:
         if system == "broker":
             return await measure.broker_limit(
-                infra, workload, run, prefetch=prefetch, service_env=options.service_env
+                infra, workload, run, prefetch=sizes.prefetch, service_env=options.service_env
             )
         if system == "database":
             return await measure.database_limit(
@@ -256,9 +253,9 @@ def _action(
                 infra, workload, run, service_env=options.service_env
             )
         if system == "celery":
-            return await measure.celery_throughput(infra, workload, run, prefetch=prefetch)
+            return await measure.celery_throughput(infra, workload, run, prefetch=sizes.prefetch)
         if system == "dramatiq":
-            return await measure.dramatiq_throughput(infra, workload, run, prefetch=prefetch)
+            return await measure.dramatiq_throughput(infra, workload, run, prefetch=sizes.prefetch)
         raise BenchError(f"unknown system {system!r}")
 
     return action

@@ -65,19 +65,18 @@ class DeadMessage:
         }
 
 
-def _latest_death(headers: dict[str, Any], key: str) -> str | None:
+def _newest_death(headers: dict[str, Any]) -> dict[str, Any] | None:
+    """The broker's newest ``x-death`` entry: why and when it is here now."""
     deaths = headers.get("x-death")
     if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
-        return h.text(deaths[0].get(key))
+        return deaths[0]
     return None
 
 
 def _x_death_time(headers: dict[str, Any]) -> datetime | None:
-    deaths = headers.get("x-death")
-    if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
-        stamp = deaths[0].get("time")
-        if isinstance(stamp, datetime):
-            return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
+    stamp = (_newest_death(headers) or {}).get("time")
+    if isinstance(stamp, datetime):
+        return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
     return None
 
 
@@ -129,7 +128,9 @@ def read_dead_letter(
         # The newest x-death entry says why it is here now; the first death may be a retry
         # rung's expiry long before.
         broker_reason = (
-            _latest_death(headers, "reason") or h.text(headers.get("x-first-death-reason")) or "?"
+            h.text((_newest_death(headers) or {}).get("reason"))
+            or h.text(headers.get("x-first-death-reason"))
+            or "?"
         )
         if broker_reason == "rejected":
             reason = poison.reason.value if poison is not None else "rejected"

@@ -344,9 +344,8 @@ class Service:
         """To the inbox of the worker that owns the event's key; keyless ones in turn."""
         assert self._pipeline is not None
         prepared = self._pipeline.prepared(delivery)
-        key = prepared[0].key if isinstance(prepared, tuple) else None
         index: int | None = None
-        if key is not None and isinstance(prepared, tuple):
+        if isinstance(prepared, tuple) and (key := prepared[0].key) is not None:
             # The key alone: a restock and a reserve of one SKU lock the same row. A key function
             # that fails only costs the routing; the handler still meets the event.
             with contextlib.suppress(Exception):

@@ -82,35 +82,19 @@ async def _make_template(postgres: ThrowawayPostgres, name: str) -> None:
         await conn.close()
 
 
+def _output(*argv: str) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=30).stdout.strip()
+
+
 def _versions(rabbit: ThrowawayRabbit, postgres: ThrowawayPostgres) -> dict[str, str]:
     found: dict[str, str] = {"python": sys.version.split()[0]}
     with contextlib.suppress(Exception):
-        status = subprocess.run(
-            [*rabbit.ctl_command(), "version"], capture_output=True, text=True, timeout=30
-        )
-        found["rabbitmq"] = status.stdout.strip() or "?"
+        found["rabbitmq"] = _output(*rabbit.ctl_command(), "version") or "?"
     with contextlib.suppress(Exception):
-        found["postgresql"] = subprocess.run(
-            [str(postgres.bin / "postgres"), "--version"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout.split()[2]
+        found["postgresql"] = _output(str(postgres.bin / "postgres"), "--version").split()[2]
     with contextlib.suppress(Exception):
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            timeout=30,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            timeout=30,
-        ).stdout.strip()
+        commit = _output("git", "rev-parse", "--short", "HEAD")
+        dirty = _output("git", "status", "--porcelain", "--untracked-files=no")
         found["commit"] = commit + (" (with uncommitted changes)" if dirty else "")
     found["cores"] = str(len(os.sched_getaffinity(0)))
     return found

@@ -142,27 +142,43 @@ def owned_env(infra: Infra, name: str, database_url: str) -> dict[str, str]:
 
 # -- the database limit -------------------------------------------------------------------------
 
-# The service's transaction as a pgbench script: BEGIN, then per event of the batch the receipt
-# (fresh random id, carried to the movement by \\gset as the service passes one id to both) and the
-# reserve, then COMMIT. Each client draws only SKUs of its own residue class, as the service routes
-# equal keys to one worker: without that, batches of random SKUs would deadlock each other.
-PGBENCH_EVENT = """\
-\\set sku 1 + :client_id + :clients * random(0, :skus / :clients - 1)
-INSERT INTO receipts (consumer, event_id, type) VALUES ('pgbench', gen_random_uuid(), '{type}')
-ON CONFLICT DO NOTHING RETURNING event_id \\gset
-WITH reserved AS (
-    UPDATE stock SET available = available - 1
-    WHERE sku = 'SKU-' || :sku AND available >= 1
-    RETURNING sku
+# The service's transaction as a pgbench script: BEGIN, the batch's receipts in one statement,
+# then the reserve batch handler's two statements (lock the SKUs' rows, take the stock and write
+# the movements), COMMIT. pgbench cannot build arrays, so one more
+# statement draws the batch (fresh ids, SKUs) on the server. Each client draws only SKUs of its own
+# residue class, as the service routes equal keys to one worker: without that, batches of random
+# SKUs would wait on each other's rows.
+PGBENCH_BATCH = """\
+\\set first 1 + :client_id
+\\set span :skus / :clients
+BEGIN;
+SELECT array_agg(gen_random_uuid())::text AS batch_ids,
+       array_agg(
+           'SKU-' || CAST(:first AS integer)
+           + CAST(:clients AS integer) * floor(random() * CAST(:span AS integer))::integer
+       )::text AS batch_skus
+FROM generate_series(1, {batch}) \\gset
+INSERT INTO receipts (consumer, event_id, type)
+SELECT 'pgbench', id, '{type}' FROM unnest(CAST(:batch_ids AS uuid[])) AS id ORDER BY id
+ON CONFLICT DO NOTHING RETURNING event_id;
+SELECT sku, available FROM stock WHERE sku = ANY(CAST(:batch_skus AS text[]))
+ORDER BY sku FOR UPDATE;
+WITH taken AS (
+    UPDATE stock SET available = stock.available - taken.qty
+    FROM (
+        SELECT sku, count(*) AS qty FROM unnest(CAST(:batch_skus AS text[])) AS sku GROUP BY sku
+    ) AS taken
+    WHERE stock.sku = taken.sku
 )
 INSERT INTO stock_movements (event_id, order_id, sku, delta)
-SELECT CAST(:event_id AS uuid), 'pgbench', sku, -1 FROM reserved
-RETURNING id;
+SELECT event_id, 'pgbench', sku, -1
+FROM unnest(CAST(:batch_ids AS uuid[]), CAST(:batch_skus AS text[])) AS m (event_id, sku);
+END;
 """
 
 
 def pgbench_script(batch: int) -> str:
-    return "BEGIN;\n" + PGBENCH_EVENT.format(type=EVENT_TYPE) * batch + "END;\n"
+    return PGBENCH_BATCH.format(type=EVENT_TYPE, batch=batch)
 
 
 async def database_limit(

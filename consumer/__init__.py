@@ -6,11 +6,13 @@ Handler authors need only what is exported here::
 
     @register("inventory.restock", payload=Restock)
     async def restock(event: Envelope[Restock], conn: Connection) -> None: ...
+
+``register_batch`` marks a handler that applies a whole batch of events in a few statements.
 """
 
 from consumer.envelope import Envelope
 from consumer.errors import HandlerTimeout, PermanentError, TransientError
-from consumer.registry import Connection, register
+from consumer.registry import Connection, register, register_batch
 
 __all__ = [
     "Connection",
@@ -19,4 +21,5 @@ __all__ = [
     "PermanentError",
     "TransientError",
     "register",
+    "register_batch",
 ]

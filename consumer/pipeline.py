@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 import asyncpg
+from pydantic import ValidationError
 
 from consumer.database import Database, guarded, guarded_transaction
 from consumer.delivery import Delivery
@@ -104,9 +105,12 @@ class _ApplyAlone(Exception):
 
 
 class _HandlerFailed(Exception):
-    """A handler failed in an optimistic batch: roll it back, go again with savepoints."""
+    """A handler failed in an optimistic batch: roll it back, go again with savepoints.
 
-    def __init__(self, index: int, error: Exception) -> None:
+    ``index`` is the event it failed, or None when a batch handler's call failed as a whole.
+    """
+
+    def __init__(self, index: int | None, error: Exception) -> None:
         super().__init__(str(error))
         self.index = index
         self.error = error
@@ -140,6 +144,13 @@ class Pipeline:
         self._registry = registry
         self._database = database
         self._policy = policy
+        # Per event type, the envelope model with the handler's payload model in it: a valid
+        # event is validated in one pass; any other goes the long way, which says what is wrong.
+        self._typed: dict[str, tuple[Handler, type[Envelope[Any]]]] = {}
+        for event_type, handler in registry.items():
+            typed = self._parser.typed(handler.payload_type)
+            if typed is not None:
+                self._typed[event_type] = (handler, typed)
 
     def prepared(self, delivery: Delivery) -> tuple[Handler, Envelope[Any]] | Poison:
         """The delivery parsed and bound to its handler (or why it is poison), parsed once."""
@@ -155,8 +166,19 @@ class Pipeline:
         """Parse and bind a delivery, or raise :class:`Poison`."""
         check_content_type(delivery.content_type, delivery.content_encoding)
         self._parser.check_headers(delivery.headers)
-        raw = self._parser.parse(delivery.body)
-        return self._registry.resolve(raw)
+        decoded = self._parser.decode(delivery.body)
+        event_type = decoded.get("type")
+        typed = self._typed.get(event_type) if isinstance(event_type, str) else None
+        if typed is not None:
+            handler, model = typed
+            try:
+                event = model.model_validate(decoded)
+            except ValidationError:
+                pass
+            else:
+                self._parser.check_skew(event)
+                return handler, event
+        return self._registry.resolve(self._parser.validate(decoded))
 
     async def process(self, deliveries: Sequence[Delivery]) -> list[Outcome]:
         """Verdicts for ``deliveries``, in their order."""
@@ -280,24 +302,49 @@ class Pipeline:
             fresh = await self._insert_receipts(conn, items)
             verdicts: list[Verdict | None] = [None] * len(items)
             claimed: set[UUID] = set()
-            for index, item in enumerate(items):
-                event_id = item.event.event_id
-                if event_id not in fresh or event_id in claimed:
-                    verdicts[index] = Applied(True, _EPOCH)
-                    continue
-                claimed.add(event_id)
-                try:
-                    await self._run_handler(conn, item)
-                except (ConfigError, PipelineFault):
-                    raise
-                except Exception as error:
-                    _raise_if_connection_lost(conn, error)
-                    if classify(error) is ErrorKind.UNAVAILABLE:
-                        raise
-                    # Leaving the block rolls the whole transaction back.
-                    raise _HandlerFailed(index, error) from error
-                verdicts[index] = Applied(False, _EPOCH)
+            start = 0
+            while start < len(items):
+                # A run: consecutive events of one handler. A batch handler takes its run in one
+                # call; runs stay in order, so a restock still comes before the reserve after it.
+                handler = items[start].handler
+                end = start + 1
+                if handler.many is not None:
+                    while end < len(items) and items[end].handler is handler:
+                        end += 1
+                run: list[int] = []
+                for index in range(start, end):
+                    event_id = items[index].event.event_id
+                    if event_id not in fresh or event_id in claimed:
+                        verdicts[index] = Applied(True, _EPOCH)
+                    else:
+                        claimed.add(event_id)
+                        run.append(index)
+                if run:
+                    await self._apply_run(conn, items, run)
+                    for index in run:
+                        verdicts[index] = Applied(False, _EPOCH)
+                start = end
         return verdicts
+
+    async def _apply_run(
+        self, conn: asyncpg.Connection[Any], items: list[_Ready], run: list[int]
+    ) -> None:
+        """Apply one run of fresh events, or raise :class:`_HandlerFailed` (leaving the
+        transaction, which rolls it back) or what makes the whole batch moot."""
+        failed: int | None = run[0] if len(run) == 1 else None
+        try:
+            if len(run) == 1:
+                await self._run_handler(conn, items[run[0]])
+                return
+            results = await self._run_batch_handler(conn, [items[index] for index in run])
+            for index, result in zip(run, results, strict=True):
+                if result is not None:
+                    failed = index
+                    raise result
+        except Exception as error:
+            _raise_unless_the_events_fault(conn, error)
+            # Leaving the transaction rolls it back; ``None``: no event to blame.
+            raise _HandlerFailed(failed, error) from error
 
     async def _apply_in_savepoints(
         self,
@@ -309,8 +356,9 @@ class Pipeline:
         verdicts: list[Verdict | None] = [None] * len(items)
         if isinstance(failure.error, _CONTENTION):
             self._on_conflict()
-            deferred.append(failure.index)
-        else:
+            if failure.index is not None:
+                deferred.append(failure.index)
+        elif failure.index is not None:
             verdicts[failure.index] = self._failed(items[failure.index], failure.error)
         kept = [index for index in range(len(items)) if index != failure.index]
         async with guarded_transaction(conn, within=self._stall):
@@ -324,12 +372,8 @@ class Pipeline:
                     fresh = await self._insert_receipt(conn, item)
                     if fresh:
                         await self._run_handler(conn, item)
-                except (ConfigError, PipelineFault):
-                    raise
                 except Exception as error:
-                    _raise_if_connection_lost(conn, error)
-                    if classify(error) is ErrorKind.UNAVAILABLE:
-                        raise
+                    _raise_unless_the_events_fault(conn, error)
                     await self._step(conn, conn.execute(_ROLLBACK_TO_SAVEPOINT))
                     if isinstance(error, _CONTENTION):
                         self._on_conflict()
@@ -390,6 +434,34 @@ class Pipeline:
         finally:
             item.handler_seconds = time.perf_counter() - started
 
+    async def _run_batch_handler(
+        self, conn: asyncpg.Connection[Any], items: list[_Ready]
+    ) -> list[Exception | None]:
+        """A batch handler's call for ``items`` under its time limit (for the call as a whole).
+
+        Each event is charged an equal share of the call's time.
+        """
+        handler = items[0].handler
+        limit = handler.timeout.total_seconds() if handler.timeout else self._default_timeout
+        started = time.perf_counter()
+        deadline = asyncio.timeout(limit)
+        try:
+            async with deadline:
+                return await handler.apply_many([item.event for item in items], conn)
+        except TimeoutError as error:
+            if deadline.expired():
+                shown = format_duration(timedelta(seconds=limit))
+                raise HandlerTimeout(
+                    f"{handler.qualname} ran past its {shown} limit for {len(items)} events"
+                ) from error
+            raise
+        except asyncpg.InsufficientPrivilegeError as error:
+            raise PipelineFault(f"{handler.qualname}: {error} (a grant is missing)") from error
+        finally:
+            share = (time.perf_counter() - started) / len(items)
+            for item in items:
+                item.handler_seconds = share
+
     def _failed(self, item: _Ready, error: BaseException) -> Failed:
         attempts = attempts_so_far(item.delivery.headers)
         return Failed(error, self._policy.decide(error, attempts), attempts)
@@ -416,6 +488,16 @@ def _connection_lost(conn: asyncpg.Connection[Any]) -> bool:
     except asyncpg.InterfaceError:
         # The pool has already taken back a connection that died under us.
         return True
+
+
+def _raise_unless_the_events_fault(conn: asyncpg.Connection[Any], error: Exception) -> None:
+    """Raise ``error`` again if no event can be blamed for it: the service cannot work, the
+    connection was lost or the database is unavailable. Return for the event's own failure."""
+    if isinstance(error, ConfigError | PipelineFault):
+        raise error
+    _raise_if_connection_lost(conn, error)
+    if classify(error) is ErrorKind.UNAVAILABLE:
+        raise error
 
 
 def _raise_if_connection_lost(conn: asyncpg.Connection[Any], error: BaseException) -> None:

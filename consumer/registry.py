@@ -1,16 +1,18 @@
 """Handlers and how the service finds them.
 
-A handler is an async function ``(event, conn) -> None`` marked with :func:`register`. The mark is
-an attribute on the function, not an entry in a global table: the service builds its
-:class:`HandlerRegistry` from the modules ``CONSUMER_HANDLERS`` names, at start-up.
+A handler is an async function ``(event, conn) -> None`` marked with :func:`register`, or a batch
+handler ``(events, conn) -> results`` marked with :func:`register_batch`. The mark is an attribute
+on the function, not an entry in a global table: the service builds its :class:`HandlerRegistry`
+from the modules ``CONSUMER_HANDLERS`` names, at start-up.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import re
-from collections.abc import Awaitable, Callable, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
@@ -28,7 +30,13 @@ if TYPE_CHECKING:
 else:
     Connection = asyncpg.Connection
 HandlerFunc: TypeAlias = Callable[[Envelope[Any], "asyncpg.Connection[Any]"], Awaitable[None]]
+BatchResult: TypeAlias = Sequence[Exception | None]
+BatchHandlerFunc: TypeAlias = Callable[
+    [Sequence[Envelope[Any]], "asyncpg.Connection[Any]"], Awaitable[BatchResult]
+]
 F = TypeVar("F", bound=Callable[..., Awaitable[None]])
+B = TypeVar("B", bound=Callable[..., Awaitable[BatchResult]])
+G = TypeVar("G", bound=Callable[..., Awaitable[Any]])
 
 _MARK = "__consumer_handler__"
 _EVENT_TYPE = re.compile(EVENT_TYPE_PATTERN)
@@ -43,10 +51,22 @@ class Handler:
     payload: TypeAdapter[Any]
     timeout: timedelta | None = None
     key: Callable[[Any], Hashable] | None = None
+    many: BatchHandlerFunc | None = None
+    """The batch form, for a handler marked with :func:`register_batch` (``func`` then applies
+    one event through it)."""
+    payload_type: Any = None
+    """What ``register(payload=)`` named (``payload`` validates it)."""
 
     @property
     def qualname(self) -> str:
         return f"{self.func.__module__}.{self.func.__qualname__}"
+
+    async def apply_many(
+        self, events: Sequence[Envelope[Any]], conn: asyncpg.Connection[Any]
+    ) -> list[Exception | None]:
+        """The batch handler's verdict per event, checked: one ``None`` or exception each."""
+        assert self.many is not None
+        return _checked(self.qualname, await self.many(events, conn), len(events))
 
     def bind(self, raw: RawEnvelope) -> Envelope[Any]:
         """The envelope with its payload validated by this handler's model, or :class:`Poison`."""
@@ -84,14 +104,54 @@ def register(
         @register("inventory.restock", payload=Restock)
         async def restock(event: Envelope[Restock], conn: asyncpg.Connection) -> None: ...
     """
+    return _marker(event_type, payload, timeout, key, batch=False)
+
+
+def register_batch(
+    event_type: str,
+    *,
+    payload: type[BaseModel] | Any,
+    timeout: str | timedelta | None = None,
+    key: Callable[[Any], Hashable] | None = None,
+) -> Callable[[B], B]:
+    """Mark an async function as the batch handler of ``event_type``.
+
+    It receives the events of a batch (in order, each new: duplicates are filtered out before) and
+    the connection, and returns one result per event, in the same order: ``None`` when that event's
+    effect is applied, or the exception that failed it, classified as if raised (a
+    :class:`~consumer.errors.PermanentError` dead-letters it). An event it reports as failed must
+    have no effect left behind. If it raises, no event is blamed yet: each is applied again alone,
+    in a batch of one. The options are :func:`register`'s; ``timeout`` bounds each call.
+
+    Use it when the effects of many events can be written in a few statements (``unnest`` of
+    arrays): one round trip per batch instead of one per event.
+
+    ::
+
+        @register_batch("inventory.reserve", payload=Reserve, key=lambda r: r.sku)
+        async def reserve(
+            events: Sequence[Envelope[Reserve]], conn: Connection
+        ) -> list[PermanentError | None]: ...
+    """
+    return _marker(event_type, payload, timeout, key, batch=True)
+
+
+def _marker(
+    event_type: str,
+    payload: type[BaseModel] | Any,
+    timeout: str | timedelta | None,
+    key: Callable[[Any], Hashable] | None,
+    *,
+    batch: bool,
+) -> Callable[[G], G]:
     if not _EVENT_TYPE.match(event_type):
         raise ConfigError(f"{event_type!r} is not a valid event type")
     limit = parse_duration(timeout) if timeout is not None else None
 
-    def mark(func: F) -> F:
+    def mark(func: G) -> G:
         if not inspect.iscoroutinefunction(cast(object, func)):
             raise ConfigError(f"handler {func.__qualname__} for {event_type!r} must be async")
-        setattr(func, _MARK, (event_type, TypeAdapter(payload), limit, key))
+        setattr(func, _MARK, (event_type, TypeAdapter(payload), limit, key, batch, payload))
         return func
 
     return mark
@@ -152,6 +212,42 @@ def _marked_functions(values: Iterable[object], module_name: str) -> Iterator[Ha
         # Only functions defined in this module: an imported handler belongs to its own module.
         if mark is None or getattr(value, "__module__", None) != module_name:
             continue
-        event_type, adapter, timeout, key = mark
-        func = cast(HandlerFunc, value)
-        yield Handler(event_type=event_type, func=func, payload=adapter, timeout=timeout, key=key)
+        event_type, adapter, timeout, key, batch, payload = mark
+        if batch:
+            many = cast(BatchHandlerFunc, value)
+            yield Handler(event_type, _one_at_a_time(many), adapter, timeout, key, many, payload)
+        else:
+            yield Handler(
+                event_type, cast(HandlerFunc, value), adapter, timeout, key, None, payload
+            )
+
+
+def _one_at_a_time(many: BatchHandlerFunc) -> HandlerFunc:
+    """A batch handler as a handler of one event: its failure raised, as a handler's would be."""
+
+    @functools.wraps(many)
+    async def one(event: Envelope[Any], conn: asyncpg.Connection[Any]) -> None:
+        qualname = f"{many.__module__}.{many.__qualname__}"
+        (failure,) = _checked(qualname, await many([event], conn), 1)
+        if failure is not None:
+            raise failure
+
+    return one
+
+
+def _checked(qualname: str, results: object, expected: int) -> list[Exception | None]:
+    # A batch handler that miscounts would pin verdicts on the wrong events: refuse its answer.
+    if not isinstance(results, Sequence) or len(results) != expected:
+        count = len(results) if isinstance(results, Sequence) else type(results).__name__
+        raise BatchResultError(f"{qualname} returned {count} results for {expected} events")
+    checked = list(results)
+    for result in checked:
+        if result is not None and not isinstance(result, Exception):
+            raise BatchResultError(
+                f"{qualname} returned a {type(result).__name__}: expected None or an exception"
+            )
+    return checked
+
+
+class BatchResultError(TypeError):
+    """A batch handler's answer is not one ``None`` or exception per event (a handler bug)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
@@ -9,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from consumer.envelope import Envelope
 from consumer.errors import PermanentError
-from consumer.registry import register
+from consumer.registry import register, register_batch
 
 Sku = Field(min_length=1, max_length=64)
 Quantity = Field(gt=0, le=1_000_000)
@@ -41,15 +42,23 @@ INSERT INTO stock_movements (event_id, order_id, sku, delta)
 SELECT $1, NULL, sku, $3 FROM stocked
 """
 
+# A batch of reservations in two round trips: lock the SKUs' rows (in one order, so two batches
+# cannot deadlock) and read what is available; decide each event in order, as one at a time would;
+# then take the stock of the ones that fit and write their movements in one statement.
+_LOCK_STOCK = "SELECT sku, available FROM stock WHERE sku = ANY($1::text[]) ORDER BY sku FOR UPDATE"
+
 _RESERVE = """
-WITH reserved AS (
-    UPDATE stock SET available = available - $4
-    WHERE sku = $3 AND available >= $4
-    RETURNING sku
+WITH taken AS (
+    UPDATE stock SET available = stock.available - taken.qty
+    FROM (
+        SELECT sku, sum(qty) AS qty FROM unnest($3::text[], $4::integer[]) AS m (sku, qty)
+        GROUP BY sku
+    ) AS taken
+    WHERE stock.sku = taken.sku
 )
 INSERT INTO stock_movements (event_id, order_id, sku, delta)
-SELECT $1, $2, sku, -$4 FROM reserved
-RETURNING id
+SELECT event_id, order_id, sku, -qty
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::integer[]) AS m (event_id, order_id, sku, qty)
 """
 
 
@@ -64,18 +73,40 @@ async def restock(event: Envelope[Restock], conn: asyncpg.Connection[Any]) -> No
     await conn.execute(_RESTOCK, event.event_id, payload.sku, payload.qty)
 
 
-@register("inventory.reserve", payload=Reserve, key=_sku)
-async def reserve(event: Envelope[Reserve], conn: asyncpg.Connection[Any]) -> None:
-    """Take ``qty`` from the SKU for an order; an unknown SKU or too little stock is permanent."""
-    payload = event.payload
-    movement = await conn.fetchval(
-        _RESERVE, event.event_id, payload.order_id, payload.sku, payload.qty
-    )
-    if movement is not None:
-        return
-    available = await conn.fetchval("SELECT available FROM stock WHERE sku = $1", payload.sku)
-    if available is None:
-        raise PermanentError(f"unknown SKU {payload.sku!r}")
-    raise PermanentError(
-        f"insufficient stock for {payload.sku!r}: {available} available, {payload.qty} asked"
-    )
+@register_batch("inventory.reserve", payload=Reserve, key=_sku)
+async def reserve(
+    events: Sequence[Envelope[Reserve]], conn: asyncpg.Connection[Any]
+) -> list[PermanentError | None]:
+    """Take ``qty`` from the SKU for an order; an unknown SKU or too little stock is permanent.
+
+    Events are decided in order against the locked rows: an event that does not fit fails alone
+    and takes nothing, and a later, smaller one can still fit.
+    """
+    rows = await conn.fetch(_LOCK_STOCK, sorted({event.payload.sku for event in events}))
+    available: dict[str, int] = {row["sku"]: row["available"] for row in rows}
+    results: list[PermanentError | None] = []
+    taken: list[Envelope[Reserve]] = []
+    for event in events:
+        payload = event.payload
+        left = available.get(payload.sku)
+        if left is None:
+            results.append(PermanentError(f"unknown SKU {payload.sku!r}"))
+        elif left < payload.qty:
+            results.append(
+                PermanentError(
+                    f"insufficient stock for {payload.sku!r}: {left} available, {payload.qty} asked"
+                )
+            )
+        else:
+            available[payload.sku] = left - payload.qty
+            taken.append(event)
+            results.append(None)
+    if taken:
+        await conn.execute(
+            _RESERVE,
+            [event.event_id for event in taken],
+            [event.payload.order_id for event in taken],
+            [event.payload.sku for event in taken],
+            [event.payload.qty for event in taken],
+        )
+    return results

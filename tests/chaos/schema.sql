@@ -15,3 +15,9 @@ CREATE TABLE handler_calls (
     called_at  timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX handler_calls_event ON handler_calls (event_id);
+
+CREATE TABLE batch_calls (
+    id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    size       integer NOT NULL,
+    called_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+);

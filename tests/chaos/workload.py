@@ -8,16 +8,19 @@ be told apart: a dead-lettered event that was published twice is expected there 
 ================  ==================================================  =========================
 kind              message                                             must end as
 ================  ==================================================  =========================
-applied           ``test.behave`` with a unique key                   one receipt, one effect
+applied           ``test.behave*`` with a unique key                  one receipt, one effect
 restock           ``inventory.restock`` of one of a few SKUs          one receipt, one movement
-flaky             ``test.behave``, ``fail_transient`` 1 or 2          retried, then applied
-permanent         ``test.behave``, ``permanent``                      dead: permanent_failure
+flaky             ``test.behave*``, ``fail_transient`` 1 or 2         retried, then applied
+permanent         ``test.behave*``, ``permanent``                     dead: permanent_failure
 bug               ``test.behave``, ``bug`` (an unclassified error)    dead: permanent_failure
 not_json          a body that is not JSON                             dead (poison): not_json
 invalid_envelope  an envelope whose ``type`` is a number              dead: invalid_envelope
 unknown_type      an envelope of a type no handler has                dead: unknown_type
 invalid_payload   ``test.behave`` with a payload its model refuses    dead: invalid_payload
 ================  ==================================================  =========================
+
+``test.behave*`` is ``test.behave`` or, for half of them at random, its batch form
+``test.behave_many``: the batch handler path must keep every promise too.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from datetime import UTC, datetime
 from consumer.publish import envelope_body
 
 BEHAVE = "test.behave"
+BEHAVE_MANY = "test.behave_many"
 RESTOCK = "inventory.restock"
 SKUS = tuple(f"CHAOS-{n}" for n in range(8))
 DUPLICATE_SHARE = 0.10
@@ -187,6 +191,9 @@ def _event(kind: Kind, key: str, rng: random.Random) -> PlannedEvent:
         body = envelope_body("chaos.unknown", {"key": key}, event_id=event_id)
         return PlannedEvent(key, kind, event_id, BEHAVE, body)
     payload: dict[str, object] = {"key": key}
+    event_type = BEHAVE
+    if kind in (Kind.APPLIED, Kind.FLAKY, Kind.PERMANENT):
+        event_type = rng.choice((BEHAVE, BEHAVE_MANY))
     if kind is Kind.FLAKY:
         payload["fail_transient"] = rng.choice((1, 2))
     elif kind is Kind.PERMANENT:
@@ -196,7 +203,7 @@ def _event(kind: Kind, key: str, rng: random.Random) -> PlannedEvent:
     elif kind is Kind.INVALID_PAYLOAD:
         payload["fail_transient"] = "twice"
     return PlannedEvent(
-        key, kind, event_id, BEHAVE, envelope_body(BEHAVE, payload, event_id=event_id)
+        key, kind, event_id, event_type, envelope_body(event_type, payload, event_id=event_id)
     )
 
 

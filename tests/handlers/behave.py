@@ -1,7 +1,9 @@
-"""``test.behave``: a handler told by its payload how to fail, for failure-path tests.
+"""``test.behave``: a handler told by its payload how to fail, for failure-path tests, and
+``test.behave_many``, its batch form.
 
 Each call is recorded in ``handler_calls`` over a connection of its own (outside the event's
-transaction, so failed attempts are counted too); the effect is a row in ``test_effects``.
+transaction, so failed attempts are counted too), and each batch call's size in ``batch_calls``;
+the effect is a row in ``test_effects``.
 """
 
 from __future__ import annotations
@@ -9,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
 from pydantic import BaseModel, Field
 
-from consumer import Envelope, PermanentError, TransientError, register
+from consumer import Envelope, PermanentError, TransientError, register, register_batch
 
 
 class Behaviour(BaseModel):
@@ -39,14 +42,24 @@ class _CallLog:
     lock = asyncio.Lock()
 
     @classmethod
-    async def record(cls, event_id: object) -> int:
+    async def _pool(cls) -> asyncpg.Pool[Any]:
         async with cls.lock:
             if cls.pool is None:
                 cls.pool = await asyncpg.create_pool(
                     os.environ["CONSUMER_DATABASE_URL"], min_size=1, max_size=4
                 )
+        return cls.pool
+
+    @classmethod
+    async def record_batch(cls, size: int) -> None:
+        pool = await cls._pool()
+        await pool.execute("INSERT INTO batch_calls (size) VALUES ($1)", size)
+
+    @classmethod
+    async def record(cls, event_id: object) -> int:
+        pool = await cls._pool()
         return int(
-            await cls.pool.fetchval(
+            await pool.fetchval(
                 "WITH added AS (INSERT INTO handler_calls (event_id, pid) VALUES ($1, $2)) "
                 "SELECT count(*) + 1 FROM handler_calls WHERE event_id = $1",
                 event_id,
@@ -74,3 +87,49 @@ async def behave(event: Envelope[Behaviour], conn: asyncpg.Connection[Any]) -> N
     await conn.execute(
         "INSERT INTO test_effects (event_id, key) VALUES ($1, $2)", event.event_id, spec.key
     )
+
+
+class BatchBehaviour(BaseModel):
+    key: str = Field(min_length=1)
+    fail_transient: int = 0
+    """Report TransientError for this event on this many first calls."""
+    permanent: bool = False
+    """Report PermanentError for this event."""
+    spoil_batch: bool = False
+    """Make the whole call raise whenever it holds more than this one event."""
+    miscount: bool = False
+    """Make the call return one result too few."""
+    sleep_s: float = 0.0
+    """Await this long before applying (the call as a whole)."""
+
+
+@register_batch("test.behave_many", payload=BatchBehaviour, timeout="2s")
+async def behave_many(
+    events: Sequence[Envelope[BatchBehaviour]], conn: asyncpg.Connection[Any]
+) -> list[Exception | None]:
+    await _CallLog.record_batch(len(events))
+    calls = [await _CallLog.record(event.event_id) for event in events]
+    specs = [event.payload for event in events]
+    if len(events) > 1 and any(spec.spoil_batch for spec in specs):
+        raise RuntimeError("this batch is spoiled")
+    if any(spec.sleep_s for spec in specs):
+        await asyncio.sleep(max(spec.sleep_s for spec in specs))
+    results: list[Exception | None] = []
+    applied: list[Envelope[BatchBehaviour]] = []
+    for event, call in zip(events, calls, strict=True):
+        spec = event.payload
+        if call <= spec.fail_transient:
+            results.append(TransientError(f"call {call} of {spec.fail_transient} planned failures"))
+        elif spec.permanent:
+            results.append(PermanentError("this event can never succeed"))
+        else:
+            results.append(None)
+            applied.append(event)
+    await conn.execute(
+        "INSERT INTO test_effects (event_id, key) SELECT * FROM unnest($1::uuid[], $2::text[])",
+        [event.event_id for event in applied],
+        [event.payload.key for event in applied],
+    )
+    if any(spec.miscount for spec in specs):
+        return results[:-1]
+    return results

@@ -13,3 +13,10 @@ CREATE TABLE handler_calls (
     called_at  timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX handler_calls_event ON handler_calls (event_id);
+
+-- The size of every call of a batch test handler, written outside the event's transaction.
+CREATE TABLE batch_calls (
+    id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    size       integer NOT NULL,
+    called_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+);

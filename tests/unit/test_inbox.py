@@ -46,3 +46,24 @@ async def test_the_wait_ends_at_its_deadline_with_what_came() -> None:
     started = time.monotonic()
     assert await asyncio.wait_for(inbox.next_batch(), 30) == [0, 1]
     assert time.monotonic() - started >= 0.15  # it did wait, and gave up at the deadline
+
+
+async def test_a_worker_cancelled_while_it_waits_leaves_everything_queued() -> None:
+    inbox: Inbox[int] = Inbox(size=10, wait=60.0)
+    inbox.put(0)
+    taking = asyncio.create_task(inbox.next_batch())
+    await asyncio.sleep(0.01)
+    inbox.put(1)
+    taking.cancel()
+    await asyncio.gather(taking, return_exceptions=True)
+    assert inbox.drain() == [0, 1]  # shutdown returns them to the broker
+
+
+async def test_an_empty_wait_that_is_cancelled_lets_the_next_one_work() -> None:
+    inbox: Inbox[int] = Inbox(size=2, wait=0)
+    taking = asyncio.create_task(inbox.next_batch())
+    await asyncio.sleep(0.01)
+    taking.cancel()
+    await asyncio.gather(taking, return_exceptions=True)
+    inbox.put(7)
+    assert await asyncio.wait_for(inbox.next_batch(), 30) == [7]

@@ -1,0 +1,118 @@
+"""The one-pass validation of a known event type judges exactly as the long way does."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from types import SimpleNamespace
+from typing import Any, cast
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from consumer.envelope import EnvelopeParser, Poison
+from consumer.pipeline import Pipeline
+from consumer.registry import HandlerRegistry
+from consumer.retry import RetryPolicy
+from consumer.settings import Settings
+
+REGISTRY = HandlerRegistry.from_modules(
+    ["consumer.handlers.inventory", "consumer.handlers.notifications"]
+)
+
+
+def _pipeline(**overrides: Any) -> Pipeline:
+    configured = Settings.model_validate(overrides)
+    return Pipeline(
+        settings=configured,
+        registry=REGISTRY,
+        database=cast(Any, None),  # prepare() never touches the database
+        policy=RetryPolicy.from_delays(configured.retry_delays),
+    )
+
+
+FAST = _pipeline()
+LENIENT = _pipeline(allow_extra_fields=True)
+
+scalars = st.none() | st.booleans() | st.integers(-5, 2_000_000) | st.text(max_size=70)
+fields = st.dictionaries(
+    st.sampled_from(["sku", "qty", "order_id", "recipient", "template", "params", "other"]),
+    scalars | st.dictionaries(st.text(max_size=5), scalars, max_size=2),
+    max_size=5,
+)
+# Mostly payloads that one of the handlers accepts, so that both ways often succeed.
+payloads = st.one_of(
+    st.fixed_dictionaries(
+        {"sku": st.text(min_size=1, max_size=64), "qty": st.integers(1, 1_000_000)},
+        optional={"order_id": st.text(min_size=1, max_size=64)},
+    ),
+    st.fixed_dictionaries(
+        {"recipient": st.text(min_size=1, max_size=20), "template": st.text(max_size=5)},
+        optional={"params": st.dictionaries(st.text(max_size=5), scalars, max_size=2)},
+    ),
+    fields,
+    st.lists(scalars, max_size=2),
+)
+envelopes = st.fixed_dictionaries(
+    {
+        "event_id": st.one_of(st.uuids().map(str), st.uuids().map(str), st.just("not-a-uuid")),
+        "type": st.one_of(st.sampled_from(list(REGISTRY)), st.sampled_from(["no.such", 42])),
+        "occurred_at": st.one_of(
+            st.just("2026-11-29T10:00:00+00:00"),
+            st.sampled_from(["2026-11-29T10:00:00", "2999-01-01T00:00:00Z", 5]),
+        ),
+        "payload": payloads,
+    },
+    optional={"correlation_id": st.text(max_size=5), "extra": st.integers()},
+)
+# Envelopes whose every other field is right: the payload decides.
+sound_envelopes = st.fixed_dictionaries(
+    {
+        "event_id": st.uuids().map(str),
+        "type": st.sampled_from(list(REGISTRY)),
+        "occurred_at": st.just("2026-11-29T10:00:00+00:00"),
+        "payload": payloads,
+    }
+)
+
+
+def _long_way(pipeline: Pipeline, body: bytes) -> Any:
+    parser = EnvelopeParser(pipeline._parser.limits)
+    return REGISTRY.resolve(parser.parse(body))
+
+
+def _judge(action: Any) -> tuple[str, Any]:
+    try:
+        handler, event = action()
+    except Poison as poison:
+        return ("poison", poison.reason)
+    return (handler.event_type, event.model_dump())
+
+
+@settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow])
+@given(envelopes | sound_envelopes, st.booleans())
+def test_prepare_agrees_with_parse_then_resolve(envelope: dict[str, Any], lenient: bool) -> None:
+    pipeline = LENIENT if lenient else FAST
+    body = json.dumps(envelope).encode()
+    delivery = SimpleNamespace(
+        content_type="application/json", content_encoding=None, headers={}, body=body
+    )
+    fast = _judge(lambda: pipeline.prepare(cast(Any, delivery)))
+    slow = _judge(lambda: _long_way(pipeline, body))
+    assert fast == slow
+
+
+def test_a_valid_reserve_takes_the_one_pass_model() -> None:
+    body = json.dumps(
+        {
+            "event_id": str(uuid.uuid4()),
+            "type": "inventory.reserve",
+            "occurred_at": "2026-11-29T10:00:00Z",
+            "payload": {"order_id": "o-1", "sku": "A", "qty": 2},
+        }
+    ).encode()
+    delivery = SimpleNamespace(content_type=None, content_encoding=None, headers={}, body=body)
+    handler, event = FAST.prepare(cast(Any, delivery))
+    assert handler.event_type == "inventory.reserve"
+    assert type(event).__name__ == "Envelope[Reserve]"
+    assert event.payload.qty == 2

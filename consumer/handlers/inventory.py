@@ -42,6 +42,18 @@ INSERT INTO stock_movements (event_id, order_id, sku, delta)
 SELECT $1, NULL, sku, $3 FROM stocked
 """
 
+# One reservation in one round trip: the stock change and its movement row in a single statement.
+_RESERVE_ONE = """
+WITH reserved AS (
+    UPDATE stock SET available = available - $4
+    WHERE sku = $3 AND available >= $4
+    RETURNING sku
+)
+INSERT INTO stock_movements (event_id, order_id, sku, delta)
+SELECT $1, $2, sku, -$4 FROM reserved
+RETURNING id
+"""
+
 # A batch of reservations in two round trips: lock the SKUs' rows (in one order, so two batches
 # cannot deadlock) and read what is available; decide each event in order, as one at a time would;
 # then take the stock of the ones that fit and write their movements in one statement.
@@ -82,6 +94,8 @@ async def reserve(
     Events are decided in order against the locked rows: an event that does not fit fails alone
     and takes nothing, and a later, smaller one can still fit.
     """
+    if len(events) == 1:
+        return [await _reserve_one(events[0], conn)]
     rows = await conn.fetch(_LOCK_STOCK, sorted({event.payload.sku for event in events}))
     available: dict[str, int] = {row["sku"]: row["available"] for row in rows}
     results: list[PermanentError | None] = []
@@ -92,11 +106,7 @@ async def reserve(
         if left is None:
             results.append(PermanentError(f"unknown SKU {payload.sku!r}"))
         elif left < payload.qty:
-            results.append(
-                PermanentError(
-                    f"insufficient stock for {payload.sku!r}: {left} available, {payload.qty} asked"
-                )
-            )
+            results.append(_insufficient(payload, left))
         else:
             available[payload.sku] = left - payload.qty
             taken.append(event)
@@ -110,3 +120,25 @@ async def reserve(
             [event.payload.qty for event in taken],
         )
     return results
+
+
+async def _reserve_one(
+    event: Envelope[Reserve], conn: asyncpg.Connection[Any]
+) -> PermanentError | None:
+    """A batch of one (an event applied alone): one statement, and one more only if it fails."""
+    payload = event.payload
+    movement = await conn.fetchval(
+        _RESERVE_ONE, event.event_id, payload.order_id, payload.sku, payload.qty
+    )
+    if movement is not None:
+        return None
+    available = await conn.fetchval("SELECT available FROM stock WHERE sku = $1", payload.sku)
+    if available is None:
+        return PermanentError(f"unknown SKU {payload.sku!r}")
+    return _insufficient(payload, available)
+
+
+def _insufficient(payload: Reserve, available: int) -> PermanentError:
+    return PermanentError(
+        f"insufficient stock for {payload.sku!r}: {available} available, {payload.qty} asked"
+    )

@@ -10,9 +10,10 @@
     the handler raised: ROLLBACK -> Failed(error, policy's decision)
 
 Several deliveries can share one transaction (``CONSUMER_BATCH_SIZE``): the handlers run one after
-the other; if one fails, the transaction is rolled back and the others run again, each in a
-savepoint, so a failing one rolls back only itself. A handler can therefore run more than once for
-one delivery, but only its last, committed run has any effect. A batch that runs into another's
+the other, a batch handler once for each run of consecutive events of its type; if one fails, the
+transaction is rolled back and the others run again, each in a savepoint, so a failing one rolls
+back only itself. A handler can therefore run more than once for one delivery, but only its last,
+committed run has any effect. A batch that runs into another's
 row locks commits what it has and applies the rest in a further round. If the commit itself
 fails, each event is applied again alone.
 Nothing here talks to the broker; :mod:`consumer.settle` turns verdicts into acks and publishes.

@@ -8,7 +8,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 from uuid import UUID
@@ -26,7 +26,7 @@ from consumer.errors import (
     TopologyMissing,
 )
 from consumer.http import HttpServer, build_app
-from consumer.logs import Logger, make_logger, route_library_logs
+from consumer.logs import Logger, TickFlushed, make_logger, route_library_logs
 from consumer.metrics import Metrics
 from consumer.migrations import DEFAULT_DIRECTORY, create_database_if_missing, migrate
 from consumer.publish import PublishRequest, publish_event
@@ -103,17 +103,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(settings: Settings) -> int:
     registry = load_handlers(settings)
-    logger = make_logger(settings)
+    lines = TickFlushed(sys.stdout.buffer)
+    logger = make_logger(settings, lines=lines)
     route_library_logs(logger)
     rungs = [rung_label(delay) for delay in settings.retry_delays]
     metrics = Metrics(CollectorRegistry(), registry, rungs)
-    return _event_loop_run(serve(settings, registry, logger, metrics))
+    return _event_loop_run(serve(settings, registry, logger, metrics, before_exit=lines.write_out))
 
 
 async def serve(
-    settings: Settings, registry: HandlerRegistry, logger: Logger, metrics: Metrics
+    settings: Settings,
+    registry: HandlerRegistry,
+    logger: Logger,
+    metrics: Metrics,
+    *,
+    before_exit: Callable[[], None] = lambda: None,
 ) -> int:
-    """Run the service until SIGTERM or SIGINT; a second signal exits at once."""
+    """Run the service until SIGTERM or SIGINT; a second signal exits at once.
+
+    ``before_exit`` writes out the log lines still held for the end of the loop's turn: the
+    immediate exits (second signal, hard time limit) skip the interpreter's clean-up.
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     signals_seen = 0
@@ -126,6 +136,7 @@ async def serve(
             stop.set()
             return
         logger.warning("second signal: exiting now", signal=received.name)
+        before_exit()
         sys.stdout.flush()
         os._exit(EXIT_SECOND_SIGNAL)
 
@@ -136,7 +147,11 @@ async def serve(
     logger.info("starting", settings=settings.describe(), handlers=list(registry))
     try:
         async with (
-            LoopWatchdog(limit=settings.hard_timeout.total_seconds(), logger=logger),
+            LoopWatchdog(
+                limit=settings.hard_timeout.total_seconds(),
+                logger=logger,
+                before_exit=before_exit,
+            ),
             HttpServer(
                 build_app(metrics.registry, service.readiness),
                 host=settings.http_host,

@@ -20,6 +20,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    RootModel,
     ValidationError,
     field_validator,
 )
@@ -247,8 +248,11 @@ class EnvelopeParser:
     def typed(self, payload: Any) -> type[Envelope[Any]] | None:
         """The envelope model whose payload is the model ``payload``, for validating an event in
         one pass; None where one pass would not judge as :meth:`validate` plus the payload model
-        do (a payload type that is not a pydantic model need not be a JSON object)."""
-        if not (isinstance(payload, type) and issubclass(payload, BaseModel)):
+        do (a payload type that is not a plain pydantic model need not be a JSON object)."""
+        # A RootModel need not be an object, which the envelope's own schema requires.
+        if not isinstance(payload, type) or not issubclass(payload, BaseModel):
+            return None
+        if issubclass(payload, RootModel):
             return None
         model: type[Envelope[Any]] = Envelope[payload]
         if self.limits.allow_extra_fields:

@@ -5,8 +5,9 @@ that goes out passes :func:`consumer.redact.scrub`, so a password in a URL never
 
 JSON lines written on the event loop go out once per turn of the loop, not once per line (a write
 and a flush per settled message cost several percent of the service's CPU): a process killed
-outright loses at most the lines of the turn it died in. Outside a running loop every line is
-written and flushed at once.
+outright loses at most the lines of the turn it died in; exits that skip the interpreter's clean-up
+call :meth:`TickFlushed.write_out` first. Outside a running loop every line is written and flushed
+at once.
 """
 
 from __future__ import annotations
@@ -82,15 +83,21 @@ def _wants_console(settings: Settings, stream: TextIO) -> bool:
     return settings.log_format == "console"
 
 
-def make_logger(settings: Settings, stream: TextIO | None = None) -> Logger:
-    """The service's logger, writing to ``stream`` (stdout by default) at ``CONSUMER_LOG_LEVEL``."""
+def make_logger(
+    settings: Settings, stream: TextIO | None = None, *, lines: TickFlushed | None = None
+) -> Logger:
+    """The service's logger, writing to ``stream`` (stdout by default) at ``CONSUMER_LOG_LEVEL``.
+
+    JSON lines go through ``lines`` (made over ``stream``'s binary buffer if not given): pass one
+    to be able to write out what it holds before an immediate exit.
+    """
     out = stream if stream is not None else sys.stdout
     console = _wants_console(settings, out)
     # JSON lines are rendered to bytes (orjson) and written to the binary stream underneath.
     sink: Any = (
         structlog.PrintLogger(out)
         if console
-        else structlog.BytesLogger(cast(BinaryIO, TickFlushed(out.buffer)))
+        else structlog.BytesLogger(cast(BinaryIO, lines or TickFlushed(out.buffer)))
     )
     logger: Logger = structlog.wrap_logger(
         sink,

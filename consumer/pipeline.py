@@ -288,6 +288,8 @@ class Pipeline:
             Applied(v.duplicate, committed_at) if isinstance(v, Applied) else v for v in found
         ]
         if deferred:
+            # In the batch's order: the failed event deferred first may come before the rest.
+            deferred.sort()
             again = await self._apply([items[index] for index in deferred], rounds + 1)
             for index, verdict in zip(deferred, again, strict=True):
                 verdicts[index] = verdict

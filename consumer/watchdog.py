@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -30,11 +30,21 @@ def _frames(frame: FrameType | None) -> Iterator[FrameType]:
 
 
 def event_in_frame(frame: FrameType | None) -> dict[str, Any]:
-    """The event a blocked loop was applying, found in the pipeline's frame on its stack."""
+    """The event a blocked loop was applying, found in the pipeline's frame on its stack.
+
+    For a batch handler's call, the first event of the call and how many it holds.
+    """
     for current in _frames(frame):
-        if current.f_code.co_name != "_run_handler":
+        name = current.f_code.co_name
+        if name == "_run_handler":
+            item = current.f_locals.get("item")
+            found: dict[str, Any] = {}
+        elif name == "_run_batch_handler":
+            items = current.f_locals.get("items") or [None]
+            item = items[0]
+            found = {"batch_events": len(items)}
+        else:
             continue
-        item = current.f_locals.get("item")
         event = getattr(item, "event", None)
         delivery = getattr(item, "delivery", None)
         handler = getattr(item, "handler", None)
@@ -43,6 +53,7 @@ def event_in_frame(frame: FrameType | None) -> dict[str, Any]:
             "type": getattr(event, "type", None),
             "message_id": getattr(delivery, "message_id", None),
             "handler": getattr(handler, "qualname", None),
+            **found,
         }
     return {}
 
@@ -50,9 +61,17 @@ def event_in_frame(frame: FrameType | None) -> dict[str, Any]:
 class LoopWatchdog:
     """Ends the process (exit code 3) if the event loop is blocked longer than ``limit`` seconds."""
 
-    def __init__(self, *, limit: float, logger: Logger, interval: float | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        limit: float,
+        logger: Logger,
+        interval: float | None = None,
+        before_exit: Callable[[], None] = lambda: None,
+    ) -> None:
         self._limit = limit
         self._logger = logger
+        self._before_exit = before_exit
         self._interval = interval if interval is not None else min(0.5, limit / 4)
         self._beat = time.monotonic()
         self._stopped = threading.Event()
@@ -91,6 +110,8 @@ class LoopWatchdog:
             if blocked <= self._limit:
                 continue
             frame = sys._current_frames().get(self._loop_thread_id)
+            # What the loop logged before it blocked goes out first (it waits for a turn's end).
+            self._before_exit()
             self._logger.critical(
                 "event loop blocked past the hard time limit; exiting so the broker redelivers",
                 blocked_s=round(blocked, 2),

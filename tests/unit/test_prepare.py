@@ -9,8 +9,10 @@ from typing import Any, cast
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import RootModel
 
-from consumer.envelope import EnvelopeParser, Poison
+from consumer.envelope import EnvelopeLimits, EnvelopeParser, Poison
+from consumer.handlers.inventory import Reserve
 from consumer.pipeline import Pipeline
 from consumer.registry import HandlerRegistry
 from consumer.retry import RetryPolicy
@@ -116,3 +118,11 @@ def test_a_valid_reserve_takes_the_one_pass_model() -> None:
     assert handler.event_type == "inventory.reserve"
     assert type(event).__name__ == "Envelope[Reserve]"
     assert event.payload.qty == 2
+
+
+def test_a_root_model_payload_is_left_to_the_long_way() -> None:
+    parser = EnvelopeParser(EnvelopeLimits())
+    # The envelope requires an object payload; a RootModel need not be one.
+    assert parser.typed(RootModel[list[int]]) is None
+    assert parser.typed(dict[str, int]) is None
+    assert parser.typed(Reserve) is not None

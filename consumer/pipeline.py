@@ -13,9 +13,9 @@ Several deliveries can share one transaction (``CONSUMER_BATCH_SIZE``): the hand
 the other, a batch handler once for each run of consecutive events of its type; if one fails, the
 transaction is rolled back and the others run again, each in a savepoint, so a failing one rolls
 back only itself. A handler can therefore run more than once for one delivery, but only its last,
-committed run has any effect. A batch that runs into another's
-row locks commits what it has and applies the rest in a further round. If the commit itself
-fails, each event is applied again alone.
+committed run has any effect. A batch that runs into another's row locks commits what it has and
+applies the rest in a further round. If the commit itself fails, each event is applied again
+alone.
 Nothing here talks to the broker; :mod:`consumer.settle` turns verdicts into acks and publishes.
 """
 
@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -418,47 +419,38 @@ class Pipeline:
 
     async def _run_handler(self, conn: asyncpg.Connection[Any], item: _Ready) -> None:
         """The handler under its soft time limit; a timeout becomes :class:`HandlerTimeout`."""
-        handler = item.handler
-        limit = handler.timeout.total_seconds() if handler.timeout else self._default_timeout
-        started = time.perf_counter()
-        deadline = asyncio.timeout(limit)
-        try:
-            async with deadline:
-                await handler.func(item.event, conn)
-        except TimeoutError as error:
-            if deadline.expired():
-                shown = format_duration(timedelta(seconds=limit))
-                raise HandlerTimeout(f"{handler.qualname} ran past its {shown} limit") from error
-            raise
-        except asyncpg.InsufficientPrivilegeError as error:
-            # A missing grant is the deployment's fault, not the event's: stop rather than
-            # dead-letter every event of this type.
-            raise PipelineFault(f"{handler.qualname}: {error} (a grant is missing)") from error
-        finally:
-            item.handler_seconds = time.perf_counter() - started
+        async with self._handler_call([item]):
+            await item.handler.func(item.event, conn)
 
     async def _run_batch_handler(
         self, conn: asyncpg.Connection[Any], items: list[_Ready]
     ) -> list[Exception | None]:
-        """A batch handler's call for ``items`` under its time limit (for the call as a whole).
+        """A batch handler's call for ``items``, under its time limit for the call as a whole."""
+        async with self._handler_call(items):
+            return await items[0].handler.apply_many([item.event for item in items], conn)
 
-        Each event is charged an equal share of the call's time.
-        """
+    @asynccontextmanager
+    async def _handler_call(self, items: list[_Ready]) -> AsyncIterator[None]:
+        """One call of the handler of ``items`` (one event, or a batch handler's run) under the
+        handler's soft time limit; each event is charged an equal share of the call's time."""
         handler = items[0].handler
         limit = handler.timeout.total_seconds() if handler.timeout else self._default_timeout
         started = time.perf_counter()
         deadline = asyncio.timeout(limit)
         try:
             async with deadline:
-                return await handler.apply_many([item.event for item in items], conn)
+                yield
         except TimeoutError as error:
             if deadline.expired():
                 shown = format_duration(timedelta(seconds=limit))
+                events = f" for {len(items)} events" if len(items) > 1 else ""
                 raise HandlerTimeout(
-                    f"{handler.qualname} ran past its {shown} limit for {len(items)} events"
+                    f"{handler.qualname} ran past its {shown} limit{events}"
                 ) from error
             raise
         except asyncpg.InsufficientPrivilegeError as error:
+            # A missing grant is the deployment's fault, not the event's: stop rather than
+            # dead-letter every event of this type.
             raise PipelineFault(f"{handler.qualname}: {error} (a grant is missing)") from error
         finally:
             share = (time.perf_counter() - started) / len(items)

@@ -225,9 +225,10 @@ def _marked_functions(values: Iterable[object], module_name: str) -> Iterator[Ha
 def _one_at_a_time(many: BatchHandlerFunc) -> HandlerFunc:
     """A batch handler as a handler of one event: its failure raised, as a handler's would be."""
 
+    qualname = f"{many.__module__}.{many.__qualname__}"
+
     @functools.wraps(many)
     async def one(event: Envelope[Any], conn: asyncpg.Connection[Any]) -> None:
-        qualname = f"{many.__module__}.{many.__qualname__}"
         (failure,) = _checked(qualname, await many([event], conn), 1)
         if failure is not None:
             raise failure

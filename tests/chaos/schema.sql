@@ -21,3 +21,7 @@ CREATE TABLE batch_calls (
     size       integer NOT NULL,
     called_at  timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+
+-- A key that is always taken: the swallowing handler's "insert or ignore" always conflicts.
+CREATE TABLE test_taken (key text PRIMARY KEY);
+INSERT INTO test_taken (key) VALUES ('taken');

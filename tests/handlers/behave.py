@@ -9,13 +9,14 @@ the effect is a row in ``test_effects``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import asyncpg
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from consumer import Envelope, PermanentError, TransientError, register, register_batch
 
@@ -33,6 +34,20 @@ class Behaviour(BaseModel):
     """Block the event loop this long (synchronous sleep)."""
     sleep_s: float = 0.0
     """Await this long before applying (cooperative)."""
+    swallow: bool = False
+    """Write "insert or ignore" the wrong way: catch the unique violation without a savepoint,
+    which leaves the transaction aborted, and return as if all went well."""
+    end_transaction: Literal["commit", "rollback"] | None = None
+    """COMMIT or ROLLBACK the service's transaction from inside the handler, then apply."""
+    kill_connection: bool = False
+    """Terminate its own database backend, as a backend crash or an idle-in-transaction timeout
+    would: every call breaks the connection."""
+
+
+async def _swallow_unique_violation(conn: asyncpg.Connection[Any]) -> None:
+    # The mistake under test: no savepoint, so the transaction is now aborted.
+    with contextlib.suppress(asyncpg.UniqueViolationError):
+        await conn.execute("INSERT INTO test_taken (key) VALUES ('taken')")
 
 
 class _CallLog:
@@ -74,6 +89,10 @@ async def behave(event: Envelope[Behaviour], conn: asyncpg.Connection[Any]) -> N
     call = await _CallLog.record(event.event_id)
     if spec.crash:
         os._exit(17)
+    if spec.kill_connection:
+        await conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    if spec.end_transaction:
+        await conn.execute(spec.end_transaction.upper())
     if spec.block_s:
         time.sleep(spec.block_s)  # deliberately blocks the loop: the hard limit's test
     if spec.sleep_s:
@@ -84,6 +103,9 @@ async def behave(event: Envelope[Behaviour], conn: asyncpg.Connection[Any]) -> N
         raise PermanentError("this event can never succeed")
     if spec.bug:
         raise ZeroDivisionError("a bug in the handler")
+    if spec.swallow:
+        await _swallow_unique_violation(conn)
+        return
     await conn.execute(
         "INSERT INTO test_effects (event_id, key) VALUES ($1, $2)", event.event_id, spec.key
     )
@@ -101,6 +123,8 @@ class BatchBehaviour(BaseModel):
     """Make the call return one result too few."""
     sleep_s: float = 0.0
     """Await this long before applying (the call as a whole)."""
+    swallow: bool = False
+    """Make the call swallow a unique violation without a savepoint (the transaction aborts)."""
 
 
 @register_batch("test.behave_many", payload=BatchBehaviour, timeout="2s")
@@ -114,6 +138,8 @@ async def behave_many(
         raise RuntimeError("this batch is spoiled")
     if any(spec.sleep_s for spec in specs):
         await asyncio.sleep(max(spec.sleep_s for spec in specs))
+    if any(spec.swallow for spec in specs):
+        await _swallow_unique_violation(conn)
     results: list[Exception | None] = []
     applied: list[Envelope[BatchBehaviour]] = []
     for event, call in zip(events, calls, strict=True):
@@ -133,3 +159,25 @@ async def behave_many(
     if any(spec.miscount for spec in specs):
         return results[:-1]
     return results
+
+
+class OddPayload(BaseModel):
+    key: str = Field(min_length=1)
+    name: str
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _strip(cls, value: Any) -> Any:
+        # An int has no .strip(): AttributeError, which pydantic lets through unwrapped.
+        return value.strip()
+
+
+@register("test.odd", payload=OddPayload)
+async def odd(event: Envelope[OddPayload], conn: asyncpg.Connection[Any]) -> None:
+    """A handler whose payload model has a validator that raises something other than
+    ValueError for some inputs."""
+    await conn.execute(
+        "INSERT INTO test_effects (event_id, key) VALUES ($1, $2)",
+        event.event_id,
+        event.payload.key,
+    )

@@ -45,10 +45,12 @@ class Acker:
         *,
         max_delay: float = 0.05,
         on_lost: Callable[[int], None] | None = None,
+        on_settled_twice: Callable[[], None] | None = None,
     ) -> None:
         self._channel = channel
         self._max_delay = max_delay
         self._on_lost = on_lost or (lambda _: None)
+        self._on_settled_twice = on_settled_twice or (lambda: None)
         self._outstanding: deque[int] = deque()
         self._floor = 0  # every tag up to here is settled; tags start at 1 and have no gaps
         self._done: dict[int, float] = {}
@@ -62,6 +64,19 @@ class Acker:
     def is_open(self) -> bool:
         return not self._channel.is_closed
 
+    @property
+    def unsettled(self) -> int:
+        """Tags received and not yet acked or nacked."""
+        return len(self._outstanding) - len(self._settled) - len(self._done)
+
+    def _settled_already(self, tag: int) -> bool:
+        """A second ack or nack of one tag would make the broker close the channel (unknown
+        delivery tag): it is a bug of ours, counted and never sent."""
+        if tag <= self._floor or tag in self._done or tag in self._settled:
+            self._on_settled_twice()
+            return True
+        return False
+
     def received(self, tag: int) -> None:
         if self._outstanding and tag < self._outstanding[-1]:
             bisect.insort(self._outstanding, tag)  # not expected: deliveries arrive in order
@@ -72,6 +87,8 @@ class Acker:
         """Mark ``tag`` committed; the ack goes out with the next flush (this loop iteration)."""
         if not self.is_open:
             raise ChannelGone(f"delivery tag {tag} belongs to a closed channel")
+        if self._settled_already(tag):
+            return
         self._done[tag] = time.monotonic()
         self._schedule_flush()
 
@@ -79,6 +96,8 @@ class Acker:
         """Reject ``tag`` alone, now; returns once the frame is on its way."""
         if not self.is_open:
             raise ChannelGone(f"delivery tag {tag} belongs to a closed channel")
+        if self._settled_already(tag):
+            return
         self._settled.add(tag)
         sent = self._send(_Frame(tag, multiple=False, requeue=requeue))
         await sent
@@ -111,7 +130,7 @@ class Acker:
         lost = 0
         while True:
             if frame.requeue is None:
-                lost += 1
+                lost += frame.covers
             if frame.sent is not None and not frame.sent.done():
                 frame.sent.set_exception(ChannelGone(str(error)))
             if self._frames.empty():
@@ -125,13 +144,15 @@ class Acker:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
-    def _advance(self) -> int | None:
-        """Drop settled tags from the front; return the highest done tag a multiple ack may cover.
+    def _advance(self) -> tuple[int | None, int]:
+        """Drop settled tags from the front; return the highest done tag a multiple ack may cover
+        and how many done tags it acks.
 
         Only a gapless run from the last settled tag counts: a tag the broker sent but this
         object has not yet been told of must never be covered by a multiple ack.
         """
         highest: int | None = None
+        covers = 0
         while self._outstanding and self._outstanding[0] == self._floor + 1:
             front = self._outstanding[0]
             if front in self._settled:
@@ -139,11 +160,12 @@ class Acker:
             elif front in self._done:
                 del self._done[front]
                 highest = front
+                covers += 1
             else:
                 break
             self._outstanding.popleft()
             self._floor = front
-        return highest
+        return highest, covers
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -153,9 +175,9 @@ class Acker:
             if lost:
                 self._on_lost(lost)
             return
-        highest = self._advance()
+        highest, covers = self._advance()
         if highest is not None:
-            self._send(_Frame(highest, multiple=True))
+            self._send(_Frame(highest, multiple=True, covers=covers))
         if self._done:
             # Done, but behind a delivery still being applied: ack alone once they have waited.
             cutoff = time.monotonic() - self._max_delay
@@ -195,3 +217,5 @@ class _Frame:
     multiple: bool
     requeue: bool | None = None  # None: an ack
     sent: asyncio.Future[None] | None = None
+    covers: int = 1
+    """The deliveries it settles: a multiple ack settles every done tag up to ``tag``."""

@@ -1,9 +1,12 @@
-"""One connection to RabbitMQ and its two channels, for as long as the connection lives.
+"""Two connections to RabbitMQ, one to consume and one to publish, for as long as both live.
 
 The consume channel carries deliveries and their acks (its prefetch bounds what is in flight); the
-publish channel is in confirm mode, for retry and dead-letter copies. A :class:`BrokerSession`
-never reconnects by itself: when the connection or a channel closes, :attr:`closed` resolves and
-the service opens a new session. Delivery tags of the old channel die with it.
+publish channel is in confirm mode, for retry and dead-letter copies. They are separate
+connections, as RabbitMQ advises: during a memory or disk alarm the broker blocks every connection
+that publishes, and the acks of committed events must not wait behind a blocked retry publish. A
+:class:`BrokerSession` never reconnects by itself: when a connection or a channel closes,
+:attr:`closed` resolves and the service opens a new session. Delivery tags of the old channel die
+with it.
 """
 
 from __future__ import annotations
@@ -41,13 +44,16 @@ class BrokerSession:
         work_queue: str,
         on_delivery: Callable[[Delivery], Awaitable[None]],
         on_lost_acks: Callable[[int], None],
+        on_settled_twice: Callable[[], None] = lambda: None,
     ) -> None:
         self._settings = settings
         self._topology = topology
         self._work_queue = work_queue
         self._on_delivery = on_delivery
         self._on_lost_acks = on_lost_acks
+        self._on_settled_twice = on_settled_twice
         self._connection: AbstractConnection | None = None
+        self._publish_connection: AbstractConnection | None = None
         self._consume_channel: AbstractChannel | None = None
         self._consume_underlay: Any = None
         self._acker: Acker | None = None
@@ -56,17 +62,25 @@ class BrokerSession:
         self.closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     async def __aenter__(self) -> BrokerSession:
-        self._connection = await connect(self._settings, "consumer")
+        self._connection = await connect(self._settings, "consume")
         try:
-            self._connection.close_callbacks.add(self._closed_callback("connection"))
+            self._connection.close_callbacks.add(self._closed_callback("consume connection"))
             await check_topology(self._connection, self._topology)
             self._consume_channel = await self._connection.channel(publisher_confirms=False)
             self._consume_channel.close_callbacks.add(self._closed_callback("consume channel"))
             await self._consume_channel.set_qos(prefetch_count=self._settings.prefetch)
             self._consume_underlay = await self._consume_channel.get_underlay_channel()
             self._consume_underlay.on_consumer_cancel_callbacks.add(self._cancelled_by_broker)
-            self._acker = Acker(self._consume_underlay, on_lost=self._on_lost_acks)
-            publish_channel = await self._connection.channel(
+            self._acker = Acker(
+                self._consume_underlay,
+                on_lost=self._on_lost_acks,
+                on_settled_twice=self._on_settled_twice,
+            )
+            self._publish_connection = await connect(self._settings, "publish")
+            self._publish_connection.close_callbacks.add(
+                self._closed_callback("publish connection")
+            )
+            publish_channel = await self._publish_connection.channel(
                 publisher_confirms=True, on_return_raises=True
             )
             publish_channel.close_callbacks.add(self._closed_callback("publish channel"))
@@ -106,19 +120,26 @@ class BrokerSession:
             if self.is_open:
                 await self._acker.drain()
             self._acker.close()
-        connection, self._connection = self._connection, None
+        connections = (self._connection, self._publish_connection)
+        self._connection = self._publish_connection = None
         self._consumer_tag = None
         if not self.closed.done():
             self.closed.set_result("closed by the service")
-        if connection is not None and not connection.is_closed:
-            with contextlib.suppress(
-                TimeoutError, OSError, aiormq.exceptions.AMQPError, RuntimeError
-            ):
-                await asyncio.wait_for(connection.close(), timeout=5)
+        for connection in connections:
+            if connection is not None and not connection.is_closed:
+                with contextlib.suppress(
+                    TimeoutError, OSError, aiormq.exceptions.AMQPError, RuntimeError
+                ):
+                    await asyncio.wait_for(connection.close(), timeout=5)
 
     @property
     def is_open(self) -> bool:
         return self._connection is not None and not self.closed.done()
+
+    @property
+    def unsettled(self) -> int:
+        """Deliveries received on the consume channel and not yet acked or nacked."""
+        return self._acker.unsettled if self._acker is not None and self.is_open else 0
 
     async def _deliver(self, message: DeliveredMessage) -> None:
         assert self._acker is not None

@@ -11,12 +11,14 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import asyncpg
 from prometheus_client import CollectorRegistry
 
 from consumer.amqp import BrokerUnreachable
+from consumer.calls import HandlerCall, HandlerCalls
+from consumer.crashes import CrashLedger
 from consumer.database import database_name, describe_database_error
 from consumer.errors import (
     ConfigError,
@@ -143,13 +145,36 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
 
-    service = Service(settings=settings, registry=registry, logger=logger, metrics=metrics)
+    calls = HandlerCalls()
+    owner = uuid4()
+    service = Service(
+        settings=settings,
+        registry=registry,
+        logger=logger,
+        metrics=metrics,
+        calls=calls,
+        owner=owner,
+    )
+    ledger = CrashLedger(consumer=settings.name, owner=owner)
+    limit = settings.hard_timeout.total_seconds()
+
+    def convict(call: HandlerCall, blocked: float) -> bool:
+        detail = (
+            f"{call.handler} blocked the event loop for {blocked:.1f}s, past the hard time limit "
+            f"of {limit:g}s (CONSUMER_HARD_TIMEOUT); the process exited"
+        )
+        return ledger.convict_blocking(
+            database_connector(settings), database_dsn(settings), call.event_ids[0], detail
+        )
+
     logger.info("starting", settings=settings.describe(), handlers=list(registry))
     try:
         async with (
             LoopWatchdog(
-                limit=settings.hard_timeout.total_seconds(),
+                limit=limit,
                 logger=logger,
+                calls=calls,
+                convict=convict,
                 before_exit=before_exit,
             ),
             HttpServer(

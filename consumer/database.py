@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any, TypeVar, cast
@@ -40,6 +40,15 @@ _CONFIG_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.InsufficientPrivilegeError,
 )
 
+# The same role's sessions show their wait events without pg_read_all_stats.
+_WAITING_ON_LOCK = "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1"
+
+_LOCK_CHECK_ERRORS: tuple[type[BaseException], ...] = (
+    *_CONNECT_ERRORS,
+    *_CONFIG_ERRORS,
+    asyncpg.PostgresError,
+)
+
 ACQUIRE_TIMEOUT = 5.0
 PROBE_TIMEOUT = 2.0
 
@@ -53,14 +62,30 @@ def database_name(settings: Settings) -> str:
     return urlsplit(settings.database_url.get_secret_value()).path.lstrip("/") or "postgres"
 
 
-async def guarded(conn: asyncpg.Connection[Any], step: Awaitable[T], *, within: float) -> T:
+LockCheck = Callable[[int], Awaitable[bool]]
+"""Whether the server backend with this pid waits for a lock: :meth:`Database.waiting_on_lock`."""
+
+
+async def guarded(
+    conn: asyncpg.Connection[Any],
+    step: Awaitable[T],
+    *,
+    within: float,
+    lock_check: LockCheck | None = None,
+) -> T:
     """``step`` on ``conn``, or :class:`DatabaseUnavailable` if no answer comes ``within`` seconds.
 
     For the service's own statements (BEGIN, receipts, savepoints, COMMIT): a server that stops
     answering (frozen, partitioned) would otherwise hold the connection for as long as TCP does.
     The connection is dropped; whatever it was doing is rolled back by the server or, if the
     COMMIT got through, found as a receipt when the message comes back.
+
+    A statement that can wait for another transaction's row lock (a receipt whose first copy is
+    still being applied) passes ``lock_check``: while the server says the backend waits for a
+    lock, that is contention and the statement goes on waiting; only a silent server is a stall.
     """
+    if lock_check is not None:
+        return await _guarded_with_locks(conn, step, within, lock_check)
     deadline = asyncio.timeout(within)
     try:
         async with deadline:
@@ -72,15 +97,49 @@ async def guarded(conn: asyncpg.Connection[Any], step: Awaitable[T], *, within: 
         raise DatabaseUnavailable(f"the database did not answer within {within:g}s") from None
 
 
+async def _guarded_with_locks(
+    conn: asyncpg.Connection[Any], step: Awaitable[T], within: float, lock_check: LockCheck
+) -> T:
+    pid = conn.get_server_pid()
+    stalled = False
+
+    async def watch() -> None:
+        nonlocal stalled
+        while True:
+            await asyncio.sleep(within)
+            if not await lock_check(pid):
+                stalled = True
+                conn.terminate()
+                return
+
+    watcher = asyncio.get_running_loop().create_task(watch())
+    try:
+        return await step
+    except Exception:
+        if stalled:
+            raise DatabaseUnavailable(f"the database did not answer within {within:g}s") from None
+        raise
+    finally:
+        watcher.cancel()
+
+
+# Receipts commit only in a sealed transaction (sql/004): a COMMIT a handler runs is refused. In an
+# aborted transaction (a handler swallowed a database error) the seal itself fails, where COMMIT
+# would answer ROLLBACK without an error: so nothing is ever taken for committed that was not.
+_SEAL = "SELECT set_config('consumer.sealed', 'yes', true)"
+
+
 @asynccontextmanager
 async def guarded_transaction(
     conn: asyncpg.Connection[Any], *, within: float
 ) -> AsyncIterator[None]:
-    """A transaction whose BEGIN, COMMIT and ROLLBACK are each :func:`guarded`."""
+    """A transaction whose BEGIN, COMMIT and ROLLBACK are each :func:`guarded`, sealed before its
+    COMMIT. Raises ``asyncpg.InFailedSQLTransactionError`` instead of committing an aborted one."""
     transaction = conn.transaction()
     await guarded(conn, transaction.start(), within=within)
     try:
         yield
+        await guarded(conn, conn.execute(_SEAL), within=within)
     except BaseException:
         if not _closed(conn):
             await guarded(conn, transaction.rollback(), within=within)
@@ -185,6 +244,20 @@ class Database:
             raise ConfigError(f"CONSUMER_DATABASE_URL: {describe_database_error(error)}") from None
         except _CONNECT_ERRORS as error:
             raise DatabaseUnavailable(describe_database_error(error)) from error
+
+    async def waiting_on_lock(self, pid: int) -> bool:
+        """Whether backend ``pid`` is waiting for a lock another transaction holds: contention,
+        not an outage. False when the database cannot say (it does not answer)."""
+        connect = database_connector(self._settings)
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT):
+                conn = await connect(database_dsn(self._settings), timeout=PROBE_TIMEOUT)
+                try:
+                    return bool(await conn.fetchval(_WAITING_ON_LOCK, pid))
+                finally:
+                    conn.terminate()
+        except _LOCK_CHECK_ERRORS:
+            return False
 
     @property
     def size(self) -> int:

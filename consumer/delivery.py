@@ -23,6 +23,11 @@ class Delivery:
     received_at: float = field(default_factory=time.monotonic)
     prepared: Any = None
     """What the pipeline made of the body, kept so that it is parsed once."""
+    alone: bool = False
+    """Apply it alone, with nothing else in flight: it came back after its database connection
+    broke (see :mod:`consumer.crashes`; redelivered ones are applied alone too)."""
+    connection_losses: int = 0
+    """Times its database connection broke while it was applied alone, in a row."""
 
     @property
     def body(self) -> bytes:
@@ -59,6 +64,11 @@ class Delivery:
     @property
     def redelivered(self) -> bool:
         return bool(self.message.redelivered)
+
+    @property
+    def isolated(self) -> bool:
+        """Whether it must be applied alone: it came back after a death or a broken connection."""
+        return self.alone or self.redelivered
 
     @property
     def delivery_tag(self) -> int:

@@ -219,10 +219,14 @@ class DeadLetterQueue:
         self._queue: AbstractQueue | None = None
         self._held: list[tuple[AbstractIncomingMessage, DeadMessage]] = []
         self._taken: set[int] = set()
+        self._present = 0
 
     async def __aenter__(self) -> DeadLetterQueue:
         self._channel = await self._connection.channel(publisher_confirms=False)
-        self._queue = await self._channel.get_queue(self._queue_name, ensure=True)
+        self._queue = await self._channel.declare_queue(self._queue_name, passive=True)
+        # What is there now is what an operation sees: letters that keep arriving while it reads
+        # (a crash loop dead-lettering away) must not keep it reading, and holding, for ever.
+        self._present = int(self._queue.declaration_result.message_count or 0)
         return self
 
     async def __aexit__(
@@ -240,10 +244,12 @@ class DeadLetterQueue:
         await channel.close()
 
     async def read(self, limit: int | None = None) -> list[DeadMessage]:
-        """Every message now in the queue (up to ``limit``), held unacked, in queue order."""
+        """The messages in the queue when it was opened (up to ``limit``), held unacked, in
+        queue order."""
         assert self._queue is not None
         letters: list[DeadMessage] = []
-        while limit is None or len(letters) < limit:
+        bound = self._present if limit is None else min(limit, self._present)
+        while len(letters) < bound:
             message = await self._queue.get(no_ack=False, fail=False)
             if message is None:
                 break

@@ -81,12 +81,18 @@ class PoisonReason(enum.StrEnum):
 
 
 class Poison(Exception):
-    """A message that can never be processed, with the reason and a short detail for people."""
+    """A message that can never be processed, with the reason and a short detail for people.
 
-    def __init__(self, reason: PoisonReason, detail: str) -> None:
+    ``error_class`` names the exception a validator raised where pydantic lets it through
+    (anything but ``ValueError`` and ``AssertionError``): such poison is dead-lettered with the
+    class in its headers, since a nack could not say it.
+    """
+
+    def __init__(self, reason: PoisonReason, detail: str, error_class: str | None = None) -> None:
         super().__init__(f"{reason.value}: {detail}")
         self.reason = reason
         self.detail = detail
+        self.error_class = error_class
 
 
 _JSON_CONTENT_TYPES = frozenset({"application/json", "text/json"})

@@ -12,6 +12,11 @@
     │   ├── TransientError     waiting may fix it: the event climbs the retry ladder
     │   │   └── HandlerTimeout the handler ran past its soft time limit and was cancelled
     │   └── PermanentError     no retry can fix it: the event is dead-lettered at once
+    │       ├── SwallowedDatabaseError   the handler caught a database error and went on
+    │       ├── HandlerEndedTransaction  the handler committed or rolled back the transaction
+    │       ├── HardTimeLimitExceeded    it blocked the event loop past the hard time limit
+    │       ├── CrashedRepeatedly        processes died while it was being applied alone
+    │       └── ConnectionLostRepeatedly its database connection broke each time it was applied
     ├── DatabaseUnavailable    the database cannot be reached: pause, count no attempt
     ├── PipelineFault          the service itself cannot work (no receipts table): it stops
     └── PublishFailed          the broker did not confirm a publish: return the original
@@ -66,6 +71,58 @@ class HandlerTimeout(TransientError):
 
 class PermanentError(HandlerError):
     """A failure no retry can fix (a business rule, bad data): dead-letter at once."""
+
+    reason = "permanent_failure"
+    """The dead letter's ``consumer-dead-reason``."""
+
+
+class SwallowedDatabaseError(PermanentError):
+    """The handler caught a database error without a savepoint and returned (or went on).
+
+    PostgreSQL aborts the whole transaction at the first error: nothing written after it, nor the
+    receipt, can commit (``COMMIT`` then answers ``ROLLBACK``). The service re-runs the other
+    events of the batch and dead-letters this one.
+    """
+
+    @classmethod
+    def for_handler(cls, handler: str) -> SwallowedDatabaseError:
+        return cls(
+            f"{handler} caught a database error and went on, which aborts the transaction "
+            "(nothing it wrote could commit): let the error propagate, write the statement so "
+            "that it cannot fail (INSERT ... ON CONFLICT DO NOTHING), or catch it around a "
+            "savepoint: `async with conn.transaction(): ...`"
+        )
+
+
+class HandlerEndedTransaction(PermanentError):
+    """The handler ran COMMIT or ROLLBACK on the service's transaction."""
+
+    @classmethod
+    def for_handler(cls, handler: str) -> HandlerEndedTransaction:
+        return cls(
+            f"{handler} ended the service's transaction (COMMIT or ROLLBACK), so its receipt "
+            "and its effect no longer commit together: never end the transaction in a handler; "
+            "`async with conn.transaction():` gives a savepoint"
+        )
+
+
+class HardTimeLimitExceeded(PermanentError):
+    """The handler blocked the event loop past ``CONSUMER_HARD_TIMEOUT``; the process exited."""
+
+    reason = "hard_time_limit"
+
+
+class CrashedRepeatedly(PermanentError):
+    """Processes died while applying this event alone, with nothing else in flight."""
+
+    reason = "crashed"
+
+
+class ConnectionLostRepeatedly(PermanentError):
+    """The event's database connection broke every time it was applied alone, while the database
+    answered in between (a backend crash on its payload, a server-side session timeout)."""
+
+    reason = "connection_lost"
 
 
 class DatabaseUnavailable(ConsumerError):

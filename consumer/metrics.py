@@ -66,7 +66,14 @@ class Metrics:
             registry=registry,
         )
         self.in_flight = Gauge(
-            "consumer_in_flight", "Deliveries received and not yet settled.", registry=registry
+            "consumer_in_flight",
+            "Deliveries received on the current channel and not yet acked or nacked.",
+            registry=registry,
+        )
+        self.settled_twice = Counter(
+            "consumer_settled_twice",
+            "Acks or nacks not sent because their delivery was already settled (a bug: always 0).",
+            registry=registry,
         )
         self.retries = Counter(
             "consumer_retries_published_total",

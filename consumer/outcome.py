@@ -29,6 +29,8 @@ class Applied:
 
     duplicate: bool
     committed_at: datetime
+    note: str | None = None
+    """What went wrong on the way that an operator should hear of (the handler's bug)."""
 
 
 @dataclass(frozen=True, slots=True)

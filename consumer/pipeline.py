@@ -15,7 +15,18 @@ transaction is rolled back and the others run again, each in a savepoint, so a f
 back only itself. A handler can therefore run more than once for one delivery, but only its last,
 committed run has any effect. A batch that runs into another's row locks commits what it has and
 applies the rest in a further round. If the commit itself fails, each event is applied again
-alone.
+alone. Two copies of one event in a batch are applied once: the later copy takes the first one's
+verdict.
+
+A handler can break the transaction without raising: it catches a database error without a
+savepoint (PostgreSQL has aborted the transaction, and COMMIT would answer ROLLBACK with no
+error), or it runs COMMIT or ROLLBACK itself. Neither is ever acked as applied: the transaction is
+checked before its commit and after each handler call, the batch is applied again event by event,
+and only the culprit fails (:class:`~consumer.errors.SwallowedDatabaseError`,
+:class:`~consumer.errors.HandlerEndedTransaction`).
+
+A delivery that came back after a process death or a broken connection is applied alone, marked
+in progress (:mod:`consumer.crashes`): :meth:`Pipeline.process_alone`.
 Nothing here talks to the broker; :mod:`consumer.settle` turns verdicts into acks and publishes.
 """
 
@@ -33,6 +44,8 @@ from uuid import UUID
 import asyncpg
 from pydantic import ValidationError
 
+from consumer.calls import HandlerCall, HandlerCalls
+from consumer.crashes import CrashLedger
 from consumer.database import Database, guarded, guarded_transaction
 from consumer.delivery import Delivery
 from consumer.durations import format_duration, to_milliseconds
@@ -41,20 +54,26 @@ from consumer.envelope import (
     EnvelopeLimits,
     EnvelopeParser,
     Poison,
+    PoisonReason,
     check_content_type,
+    one_line,
 )
 from consumer.errors import (
     ConfigError,
+    ConnectionLostRepeatedly,
     DatabaseUnavailable,
     ErrorKind,
+    HandlerEndedTransaction,
     HandlerTimeout,
     PipelineFault,
+    SwallowedDatabaseError,
     classify,
+    error_name,
 )
 from consumer.headers import attempts_so_far
 from consumer.outcome import Applied, Failed, Outcome, Rejected, Verdict
 from consumer.registry import Handler, HandlerRegistry
-from consumer.retry import RetryPolicy, Return
+from consumer.retry import DeadLetter, DeadLetterReason, Retry, RetryPolicy, Return
 from consumer.settings import Settings
 
 T = TypeVar("T")
@@ -75,10 +94,13 @@ ON CONFLICT DO NOTHING
 RETURNING event_id
 """
 
-# One savepoint name, re-established between events: one round trip per event.
-_FIRST_SAVEPOINT = "SAVEPOINT consumer_event"
-_NEXT_SAVEPOINT = "RELEASE SAVEPOINT consumer_event; SAVEPOINT consumer_event"
-_ROLLBACK_TO_SAVEPOINT = "ROLLBACK TO SAVEPOINT consumer_event"
+# Each event's savepoint is taken and released inside that event's own failure handling: the
+# release fails if its handler swallowed a database error, which then blames it and no other.
+_SAVEPOINT = "SAVEPOINT consumer_event"
+_RELEASE_SAVEPOINT = "RELEASE SAVEPOINT consumer_event"
+_ROLLBACK_TO_SAVEPOINT = "ROLLBACK TO SAVEPOINT consumer_event; RELEASE SAVEPOINT consumer_event"
+
+_RECEIPT_EXISTS = "SELECT EXISTS (SELECT FROM receipts WHERE consumer = $1 AND event_id = $2)"
 
 # A batch that keeps colliding with others is applied event by event after this many rounds.
 _MAX_BATCH_ROUNDS = 3
@@ -134,9 +156,13 @@ class Pipeline:
         registry: HandlerRegistry,
         database: Database,
         policy: RetryPolicy,
+        ledger: CrashLedger,
+        calls: HandlerCalls | None = None,
         on_conflict: Callable[[], object] = lambda: None,
     ) -> None:
         self._on_conflict = on_conflict
+        self._ledger = ledger
+        self._calls = calls or HandlerCalls()
         self._consumer = settings.name
         self._parser = EnvelopeParser(EnvelopeLimits.from_settings(settings))
         self._default_timeout = settings.handler_timeout.total_seconds()
@@ -155,12 +181,22 @@ class Pipeline:
                 self._typed[event_type] = (handler, typed)
 
     def prepared(self, delivery: Delivery) -> tuple[Handler, Envelope[Any]] | Poison:
-        """The delivery parsed and bound to its handler (or why it is poison), parsed once."""
+        """The delivery parsed and bound to its handler (or why it is poison), parsed once.
+
+        Any exception is poison: pydantic lets through what a validator raises other than
+        ``ValueError`` and ``AssertionError``, and a delivery must never be left unsettled.
+        """
         if delivery.prepared is None:
             try:
                 delivery.prepared = self.prepare(delivery)
             except Poison as poison:
                 delivery.prepared = poison
+            except Exception as error:
+                delivery.prepared = Poison(
+                    PoisonReason.INVALID_PAYLOAD,
+                    one_line(f"{error_name(error)}: {error}", 300),
+                    error_class=error_name(error),
+                )
         result: tuple[Handler, Envelope[Any]] | Poison = delivery.prepared
         return result
 
@@ -186,20 +222,41 @@ class Pipeline:
         """Verdicts for ``deliveries``, in their order."""
         outcomes: dict[int, Outcome] = {}
         ready: list[tuple[int, _Ready]] = []
+        first_copy: dict[UUID, int] = {}
+        later_copies: list[tuple[int, Delivery, Envelope[Any], int]] = []
         for index, delivery in enumerate(deliveries):
             prepared = self.prepared(delivery)
             if isinstance(prepared, Poison):
                 outcomes[index] = Outcome(delivery, Rejected(prepared))
-            else:
-                handler, event = prepared
-                ready.append((index, _Ready(delivery, handler, event)))
+                continue
+            handler, event = prepared
+            first = first_copy.get(event.event_id)
+            if first is not None:
+                later_copies.append((index, delivery, event, first))
+                continue
+            first_copy[event.event_id] = len(ready)
+            ready.append((index, _Ready(delivery, handler, event)))
         if ready:
             verdicts = await self._blame_a_stalled_database(
                 await self._apply([item for _, item in ready])
             )
             for (index, item), verdict in zip(ready, verdicts, strict=True):
                 outcomes[index] = Outcome(item.delivery, verdict, item.event, item.handler_seconds)
+            for index, delivery, event, first in later_copies:
+                verdict = _later_copy(verdicts[first], attempts_so_far(delivery.headers))
+                outcomes[index] = Outcome(delivery, verdict, event)
         return [outcomes[index] for index in range(len(deliveries))]
+
+    async def process_alone(self, delivery: Delivery) -> Outcome:
+        """The verdict for a delivery applied alone, marked in progress (:mod:`consumer.crashes`):
+        it came back after a process died or its database connection broke."""
+        prepared = self.prepared(delivery)
+        if isinstance(prepared, Poison):
+            return Outcome(delivery, Rejected(prepared))
+        handler, event = prepared
+        item = _Ready(delivery, handler, event)
+        (verdict,) = await self._blame_a_stalled_database([await self._apply_marked(item)])
+        return Outcome(delivery, verdict, event, item.handler_seconds)
 
     async def _blame_a_stalled_database(self, verdicts: list[Verdict]) -> list[Verdict]:
         """A handler that timed out may have waited on a database that stopped answering (a
@@ -248,14 +305,59 @@ class Pipeline:
                         fresh = await self._insert_receipt(conn, item)
                         if fresh:
                             await self._run_handler(conn, item)
+                except HandlerEndedTransaction as ended:
+                    return await self._after_ended_transaction(conn, item, ended)
                 except Exception as error:
                     _raise_if_connection_lost(conn, error)
                     raise
         except (ConfigError, PipelineFault):
             raise
         except Exception as error:
-            return self._failed(item, error)
+            return self._failed(item, _own_fault(error, item), alone=True)
         return Applied(duplicate=not fresh, committed_at=datetime.now(UTC))
+
+    async def _apply_marked(self, item: _Ready) -> Verdict:
+        """Mark the event in progress (committed), then apply it alone in a transaction that
+        clears the mark whatever the handler does; see :mod:`consumer.crashes`."""
+        event_id = item.event.event_id
+        try:
+            async with self._database.connection() as conn:
+                try:
+                    row = await self._step(conn, self._ledger.begin(conn, event_id), locks=True)
+                    conviction = self._ledger.mark_of(row).conviction()
+                    if conviction is not None:
+                        await self._step(conn, self._ledger.clear(conn, event_id))
+                        return self._failed(item, conviction)
+                    async with guarded_transaction(conn, within=self._stall):
+                        verdict = await self._apply_in_savepoint(conn, item)
+                        await self._step(conn, self._ledger.clear(conn, event_id))
+                except HandlerEndedTransaction as ended:
+                    verdict = await self._after_ended_transaction(conn, item, ended)
+                    await self._step(conn, self._ledger.clear(conn, event_id))
+                    return verdict
+                except Exception as error:
+                    _raise_if_connection_lost(conn, error)
+                    raise
+        except (ConfigError, PipelineFault):
+            raise
+        except Exception as error:
+            return self._failed(item, error, alone=True)
+        if isinstance(verdict, Applied):
+            return Applied(verdict.duplicate, datetime.now(UTC))
+        return verdict
+
+    async def _after_ended_transaction(
+        self, conn: asyncpg.Connection[Any], item: _Ready, ended: HandlerEndedTransaction
+    ) -> Verdict:
+        """The handler committed or rolled back the transaction itself. If that committed the
+        receipt, the effect went with it: the event is applied (and the bug is reported);
+        otherwise nothing of it is left and it is dead-lettered."""
+        committed = await self._step(
+            conn, conn.fetchval(_RECEIPT_EXISTS, self._consumer, item.event.event_id)
+        )
+        if committed:
+            return Applied(False, datetime.now(UTC), note=str(ended))
+        return self._failed(item, ended)
 
     async def _apply_together(self, items: list[_Ready], rounds: int) -> list[Verdict]:
         """One transaction for the batch.
@@ -271,8 +373,9 @@ class Pipeline:
         try:
             async with self._database.connection() as conn:
                 try:
+                    found: list[Verdict | None]
                     try:
-                        found = await self._apply_optimistically(conn, items)
+                        found = list(await self._apply_optimistically(conn, items))
                     except _HandlerFailed as failure:
                         found = await self._apply_in_savepoints(conn, items, failure, deferred)
                 except Exception as error:
@@ -282,6 +385,9 @@ class Pipeline:
             raise
         except Exception as error:
             if classify(error) is ErrorKind.UNAVAILABLE:
+                # Which of them broke it is not known: each is applied alone next time.
+                for item in items:
+                    item.delivery.alone = True
                 return [self._failed(item, error) for item in items]
             raise _ApplyAlone from error
         committed_at = datetime.now(UTC)
@@ -298,14 +404,13 @@ class Pipeline:
 
     async def _apply_optimistically(
         self, conn: asyncpg.Connection[Any], items: list[_Ready]
-    ) -> list[Verdict | None]:
+    ) -> list[Applied | None]:
         async with guarded_transaction(conn, within=self._stall):
             # A batch holds its row locks until it commits: never wait long behind another
             # batch (see _CONTENTION), so lock convoys cannot build up.
             await self._step(conn, conn.execute(self._batch_lock_timeout))
             fresh = await self._insert_receipts(conn, items)
-            verdicts: list[Verdict | None] = [None] * len(items)
-            claimed: set[UUID] = set()
+            verdicts: list[Applied | None] = [None] * len(items)
             start = 0
             while start < len(items):
                 # A run: consecutive events of one handler. A batch handler takes its run in one
@@ -317,12 +422,10 @@ class Pipeline:
                         end += 1
                 run: list[int] = []
                 for index in range(start, end):
-                    event_id = items[index].event.event_id
-                    if event_id not in fresh or event_id in claimed:
-                        verdicts[index] = Applied(True, _EPOCH)
-                    else:
-                        claimed.add(event_id)
+                    if items[index].event.event_id in fresh:
                         run.append(index)
+                    else:
+                        verdicts[index] = Applied(True, _EPOCH)
                 if run:
                     await self._apply_run(conn, items, run)
                     for index in run:
@@ -347,6 +450,8 @@ class Pipeline:
                     raise result
         except Exception as error:
             _raise_unless_the_events_fault(conn, error)
+            if isinstance(error, asyncpg.InFailedSQLTransactionError):
+                failed = None  # a handler before this one swallowed an error: not this one's
             # Leaving the transaction rolls it back; ``None``: no event to blame.
             raise _HandlerFailed(failed, error) from error
 
@@ -368,36 +473,46 @@ class Pipeline:
         async with guarded_transaction(conn, within=self._stall):
             await self._step(conn, conn.execute(self._batch_lock_timeout))
             for number, index in enumerate(kept):
-                item = items[index]
-                await self._step(
-                    conn, conn.execute(_NEXT_SAVEPOINT if number else _FIRST_SAVEPOINT)
-                )
-                try:
-                    fresh = await self._insert_receipt(conn, item)
-                    if fresh:
-                        await self._run_handler(conn, item)
-                except Exception as error:
-                    _raise_unless_the_events_fault(conn, error)
-                    await self._step(conn, conn.execute(_ROLLBACK_TO_SAVEPOINT))
-                    if isinstance(error, _CONTENTION):
-                        self._on_conflict()
-                        # Commit what is done, so our locks go; the rest goes round again.
-                        deferred.extend(kept[number:])
-                        break
-                    verdicts[index] = self._failed(item, error)
-                else:
-                    verdicts[index] = Applied(not fresh, _EPOCH)
+                verdict = await self._apply_in_savepoint(conn, items[index])
+                if isinstance(verdict, Failed) and isinstance(verdict.error, _CONTENTION):
+                    self._on_conflict()
+                    # Commit what is done, so our locks go; the rest goes round again.
+                    deferred.extend(kept[number:])
+                    break
+                verdicts[index] = verdict
         return verdicts
 
-    async def _step(self, conn: asyncpg.Connection[Any], step: Awaitable[T]) -> T:
-        return await guarded(conn, step, within=self._stall)
+    async def _apply_in_savepoint(self, conn: asyncpg.Connection[Any], item: _Ready) -> Verdict:
+        """One event in a savepoint of the open transaction: its failure rolls back only itself.
+        Raises what no event can be blamed for."""
+        await self._step(conn, conn.execute(_SAVEPOINT))
+        try:
+            fresh = await self._insert_receipt(conn, item)
+            if fresh:
+                await self._run_handler(conn, item)
+            await self._step(conn, conn.execute(_RELEASE_SAVEPOINT))
+        except Exception as error:
+            _raise_unless_the_events_fault(conn, error)
+            await self._step(conn, conn.execute(_ROLLBACK_TO_SAVEPOINT))
+            return self._failed(item, _own_fault(error, item))
+        return Applied(not fresh, _EPOCH)
+
+    async def _step(
+        self, conn: asyncpg.Connection[Any], step: Awaitable[T], *, locks: bool = False
+    ) -> T:
+        """One of the service's own statements, guarded against a stalled server; ``locks``:
+        it may wait for another transaction's row lock, which is contention, not a stall."""
+        lock_check = self._database.waiting_on_lock if locks else None
+        return await guarded(conn, step, within=self._stall, lock_check=lock_check)
 
     async def _insert_receipt(self, conn: asyncpg.Connection[Any], item: _Ready) -> bool:
         event = item.event
         try:
             return bool(
                 await self._step(
-                    conn, conn.fetchval(_INSERT_RECEIPT, self._consumer, event.event_id, event.type)
+                    conn,
+                    conn.fetchval(_INSERT_RECEIPT, self._consumer, event.event_id, event.type),
+                    locks=True,
                 )
             )
         except Exception as error:
@@ -411,7 +526,9 @@ class Pipeline:
         ids = [item.event.event_id for item in items]
         types = [item.event.type for item in items]
         try:
-            rows = await self._step(conn, conn.fetch(_INSERT_RECEIPTS, self._consumer, ids, types))
+            rows = await self._step(
+                conn, conn.fetch(_INSERT_RECEIPTS, self._consumer, ids, types), locks=True
+            )
         except Exception as error:
             _stop_if_receipts_broken(error)
             raise
@@ -419,27 +536,44 @@ class Pipeline:
 
     async def _run_handler(self, conn: asyncpg.Connection[Any], item: _Ready) -> None:
         """The handler under its soft time limit; a timeout becomes :class:`HandlerTimeout`."""
-        async with self._handler_call([item]):
+        async with self._handler_call(conn, [item]):
             await item.handler.func(item.event, conn)
 
     async def _run_batch_handler(
         self, conn: asyncpg.Connection[Any], items: list[_Ready]
     ) -> list[Exception | None]:
         """A batch handler's call for ``items``, under its time limit for the call as a whole."""
-        async with self._handler_call(items):
+        async with self._handler_call(conn, items):
             return await items[0].handler.apply_many([item.event for item in items], conn)
 
     @asynccontextmanager
-    async def _handler_call(self, items: list[_Ready]) -> AsyncIterator[None]:
+    async def _handler_call(
+        self, conn: asyncpg.Connection[Any], items: list[_Ready]
+    ) -> AsyncIterator[None]:
         """One call of the handler of ``items`` (one event, or a batch handler's run) under the
-        handler's soft time limit; each event is charged an equal share of the call's time."""
+        handler's soft time limit; each event is charged an equal share of the call's time.
+        The call is registered for the watchdog, and must leave the transaction open."""
         handler = items[0].handler
         limit = handler.timeout.total_seconds() if handler.timeout else self._default_timeout
+        call = HandlerCall(
+            handler=handler.qualname,
+            event_type=handler.event_type,
+            event_ids=tuple(item.event.event_id for item in items),
+            message_id=items[0].delivery.message_id,
+        )
         started = time.perf_counter()
         deadline = asyncio.timeout(limit)
         try:
-            async with deadline:
-                yield
+            try:
+                with self._calls.entered(call):
+                    async with deadline:
+                        yield
+            except Exception as error:
+                if not _connection_lost(conn) and not conn.is_in_transaction():
+                    raise HandlerEndedTransaction.for_handler(handler.qualname) from error
+                raise
+            if not conn.is_in_transaction():
+                raise HandlerEndedTransaction.for_handler(handler.qualname)
         except TimeoutError as error:
             if deadline.expired():
                 shown = format_duration(timedelta(seconds=limit))
@@ -457,12 +591,45 @@ class Pipeline:
             for item in items:
                 item.handler_seconds = share
 
-    def _failed(self, item: _Ready, error: BaseException) -> Failed:
-        attempts = attempts_so_far(item.delivery.headers)
-        return Failed(error, self._policy.decide(error, attempts), attempts)
+    def _failed(self, item: _Ready, error: BaseException, *, alone: bool = False) -> Failed:
+        """The verdict on ``item`` failing with ``error``. ``alone``: it was applied on its own,
+        so a broken connection counts against it (:data:`~consumer.retry.MAX_CONNECTION_LOSSES`)."""
+        delivery = item.delivery
+        if classify(error) is ErrorKind.UNAVAILABLE:
+            delivery.alone = True
+            if alone:
+                delivery.connection_losses += 1
+        attempts = attempts_so_far(delivery.headers)
+        decision = self._policy.decide(error, attempts, delivery.connection_losses)
+        if isinstance(decision, DeadLetter) and decision.reason is DeadLetterReason.CONNECTION_LOST:
+            error = ConnectionLostRepeatedly(
+                f"its database connection broke {delivery.connection_losses} times in a row while "
+                f"it was applied alone, the database answering in between (last: {error})"
+            )
+        return Failed(error, decision, attempts)
 
 
 _EPOCH = datetime.fromtimestamp(0, UTC)
+
+
+def _later_copy(first: Verdict, attempts: int) -> Verdict:
+    """The verdict on a second copy of an event, in the batch of its first copy: a duplicate
+    where the first committed or goes on along the ladder, else the first's fate."""
+    if isinstance(first, Applied):
+        return Applied(True, first.committed_at)
+    if isinstance(first, Failed):
+        if isinstance(first.decision, Retry):
+            return Applied(True, datetime.now(UTC))
+        return Failed(first.error, first.decision, attempts)
+    return first
+
+
+def _own_fault(error: Exception, item: _Ready) -> Exception:
+    """``error`` as the fault of ``item``, applied on its own or in its own savepoint: a failed
+    transaction there means its handler swallowed an earlier database error."""
+    if isinstance(error, asyncpg.InFailedSQLTransactionError):
+        return SwallowedDatabaseError.for_handler(item.handler.qualname)
+    return error
 
 
 def _stop_if_receipts_broken(error: Exception) -> None:
@@ -487,8 +654,9 @@ def _connection_lost(conn: asyncpg.Connection[Any]) -> bool:
 
 def _raise_unless_the_events_fault(conn: asyncpg.Connection[Any], error: Exception) -> None:
     """Raise ``error`` again if no event can be blamed for it: the service cannot work, the
-    connection was lost or the database is unavailable. Return for the event's own failure."""
-    if isinstance(error, ConfigError | PipelineFault):
+    connection was lost, the database is unavailable, or a handler ended the transaction (then
+    every event is applied again alone). Return for the event's own failure."""
+    if isinstance(error, ConfigError | PipelineFault | HandlerEndedTransaction):
         raise error
     _raise_if_connection_lost(conn, error)
     if classify(error) is ErrorKind.UNAVAILABLE:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -14,6 +15,7 @@ from consumer.durations import to_milliseconds
 from consumer.errors import PublishFailed, Unroutable
 
 PERSISTENT = 2
+_READY_CHECK = 0.05
 
 
 def copy_properties(
@@ -47,7 +49,9 @@ class Publisher:
     """Publishes on a channel in confirm mode; each publish waits for the broker's ack.
 
     Unroutable messages are returned by the broker (``mandatory``) and count as failed: a message
-    nobody would receive is not "published".
+    nobody would receive is not "published". A confirm late because the broker has blocked the
+    connection (a memory or disk alarm) is waited for, not given up: the copy is on its way and
+    would land after a timeout anyway, beside the original it was meant to replace.
     """
 
     def __init__(self, channel: Any, *, timeout: timedelta) -> None:
@@ -67,15 +71,17 @@ class Publisher:
         self, body: bytes, properties: Basic.Properties, *, exchange: str, routing_key: str
     ) -> None:
         """Publish and wait for the confirm; raise :class:`PublishFailed` otherwise."""
-        try:
-            result = await self._channel.basic_publish(
+        sending = asyncio.ensure_future(
+            self._channel.basic_publish(
                 body,
                 exchange=exchange,
                 routing_key=routing_key,
                 properties=properties,
                 mandatory=True,
-                timeout=self._timeout,
             )
+        )
+        try:
+            result = await self._confirmed(sending)
         except aiormq.exceptions.PublishError as error:
             raise Unroutable(f"{exchange!r} could not route {routing_key!r}") from error
         except aiormq.exceptions.DeliveryError as error:
@@ -84,5 +90,27 @@ class Publisher:
             raise PublishFailed(f"no confirm from the broker within {self._timeout:g}s") from error
         except (aiormq.exceptions.AMQPError, RuntimeError, ConnectionError) as error:
             raise PublishFailed(f"publishing failed: {describe_amqp_error(error)}") from error
+        finally:
+            if not sending.done():
+                sending.cancel()
         if not isinstance(result, Basic.Ack):
             raise PublishFailed(f"the broker did not confirm the message for {exchange!r}")
+
+    async def _confirmed(self, sending: asyncio.Future[Any]) -> Any:
+        """The confirm, waited for ``timeout`` at a time for as long as the broker blocks the
+        connection."""
+        while True:
+            try:
+                return await asyncio.wait_for(asyncio.shield(sending), self._timeout)
+            except TimeoutError:
+                if not await self._blocked():
+                    raise
+            await self._channel.connection.ready()
+
+    async def _blocked(self) -> bool:
+        """Whether the broker has blocked this connection (``connection.blocked``)."""
+        try:
+            await asyncio.wait_for(self._channel.connection.ready(), _READY_CHECK)
+        except TimeoutError:
+            return True
+        return False

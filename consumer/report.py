@@ -31,7 +31,6 @@ class OutcomeReporter:
         event_type = event.type if event is not None else None
         type_label = metrics.type_label(event_type)
         metrics.count(event_type, settled.kind)
-        metrics.in_flight.dec()
         fields: dict[str, Any] = {
             "event_id": str(event.event_id) if event is not None else None,
             "type": event_type,
@@ -48,9 +47,13 @@ class OutcomeReporter:
         if isinstance(verdict, Applied) and not verdict.duplicate and event is not None:
             lag = (verdict.committed_at - event.occurred_at).total_seconds()
             metrics.observe_lag(type_label, max(lag, 0.0))
+        if isinstance(verdict, Applied) and verdict.note is not None:
+            fields["warning"] = truncate(verdict.note, 500)
         if isinstance(verdict, Rejected):
             fields["reason"] = verdict.poison.reason.value
             fields["error"] = truncate(verdict.poison.detail, 300)
+            if verdict.poison.error_class is not None:
+                fields["error_class"] = verdict.poison.error_class
             if settled.kind is OutcomeKind.POISON and not settled.channel_gone:
                 metrics.dead_letters.labels(reason=verdict.poison.reason.value).inc()
         if isinstance(verdict, Failed):
@@ -76,5 +79,5 @@ class OutcomeReporter:
             fields["payload"] = (
                 payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
             )
-        bad = settled.kind in (OutcomeKind.DEAD_LETTERED, OutcomeKind.POISON)
+        bad = settled.kind in (OutcomeKind.DEAD_LETTERED, OutcomeKind.POISON) or "warning" in fields
         self._logger.log(logging.WARNING if bad else logging.INFO, "message settled", **fields)

@@ -14,7 +14,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from consumer.durations import format_duration
-from consumer.errors import ErrorKind, classify
+from consumer.errors import ErrorKind, PermanentError, classify
+
+MAX_CONNECTION_LOSSES = 3
+"""An event applied alone whose database connection breaks this many times in a row (with the
+database answering in between) is dead-lettered instead of being held for ever."""
 
 
 class DeadLetterReason(enum.StrEnum):
@@ -22,6 +26,9 @@ class DeadLetterReason(enum.StrEnum):
 
     PERMANENT_FAILURE = "permanent_failure"
     RETRIES_EXHAUSTED = "retries_exhausted"
+    HARD_TIME_LIMIT = "hard_time_limit"
+    CRASHED = "crashed"
+    CONNECTION_LOST = "connection_lost"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,17 +65,23 @@ class RetryPolicy:
     def from_delays(cls, delays: Sequence[timedelta]) -> RetryPolicy:
         return cls(tuple(delays))
 
-    def decide(self, error: BaseException, attempts_so_far: int) -> Decision:
+    def decide(
+        self, error: BaseException, attempts_so_far: int, connection_losses: int = 0
+    ) -> Decision:
         """What to do with an event that raised ``error`` after ``attempts_so_far`` retries.
 
         Transient errors climb the ladder until it is exhausted; permanent ones are dead-lettered
-        at once; a database that cannot be reached returns the message, counting nothing.
+        at once; a database that cannot be reached returns the message, counting nothing, unless
+        the event itself has broken its connection :data:`MAX_CONNECTION_LOSSES` times in a row.
         """
         kind = classify(error)
         if kind is ErrorKind.UNAVAILABLE:
+            if connection_losses >= MAX_CONNECTION_LOSSES:
+                return DeadLetter(DeadLetterReason.CONNECTION_LOST)
             return Return()
         if kind is ErrorKind.PERMANENT:
-            return DeadLetter(DeadLetterReason.PERMANENT_FAILURE)
+            reason = error.reason if isinstance(error, PermanentError) else "permanent_failure"
+            return DeadLetter(DeadLetterReason(reason))
         attempts_so_far = max(attempts_so_far, 0)
         if attempts_so_far >= len(self.ladder):
             return DeadLetter(DeadLetterReason.RETRIES_EXHAUSTED)

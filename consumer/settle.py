@@ -1,7 +1,9 @@
 """The one place that turns a verdict into broker actions.
 
 - Applied: ack (the commit has already returned).
-- Rejected (poison): nack without requeue; the work queue dead-letters it through the DLX.
+- Rejected (poison): nack without requeue; the work queue dead-letters it through the DLX. Poison
+  from an exception a validator raised is published to the DLX instead, with the exception's
+  class in its headers (a nack cannot carry it), then acked.
 - Failed -> Retry: publish a copy to the rung, wait for the confirm, then ack.
 - Failed -> DeadLetter: publish a copy to the DLX with reason headers, wait for the confirm, ack.
 - Failed -> Return: nack with requeue, no attempt counted (the service itself holds such
@@ -13,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from consumer.delivery import ChannelGone, Delivery
 from consumer.errors import PublishFailed, error_name
@@ -58,27 +62,38 @@ class Settler:
             return settle_applied(delivery, verdict)
         try:
             if isinstance(verdict, Rejected):
-                await delivery.nack(requeue=False)
-                return Settled(OutcomeKind.POISON)
+                if verdict.poison.error_class is None:
+                    await delivery.nack(requeue=False)
+                    return Settled(OutcomeKind.POISON)
+                return await self._republished(
+                    delivery, self._publish_poison(delivery, verdict), OutcomeKind.POISON
+                )
             return await self._settle_failure(delivery, verdict)
         except ChannelGone:
             return Settled(label_for(verdict), channel_gone=True)
 
     async def _settle_failure(self, delivery: Delivery, failed: Failed) -> Settled:
         decision = failed.decision
-        if not isinstance(decision, Retry | DeadLetter):
-            await delivery.nack(requeue=True)
-            return Settled(OutcomeKind.RETURNED)
+        if isinstance(decision, Retry):
+            return await self._republished(
+                delivery, self._publish_retry(delivery, failed, decision), OutcomeKind.RETRIED
+            )
+        if isinstance(decision, DeadLetter):
+            publish = self._publish_dead_letter(delivery, failed, decision)
+            return await self._republished(delivery, publish, OutcomeKind.DEAD_LETTERED)
+        await delivery.nack(requeue=True)
+        return Settled(OutcomeKind.RETURNED)
+
+    async def _republished(
+        self, delivery: Delivery, publish: Coroutine[Any, Any, None], kind: OutcomeKind
+    ) -> Settled:
+        """Publish a copy (``publish``), wait for its confirm, then ack the original."""
         if not delivery.channel_open:
+            publish.close()
             # The broker has the original back already; a copy now would be a second one.
             raise ChannelGone("the delivery's channel closed before its failure was settled")
         try:
-            if isinstance(decision, Retry):
-                await self._publish_retry(delivery, failed, decision)
-                kind = OutcomeKind.RETRIED
-            else:
-                await self._publish_dead_letter(delivery, failed, decision)
-                kind = OutcomeKind.DEAD_LETTERED
+            await publish
         except PublishFailed as error:
             # Holding the original a moment keeps a broker that refuses publishes from turning
             # the redelivery into a hot loop that burns through the delivery limit.
@@ -92,6 +107,24 @@ class Settler:
             # no second effect). Count what happened to this one.
             return Settled(kind, channel_gone=True)
         return Settled(kind)
+
+    async def _publish_poison(self, delivery: Delivery, rejected: Rejected) -> None:
+        poison = rejected.poison
+        headers = dead_letter_headers(
+            delivery.headers,
+            reason=poison.reason.value,
+            attempts=0,
+            error_class=poison.error_class or poison.reason.value,
+            error_message=poison.detail,
+            original_exchange=delivery.exchange,
+            original_routing_key=delivery.routing_key,
+            service=self._names.service,
+            now=datetime.now(UTC),
+        )
+        properties = copy_properties(delivery.properties, headers=headers)
+        await self._publisher.publish(
+            delivery.body, properties, exchange=self._names.dlx, routing_key=delivery.routing_key
+        )
 
     async def _publish_retry(self, delivery: Delivery, failed: Failed, retry: Retry) -> None:
         rung = rung_label(retry.delay)

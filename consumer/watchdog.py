@@ -2,9 +2,10 @@
 
 The soft limit (``asyncio.timeout`` around each handler) cannot fire while a handler blocks the loop
 in synchronous code. This thread watches a heartbeat the loop writes; when it is older than
-``CONSUMER_HARD_TIMEOUT`` it logs which event the loop was in and exits the process at once, so the
-broker redelivers and the supervisor restarts the service. The work queue's delivery limit ends a
-loop of such crashes.
+``CONSUMER_HARD_TIMEOUT`` it finds the handler call the loop is stuck in (:mod:`consumer.calls`),
+has the event convicted (``convict``: recorded in the database, so that the event is dead-lettered
+at its next delivery instead of killing the next process too), logs it and exits the process at
+once, so the broker redelivers and the supervisor restarts the service.
 """
 
 from __future__ import annotations
@@ -14,48 +15,16 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from types import FrameType, TracebackType
-from typing import Any
+from collections.abc import Callable
+from types import TracebackType
 
+from consumer.calls import HandlerCall, HandlerCalls
 from consumer.logs import Logger
 
 EXIT_HARD_TIMEOUT = 3
 
-
-def _frames(frame: FrameType | None) -> Iterator[FrameType]:
-    while frame is not None:
-        yield frame
-        frame = frame.f_back
-
-
-def event_in_frame(frame: FrameType | None) -> dict[str, Any]:
-    """The event a blocked loop was applying, found in the pipeline's frame on its stack.
-
-    For a batch handler's call, the first event of the call and how many it holds.
-    """
-    for current in _frames(frame):
-        name = current.f_code.co_name
-        if name == "_run_handler":
-            item = current.f_locals.get("item")
-            found: dict[str, Any] = {}
-        elif name == "_run_batch_handler":
-            items = current.f_locals.get("items") or [None]
-            item = items[0]
-            found = {"batch_events": len(items)}
-        else:
-            continue
-        event = getattr(item, "event", None)
-        delivery = getattr(item, "delivery", None)
-        handler = getattr(item, "handler", None)
-        return {
-            "event_id": str(getattr(event, "event_id", None)),
-            "type": getattr(event, "type", None),
-            "message_id": getattr(delivery, "message_id", None),
-            "handler": getattr(handler, "qualname", None),
-            **found,
-        }
-    return {}
+Convict = Callable[[HandlerCall, float], bool]
+"""Record that ``call`` blocked the loop for that many seconds; True once it is recorded."""
 
 
 class LoopWatchdog:
@@ -66,21 +35,25 @@ class LoopWatchdog:
         *,
         limit: float,
         logger: Logger,
+        calls: HandlerCalls | None = None,
+        convict: Convict | None = None,
         interval: float | None = None,
         before_exit: Callable[[], None] = lambda: None,
     ) -> None:
         self._limit = limit
         self._logger = logger
+        self._calls = calls or HandlerCalls()
+        self._convict = convict
         self._before_exit = before_exit
         self._interval = interval if interval is not None else min(0.5, limit / 4)
         self._beat = time.monotonic()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self._heartbeat: asyncio.Task[None] | None = None
-        self._loop_thread_id = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def __aenter__(self) -> LoopWatchdog:
-        self._loop_thread_id = threading.get_ident()
+        self._loop = asyncio.get_running_loop()
         self._beat = time.monotonic()
         self._heartbeat = asyncio.create_task(self._beat_forever(), name="watchdog-heartbeat")
         self._thread = threading.Thread(target=self._watch, name="loop-watchdog", daemon=True)
@@ -109,14 +82,21 @@ class LoopWatchdog:
             blocked = time.monotonic() - self._beat
             if blocked <= self._limit:
                 continue
-            frame = sys._current_frames().get(self._loop_thread_id)
+            assert self._loop is not None
+            call = self._calls.running(self._loop)
+            convicted = False
+            # Only a call of one event names its culprit; a batch handler's call is applied again
+            # event by event after the restart, where a second block names the event.
+            if call is not None and len(call.event_ids) == 1 and self._convict is not None:
+                convicted = self._convict(call, blocked)
             # What the loop logged before it blocked goes out first (it waits for a turn's end).
             self._before_exit()
             self._logger.critical(
                 "event loop blocked past the hard time limit; exiting so the broker redelivers",
                 blocked_s=round(blocked, 2),
                 hard_limit_s=self._limit,
-                **event_in_frame(frame),
+                convicted=convicted,
+                **(call.describe() if call is not None else {}),
             )
             sys.stdout.flush()
             os._exit(EXIT_HARD_TIMEOUT)

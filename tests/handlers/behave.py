@@ -38,7 +38,7 @@ class Behaviour(BaseModel):
     """Write "insert or ignore" the wrong way: catch the unique violation without a savepoint,
     which leaves the transaction aborted, and return as if all went well."""
     end_transaction: Literal["commit", "rollback"] | None = None
-    """COMMIT or ROLLBACK the service's transaction from inside the handler, then apply."""
+    """COMMIT or ROLLBACK the service's transaction from inside the handler, and return."""
     kill_connection: bool = False
     """Terminate its own database backend, as a backend crash or an idle-in-transaction timeout
     would: every call breaks the connection."""
@@ -93,6 +93,7 @@ async def behave(event: Envelope[Behaviour], conn: asyncpg.Connection[Any]) -> N
         await conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
     if spec.end_transaction:
         await conn.execute(spec.end_transaction.upper())
+        return
     if spec.block_s:
         time.sleep(spec.block_s)  # deliberately blocks the loop: the hard limit's test
     if spec.sleep_s:

@@ -14,6 +14,7 @@ import asyncpg
 import pytest
 
 from consumer import headers as h
+from consumer.crashes import CRASH_STRIKES
 from tests.support import (
     Producer,
     ServiceProcess,
@@ -255,32 +256,51 @@ async def test_an_unconfirmed_retry_publish_returns_the_original_never_loses_it(
     assert await queue_depth(env.amqp_url, env.names.dead) == 0
 
 
-async def test_a_handler_that_kills_the_worker_is_dead_lettered_by_the_delivery_limit(
+async def test_a_handler_that_kills_its_process_is_named_and_dead_lettered_alone(
     env: TestEnv,
 ) -> None:
-    await env.apply_topology(delivery_limit="2")
+    # Given an event whose handler ends the process (a segfault, an OOM kill), among innocent
+    # events published around it
+    await env.apply_topology()
     async with Producer(env.amqp_url) as producer:
+        before = [uuid.uuid4() for _ in range(30)]
+        await producer.send_many(("test.behave", behave(f"b{n}"), i) for n, i in enumerate(before))
         crasher = await producer.send("test.behave", behave("segfault", crash=True))
+        after = [uuid.uuid4() for _ in range(30)]
+        await producer.send_many(("test.behave", behave(f"a{n}"), i) for n, i in enumerate(after))
 
-    # A supervisor restarting the crashed worker, as systemd or Kubernetes would
+    # When a supervisor restarts the service each time it dies, as systemd or Kubernetes would
     restarts = 0
     while await queue_depth(env.amqp_url, env.names.dead) == 0:
-        assert restarts < 8, "the delivery limit should have ended the crash loop"
-        service = ServiceProcess(env, f"run-{restarts}", delivery_limit="2").start()
-        exit_code = await service.wait_exit(timeout=30)
+        assert restarts < 6, "crash attribution should have named the culprit"
+        service = ServiceProcess(env, f"run-{restarts}").start()
+        try:
+            exit_code = await service.wait_exit(timeout=20)
+        except AssertionError:
+            break  # it stayed up: the culprit is being dead-lettered
         assert exit_code == 17
         restarts += 1
         await asyncio.sleep(0.2)
-    assert restarts == 3  # delivered 3 times (limit 2), then dead-lettered by the broker
-    [letter] = dlq_json(env)
-    assert letter["reason"] == "delivery_limit"
-    assert letter["id"] == str(crasher)
 
-    healthy = await ServiceProcess(env, "healthy", delivery_limit="2").start().wait_ready()
-    async with Producer(env.amqp_url) as producer:
-        event_id = await producer.send("test.behave", behave("fine"))
-    await wait_until(lambda: _applied(env, event_id), what="a normal event afterwards")
-    assert await healthy.stop() == 0
+    # Then the culprit alone is dead-lettered, after the deaths it caused applied alone (the
+    # first in company, then CRASH_STRIKES alone), and every innocent event is applied once
+    assert restarts == 1 + CRASH_STRIKES
+    await wait_until(lambda: dead_count(env, 1), what="the dead letter")
+    await wait_until(
+        lambda: _count(env, "SELECT count(*) FROM test_effects", 60), what="the innocent effects"
+    )
+    rows = await fetch(
+        env.database_url, "SELECT event_id, count(*) AS n FROM test_effects GROUP BY event_id"
+    )
+    assert {row["event_id"]: row["n"] for row in rows} == dict.fromkeys([*before, *after], 1)
+    [letter] = dlq_json(env)
+    assert letter["id"] == str(crasher)
+    assert letter["reason"] == "crashed"
+    assert letter["error_class"] == "CrashedRepeatedly"
+    assert await effects(env, crasher) == 0
+    left = await fetchval(env.database_url, "SELECT count(*) FROM consumer_in_progress")
+    assert left == 0
+    assert await service.stop() == 0
 
 
 async def test_graceful_restarts_never_push_a_healthy_message_over_the_limit(env: TestEnv) -> None:

@@ -10,13 +10,13 @@ import uuid
 
 import aio_pika
 import aiohttp
-import pytest
 
 from tests.support import (
     Producer,
     ServiceProcess,
     TestEnv,
     behave,
+    fetch,
     fetchval,
     queue_depth,
     run_cli,
@@ -101,6 +101,7 @@ async def test_health_endpoints_and_nothing_else(env: TestEnv) -> None:
                 "consuming": True,
                 "database": True,
                 "paused": False,
+                "workers": True,
                 "ready": True,
             }
         async with session.get(f"{base}/metrics") as response:
@@ -246,33 +247,51 @@ async def test_the_soft_limit_cancels_rolls_back_and_retries(env: TestEnv) -> No
     assert "ran past its 300ms limit" in timed_out[0]["error"]
 
 
-@pytest.mark.parametrize("limit", ["2"])
-async def test_the_hard_limit_ends_a_blocked_process_and_the_delivery_limit_ends_the_loop(
-    env: TestEnv, limit: str
+async def test_the_hard_limit_ends_a_blocked_process_and_the_next_one_dead_letters_the_culprit(
+    env: TestEnv,
 ) -> None:
-    await env.apply_topology(delivery_limit=limit)
+    # Given an event whose handler blocks the event loop, among innocent ones behind it
+    await env.apply_topology()
     async with Producer(env.amqp_url) as producer:
         blocker = await producer.send("test.behave", behave("blocks", block_s=30))
-    runs = 0
-    while await queue_depth(env.amqp_url, env.names.dead) == 0:
-        assert runs < 6
-        service = ServiceProcess(
-            env, f"run-{runs}", handler_timeout="500ms", hard_timeout="1500ms", delivery_limit=limit
-        ).start()
-        started = time.monotonic()
-        code = await service.wait_exit(timeout=30)
-        assert code == 3
-        assert time.monotonic() - started < 15
-        [critical] = [x for x in service.log_lines() if x.get("level") == "critical"]
-        assert critical["event_id"] == str(blocker)
-        assert critical["type"] == "test.behave"
-        assert critical["handler"] == "tests.handlers.behave.behave"
-        runs += 1
-        await asyncio.sleep(0.2)
-    assert runs == int(limit) + 1
+        innocents = [uuid.uuid4() for _ in range(50)]
+        await producer.send_many(
+            ("test.behave", behave(f"i{n}"), i) for n, i in enumerate(innocents)
+        )
+    limits = {"handler_timeout": "500ms", "hard_timeout": "1500ms"}
+
+    # When the watchdog ends the first process
+    first = ServiceProcess(env, "first", **limits).start()
+    started = time.monotonic()
+    assert await first.wait_exit(timeout=30) == 3
+    assert time.monotonic() - started < 15
+    [critical] = [x for x in first.log_lines() if x.get("level") == "critical"]
+    assert critical["event_id"] == str(blocker)
+    assert critical["type"] == "test.behave"
+    assert critical["handler"] == "tests.handlers.behave.behave"
+    assert critical["convicted"] is True
+
+    # Then the next process dead-letters the culprit at once, without running it again, and
+    # applies every innocent event exactly once
+    second = await ServiceProcess(env, "second", **limits).start().wait_ready()
+    await wait_until(lambda: _depth_at_least(env, env.names.dead, 1), what="the dead letter")
+    await wait_until(lambda: _effects_at_least(env, 50), what="the innocent effects")
+    assert second.returncode is None
+    calls = await fetchval(
+        env.database_url, "SELECT count(*) FROM handler_calls WHERE event_id = $1", blocker
+    )
+    assert calls == 1
+    per_event = await fetch(
+        env.database_url, "SELECT event_id, count(*) AS n FROM test_effects GROUP BY event_id"
+    )
+    assert {row["event_id"]: row["n"] for row in per_event} == dict.fromkeys(innocents, 1)
     listed = run_cli("consumer", "dlq", "list", "--json", env=env.env())
     [letter] = [json.loads(line) for line in listed.stdout.splitlines()]
-    assert letter["reason"] == "delivery_limit"
+    assert letter["id"] == str(blocker)
+    assert letter["reason"] == "hard_time_limit"
+    assert letter["error_class"] == "HardTimeLimitExceeded"
+    assert "blocked the event loop" in letter["error"]
+    assert await second.stop() == 0
 
 
 async def _effects(env: TestEnv) -> int:

@@ -140,3 +140,49 @@ async def test_a_frame_that_cannot_be_written_fails_its_waiter() -> None:
     channel.basic_nack = broken  # type: ignore[method-assign]
     with pytest.raises(ChannelGone):
         await acker.nack(1, requeue=True)
+
+
+async def test_a_lost_multiple_ack_counts_every_delivery_it_covered() -> None:
+    acker, channel, lost = await make(1, 2, 3, 4)
+
+    async def broken(*_: object, **__: object) -> None:
+        raise ConnectionResetError("gone")
+
+    channel.basic_ack = broken  # type: ignore[method-assign]
+    for tag in (1, 2, 3, 4):
+        acker.ack(tag)
+    await settle()
+    assert lost == [4]
+
+
+async def test_unsettled_counts_what_was_received_and_not_yet_acked_or_nacked() -> None:
+    acker, _, _ = await make(1, 2, 3, 4, 5)
+    assert acker.unsettled == 5
+    acker.ack(2)
+    await acker.nack(4, requeue=True)
+    assert acker.unsettled == 3
+    acker.ack(1)
+    await settle()
+    assert acker.unsettled == 2
+    acker.ack(3)
+    acker.ack(5)
+    await acker.drain()
+    assert acker.unsettled == 0
+
+
+async def test_settling_a_delivery_twice_is_counted_and_never_sent() -> None:
+    channel = RecordingChannel()
+    twice: list[None] = []
+    acker = Acker(channel, on_settled_twice=lambda: twice.append(None))
+    for tag in (1, 2, 3):
+        acker.received(tag)
+    acker.ack(1)
+    acker.ack(1)
+    await acker.nack(2, requeue=True)
+    await acker.nack(2, requeue=False)
+    await settle()
+    acker.ack(1)  # already covered by a multiple ack
+    acker.ack(3)
+    await acker.drain()
+    assert len(twice) == 3
+    assert broker_view(channel.frames, {1, 2, 3}) == {"acked": {1, 3}, "requeued": {2}}

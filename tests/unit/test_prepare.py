@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import RootModel
 
+from consumer.crashes import CrashLedger
 from consumer.envelope import EnvelopeLimits, EnvelopeParser, Poison
 from consumer.handlers.inventory import Reserve
 from consumer.pipeline import Pipeline
@@ -30,6 +31,7 @@ def _pipeline(**overrides: Any) -> Pipeline:
         registry=REGISTRY,
         database=cast(Any, None),  # prepare() never touches the database
         policy=RetryPolicy.from_delays(configured.retry_delays),
+        ledger=CrashLedger(consumer="test", owner=uuid.uuid4()),
     )
 
 

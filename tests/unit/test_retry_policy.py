@@ -4,14 +4,25 @@ import asyncpg
 import pytest
 
 from consumer.errors import (
+    CrashedRepeatedly,
     DatabaseUnavailable,
     ErrorKind,
+    HandlerEndedTransaction,
     HandlerTimeout,
+    HardTimeLimitExceeded,
     PermanentError,
+    SwallowedDatabaseError,
     TransientError,
     classify,
 )
-from consumer.retry import DeadLetter, DeadLetterReason, Retry, RetryPolicy, Return
+from consumer.retry import (
+    MAX_CONNECTION_LOSSES,
+    DeadLetter,
+    DeadLetterReason,
+    Retry,
+    RetryPolicy,
+    Return,
+)
 
 LADDER = (timedelta(seconds=1), timedelta(seconds=5), timedelta(seconds=30))
 POLICY = RetryPolicy(LADDER)
@@ -56,3 +67,29 @@ def test_an_empty_ladder_dead_letters_transient_failures_at_once() -> None:
 def test_classification_is_by_type_not_message() -> None:
     assert classify(ValueError("connection refused")) is ErrorKind.PERMANENT
     assert classify(TransientError("permanent")) is ErrorKind.TRANSIENT
+
+
+def test_a_lost_connection_returns_the_event_until_it_has_broken_too_many_in_a_row() -> None:
+    policy = RetryPolicy.from_delays([timedelta(seconds=1)])
+    lost = DatabaseUnavailable("the database connection was lost")
+    for losses in range(MAX_CONNECTION_LOSSES):
+        assert policy.decide(lost, 0, losses) == Return()
+    assert policy.decide(lost, 0, MAX_CONNECTION_LOSSES) == DeadLetter(
+        DeadLetterReason.CONNECTION_LOST
+    )
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (SwallowedDatabaseError("x"), DeadLetterReason.PERMANENT_FAILURE),
+        (HandlerEndedTransaction("x"), DeadLetterReason.PERMANENT_FAILURE),
+        (HardTimeLimitExceeded("x"), DeadLetterReason.HARD_TIME_LIMIT),
+        (CrashedRepeatedly("x"), DeadLetterReason.CRASHED),
+    ],
+)
+def test_a_permanent_error_carries_its_dead_letter_reason(
+    error: Exception, reason: DeadLetterReason
+) -> None:
+    policy = RetryPolicy.from_delays([timedelta(seconds=1)])
+    assert policy.decide(error, 0) == DeadLetter(reason)

@@ -1,0 +1,125 @@
+"""Crash attribution: naming the event a process died on, so that only it is dead-lettered.
+
+When a process dies, every delivery it held comes back redelivered, each with its delivery count
+raised. Without attribution the culprit comes back in the same company and kills the next process
+too, until the broker's delivery limit dead-letters it and every innocent neighbour alike.
+
+So a delivery that comes back (redelivered, or held back after its database connection broke) is
+applied *alone*, with nothing else in flight in its process, and before its handler runs a mark is
+committed in ``consumer_in_progress``; the event's own transaction deletes the mark. A mark left by
+another process says that process died while applying this event and nothing else. After
+:data:`CRASH_STRIKES` such deaths the event is dead-lettered (reason ``crashed``). Two, not one: an
+operator's SIGKILL that happens to land while one event is applied alone must not condemn it.
+
+The watchdog, which knows exactly which handler blocked the loop, writes a verdict instead
+(``hard_time_limit``) from its own thread before the process exits: that event is dead-lettered at
+its next delivery, without running again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+
+from consumer.errors import CrashedRepeatedly, HardTimeLimitExceeded, PermanentError
+
+__all__ = ["CRASH_STRIKES", "CrashLedger", "Mark"]
+
+CRASH_STRIKES = 2
+"""Deaths of other processes while the event was applied alone before it is dead-lettered."""
+
+HARD_TIME_LIMIT = "hard_time_limit"
+
+# A process that marks an event it marked before (its database connection broke meanwhile) is
+# not another death: only a different owner counts.
+_BEGIN = """
+INSERT INTO consumer_in_progress AS mark (consumer, event_id, owner) VALUES ($1, $2, $3)
+ON CONFLICT (consumer, event_id) DO UPDATE
+SET crashes = mark.crashes + (mark.owner <> EXCLUDED.owner)::integer,
+    owner = EXCLUDED.owner,
+    updated_at = now()
+RETURNING crashes, verdict, detail
+"""
+
+_CLEAR = "DELETE FROM consumer_in_progress WHERE consumer = $1 AND event_id = $2"
+
+_CONVICT = """
+INSERT INTO consumer_in_progress AS mark (consumer, event_id, owner, verdict, detail)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (consumer, event_id) DO UPDATE
+SET verdict = EXCLUDED.verdict, detail = EXCLUDED.detail, updated_at = now()
+"""
+
+Connector = Callable[..., Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """What the ledger knew of an event when this process began to apply it alone."""
+
+    crashes: int
+    verdict: str | None
+    detail: str | None
+
+    def conviction(self) -> PermanentError | None:
+        """The error to dead-letter the event with, if it is known to kill processes."""
+        if self.verdict == HARD_TIME_LIMIT:
+            return HardTimeLimitExceeded(self.detail or "it blocked the event loop before")
+        if self.crashes >= CRASH_STRIKES:
+            return CrashedRepeatedly(
+                f"{self.crashes} processes died while applying this event alone"
+            )
+        return None
+
+
+class CrashLedger:
+    """The marks in ``consumer_in_progress`` of one service and one process (``owner``)."""
+
+    def __init__(self, *, consumer: str, owner: UUID) -> None:
+        self._consumer = consumer
+        self.owner = owner
+
+    def begin(self, conn: asyncpg.Connection[Any], event_id: UUID) -> Awaitable[Any]:
+        """Mark ``event_id`` as being applied by this process (run outside a transaction, so it
+        is committed before the handler runs); resolves to the row for :meth:`mark_of`."""
+        return conn.fetchrow(_BEGIN, self._consumer, event_id, self.owner)
+
+    @staticmethod
+    def mark_of(row: Any) -> Mark:
+        return Mark(crashes=row["crashes"], verdict=row["verdict"], detail=row["detail"])
+
+    def clear(self, conn: asyncpg.Connection[Any], event_id: UUID) -> Awaitable[str]:
+        """Remove the mark; inside the event's transaction it commits with the event's fate."""
+        return conn.execute(_CLEAR, self._consumer, event_id)
+
+    def convict_blocking(
+        self,
+        connect: Connector,
+        dsn: str,
+        event_id: UUID,
+        detail: str,
+        *,
+        timeout: float = 3.0,
+    ) -> bool:
+        """Record, from a thread other than the blocked event loop's, that ``event_id`` blocked
+        the loop past the hard time limit. True if it was recorded within ``timeout``."""
+
+        async def write() -> None:
+            conn = await connect(dsn, timeout=timeout)
+            try:
+                await conn.execute(
+                    _CONVICT, self._consumer, event_id, self.owner, HARD_TIME_LIMIT, detail
+                )
+            finally:
+                conn.terminate()
+
+        try:
+            asyncio.run(asyncio.wait_for(write(), timeout))
+        except Exception:  # the process exits either way; the next one isolates the event
+            return False
+        return True

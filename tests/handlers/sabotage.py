@@ -1,0 +1,61 @@
+"""Faults injected into a real service process from the inside, for failure paths that no outside
+fault reaches on cue. Listed in ``CONSUMER_HANDLERS``, the module is imported at start-up and
+patches the service before it runs; ``TEST_SABOTAGE`` names what to break:
+
+- ``start_consuming``: the first ``basic.consume`` fails as aiormq fails it on a channel that is
+  closing (``ChannelInvalidStateError``, a ``RuntimeError``);
+- ``report``: reporting the outcome of a ``test.sabotage`` event raises, as a bug outside the
+  handled exceptions would, killing the worker that settles it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import aiormq
+import asyncpg
+from pydantic import BaseModel
+
+from consumer import Envelope, register
+from consumer.broker import BrokerSession
+from consumer.report import OutcomeReporter
+
+SABOTAGE = os.environ.get("TEST_SABOTAGE", "")
+
+
+class Nothing(BaseModel):
+    key: str
+
+
+@register("test.sabotage", payload=Nothing)
+async def sabotaged(event: Envelope[Nothing], conn: asyncpg.Connection[Any]) -> None:
+    await conn.execute(
+        "INSERT INTO test_effects (event_id, key) VALUES ($1, $2)",
+        event.event_id,
+        event.payload.key,
+    )
+
+
+if "start_consuming" in SABOTAGE:
+    _start_consuming = BrokerSession.start_consuming
+    _failed_once = False
+
+    async def _closing_channel(self: BrokerSession) -> None:
+        global _failed_once
+        if not _failed_once:
+            _failed_once = True
+            raise aiormq.exceptions.ChannelInvalidStateError("writer is None")
+        await _start_consuming(self)
+
+    BrokerSession.start_consuming = _closing_channel  # type: ignore[method-assign]
+
+if "report" in SABOTAGE:
+    _report = OutcomeReporter.report
+
+    def _broken_report(self: OutcomeReporter, outcome: Any, settled: Any) -> None:
+        if outcome.event is not None and outcome.event.type == "test.sabotage":
+            raise ZeroDivisionError("a bug outside the handled exceptions")
+        _report(self, outcome, settled)
+
+    OutcomeReporter.report = _broken_report  # type: ignore[method-assign]

@@ -1,0 +1,95 @@
+"""Faults inside the service process itself: a channel closing under an operation, a worker that
+dies. Injected by tests/handlers/sabotage.py, a handler module that patches the real service."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import aio_pika
+import pytest
+
+from tests.support import TEST_HANDLERS, Producer, ServiceProcess, TestEnv, fetchval, wait_until
+
+HANDLERS = f"{TEST_HANDLERS},tests.handlers.sabotage"
+
+
+@pytest.fixture
+async def own(env: TestEnv) -> AsyncIterator[TestEnv]:
+    env.overrides["exchange"] = f"{env.name}.events"
+    env.overrides["handlers"] = HANDLERS
+    yield env
+    connection = await aio_pika.connect(env.amqp_url)
+    try:
+        channel = await connection.channel()
+        await channel.exchange_delete(f"{env.name}.events")
+    finally:
+        await connection.close()
+
+
+def sabotaged(env: TestEnv, label: str, what: str) -> ServiceProcess:
+    service = ServiceProcess(env, label)
+    service.environment["TEST_SABOTAGE"] = what
+    return service
+
+
+async def effects(env: TestEnv, event_id: uuid.UUID) -> int:
+    return int(
+        await fetchval(
+            env.database_url, "SELECT count(*) FROM test_effects WHERE event_id = $1", event_id
+        )
+    )
+
+
+async def test_a_channel_closing_under_basic_consume_is_a_reconnect_not_a_crash(
+    own: TestEnv,
+) -> None:
+    # Given a service whose first basic.consume fails as aiormq fails it on a closing channel
+    env = own
+    await env.apply_topology()
+    service = sabotaged(env, "service", "start_consuming").start()
+
+    # Then it reconnects and goes on, instead of crashing
+    await service.wait_ready()
+    async with Producer(env.amqp_url, env.settings().exchange) as producer:
+        event_id = await producer.send("test.sabotage", {"key": "after"})
+
+    async def applied() -> bool:
+        return await effects(env, event_id) == 1
+
+    await wait_until(applied, what="an event after the reconnect")
+    lost = [line for line in service.log_lines() if line.get("event") == "lost RabbitMQ"]
+    assert [line["error"] for line in lost] == ["writer is None"]
+    assert await service.stop() == 0
+
+
+async def test_a_worker_that_dies_stops_the_service_with_one_line_and_nothing_is_lost(
+    own: TestEnv,
+) -> None:
+    # Given a bug outside the handled exceptions that kills the worker settling an event
+    env = own
+    await env.apply_topology()
+    service = await sabotaged(env, "sabotaged", "report").start().wait_ready()
+    async with Producer(env.amqp_url, env.settings().exchange) as producer:
+        event_id = await producer.send("test.sabotage", {"key": "k"})
+
+    # Then the process exits non-zero, saying which worker died of what, instead of running on
+    # with an inbox nobody serves
+    assert await service.wait_exit(timeout=30) == 1
+    [died] = [
+        line
+        for line in service.log_lines()
+        if line.get("event") == "a worker stopped on an unexpected error"
+    ]
+    assert died["error_class"] == "ZeroDivisionError"
+    assert "ZeroDivisionError" in died["traceback"]
+
+    # And a restarted service (no sabotage) settles the event: applied once
+    healthy = await ServiceProcess(env, "healthy").start().wait_ready()
+
+    async def applied() -> bool:
+        return await effects(env, event_id) == 1
+
+    await wait_until(applied, what="the event after the restart")
+    assert await healthy.metric("consumer_in_flight") == 0
+    assert await healthy.stop() == 0

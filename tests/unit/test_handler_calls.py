@@ -1,0 +1,67 @@
+"""What the watchdog learns, from another thread, about the handler call a blocked loop is in."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+
+from consumer.calls import HandlerCall, HandlerCalls
+
+
+def _call(n: int, events: int = 1) -> HandlerCall:
+    return HandlerCall(
+        handler="handlers.x",
+        event_type="t.x",
+        event_ids=tuple(uuid.UUID(int=n + i) for i in range(events)),
+        message_id=f"m-{n}",
+    )
+
+
+def _seen_from_another_thread(calls: HandlerCalls, loop: asyncio.AbstractEventLoop) -> object:
+    found: list[object] = []
+    thread = threading.Thread(target=lambda: found.append(calls.running(loop)))
+    thread.start()
+    thread.join()
+    return found[0]
+
+
+async def test_the_call_whose_task_blocks_the_loop_is_named_not_another_open_one() -> None:
+    calls = HandlerCalls()
+    loop = asyncio.get_running_loop()
+    waiting = asyncio.Event()
+    seen: list[object] = []
+
+    async def other_worker() -> None:
+        with calls.entered(_call(100)):
+            await waiting.wait()  # open, but not the one running
+
+    async def blocking_worker() -> None:
+        with calls.entered(_call(1)):
+            time.sleep(0)  # the loop is in this task now
+            seen.append(_seen_from_another_thread(calls, loop))
+
+    other = asyncio.create_task(other_worker())
+    await asyncio.sleep(0)
+    await asyncio.create_task(blocking_worker())
+    waiting.set()
+    await other
+    assert seen == [_call(1)]
+
+
+async def test_outside_a_handler_call_nothing_is_named() -> None:
+    calls = HandlerCalls()
+    with calls.entered(_call(1)):
+        pass
+    assert _seen_from_another_thread(calls, asyncio.get_running_loop()) is None
+
+
+def test_a_call_describes_itself_for_the_log_line() -> None:
+    assert _call(7).describe() == {
+        "event_id": str(uuid.UUID(int=7)),
+        "type": "t.x",
+        "message_id": "m-7",
+        "handler": "handlers.x",
+    }
+    assert _call(7, events=3).describe()["batch_events"] == 3

@@ -1,0 +1,52 @@
+"""The lane of deliveries applied alone: nothing else of the process is in flight meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+
+from consumer.isolation import Isolation
+
+
+async def test_the_lane_waits_for_batches_in_flight_and_keeps_new_ones_out() -> None:
+    isolation: Isolation[str] = Isolation()
+    log: list[str] = []
+    release_first = asyncio.Event()
+
+    async def first_batch() -> None:
+        async with isolation.batch():
+            log.append("batch 1 starts")
+            await release_first.wait()
+            log.append("batch 1 ends")
+
+    async def lane() -> None:
+        await isolation.wait_for_work()
+        async with isolation.alone():
+            while (item := isolation.take()) is not None:
+                log.append(f"alone {item}")
+                await asyncio.sleep(0.01)
+
+    async def second_batch() -> None:
+        async with isolation.batch():
+            log.append("batch 2")
+
+    batch = asyncio.create_task(first_batch())
+    await asyncio.sleep(0)
+    runner = asyncio.create_task(lane())
+    isolation.put("a")
+    isolation.put("b")
+    later = asyncio.create_task(second_batch())
+    await asyncio.sleep(0.01)
+    assert log == ["batch 1 starts"]  # the lane waits, and so does the new batch
+    release_first.set()
+    await asyncio.wait_for(asyncio.gather(batch, later), 1)
+    assert log == ["batch 1 starts", "batch 1 ends", "alone a", "alone b", "batch 2"]
+    runner.cancel()
+
+
+async def test_draining_takes_everything_queued() -> None:
+    isolation: Isolation[int] = Isolation()
+    for item in range(3):
+        isolation.put(item)
+    assert len(isolation) == 3
+    assert isolation.drain() == [0, 1, 2]
+    assert isolation.take() is None

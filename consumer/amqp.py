@@ -11,6 +11,7 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractConnection
 
+from consumer import wire
 from consumer.redact import scrub
 from consumer.settings import Settings
 from consumer.tls import amqp_ssl_context, describe_tls_error, find_tls_error
@@ -37,7 +38,11 @@ def connection_name(settings: Settings, role: str) -> str:
 
 
 async def connect(settings: Settings, role: str) -> AbstractConnection:
-    """A plain (not self-reconnecting) connection: the service supervises reconnects itself."""
+    """A plain (not self-reconnecting) connection: the service supervises reconnects itself.
+
+    No message can break it: the frame decoder is made total first (:mod:`consumer.wire`).
+    """
+    wire.install()
     where = f"cannot connect to RabbitMQ at {settings.safe_amqp_url}"
     try:
         context = amqp_ssl_context(settings)

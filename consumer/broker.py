@@ -24,6 +24,7 @@ from aiormq.abc import DeliveredMessage
 from consumer.acker import Acker
 from consumer.amqp import connect, describe_amqp_error
 from consumer.delivery import Delivery
+from consumer.headers import trusted_headers
 from consumer.publisher import Publisher
 from consumer.settings import Settings
 from topology.apply import check_topology
@@ -42,6 +43,7 @@ class BrokerSession:
         settings: Settings,
         topology: Topology,
         work_queue: str,
+        own_exchange: str,
         on_delivery: Callable[[Delivery], Awaitable[None]],
         on_lost_acks: Callable[[int], None],
         on_settled_twice: Callable[[], None] = lambda: None,
@@ -49,6 +51,8 @@ class BrokerSession:
         self._settings = settings
         self._topology = topology
         self._work_queue = work_queue
+        # Only what comes back from the service's own retry ladder may carry its headers.
+        self._own_exchange = own_exchange
         self._on_delivery = on_delivery
         self._on_lost_acks = on_lost_acks
         self._on_settled_twice = on_settled_twice
@@ -143,7 +147,9 @@ class BrokerSession:
 
     async def _deliver(self, message: DeliveredMessage) -> None:
         assert self._acker is not None
-        delivery = Delivery(message, self._acker)
+        raw = message.header.properties.headers
+        trusted = message.exchange == self._own_exchange
+        delivery = Delivery(message, self._acker, trusted_headers(raw, trusted=trusted))
         # Called in delivery order, before any await: the acker learns every tag in order.
         self._acker.received(delivery.delivery_tag)
         await self._on_delivery(delivery)

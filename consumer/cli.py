@@ -29,6 +29,7 @@ from consumer.errors import (
 )
 from consumer.http import HttpServer, build_app
 from consumer.logs import Logger, TickFlushed, make_logger, route_library_logs
+from consumer.memory import check_memory_budget
 from consumer.metrics import Metrics
 from consumer.migrations import DEFAULT_DIRECTORY, create_database_if_missing, migrate
 from consumer.publish import PublishRequest, publish_event
@@ -105,6 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(settings: Settings) -> int:
     registry = load_handlers(settings)
+    try:
+        check_memory_budget(settings)
+    except ConfigError as error:
+        fail(str(error), EXIT_CONFIG)
     lines = TickFlushed(sys.stdout.buffer)
     logger = make_logger(settings, lines=lines)
     route_library_logs(logger)

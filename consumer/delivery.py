@@ -16,10 +16,15 @@ __all__ = ["ChannelGone", "Delivery"]
 
 @dataclass(slots=True)
 class Delivery:
-    """A delivered message and the :class:`Acker` of the channel it came on."""
+    """A delivered message and the :class:`Acker` of the channel it came on.
+
+    ``headers`` are the message's headers as the service may trust them: ``consumer-*`` headers
+    only from the service's own retry ladder (:func:`consumer.headers.trusted_headers`).
+    """
 
     message: DeliveredMessage
     acker: Acker
+    headers: dict[str, Any] = field(default_factory=dict)
     received_at: float = field(default_factory=time.monotonic)
     prepared: Any = None
     """What the pipeline made of the body, kept so that it is parsed once."""
@@ -36,10 +41,6 @@ class Delivery:
     @property
     def properties(self) -> Basic.Properties:
         return self.message.header.properties
-
-    @property
-    def headers(self) -> dict[str, Any]:
-        return self.message.header.properties.headers or {}
 
     @property
     def content_type(self) -> str | None:

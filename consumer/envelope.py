@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from pydantic import (
     ValidationError,
     field_validator,
 )
+
+from consumer.wire import HeaderTooDeep, UnreadableHeader
 
 if TYPE_CHECKING:
     from consumer.settings import Settings
@@ -77,7 +80,10 @@ class PoisonReason(enum.StrEnum):
     INVALID_PAYLOAD = "invalid_payload"
     TOO_DEEP = "too_deep"
     DUPLICATE_KEY = "duplicate_key"
+    TOO_COMPLEX = "too_complex"
     HEADERS_TOO_LARGE = "headers_too_large"
+    HEADERS_TOO_DEEP = "headers_too_deep"
+    HEADERS_UNREADABLE = "headers_unreadable"
 
 
 class Poison(Exception):
@@ -116,8 +122,9 @@ def check_content_type(content_type: str | None, content_encoding: str | None) -
 class EnvelopeLimits:
     """What the parser accepts; anything beyond is poison."""
 
-    max_bytes: int = 1024 * 1024
+    max_bytes: int = 256 * 1024
     max_depth: int = 32
+    max_containers: int = 10_000
     max_header_bytes: int = 64 * 1024
     max_future_skew: timedelta = timedelta(hours=24)
     allow_extra_fields: bool = False
@@ -127,6 +134,7 @@ class EnvelopeLimits:
         return cls(
             max_bytes=settings.max_body_bytes,
             max_depth=settings.max_json_depth,
+            max_containers=settings.max_json_containers,
             max_header_bytes=settings.max_header_bytes,
             max_future_skew=settings.max_future_skew,
             allow_extra_fields=settings.allow_extra_fields,
@@ -156,6 +164,15 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+def _containers(body: bytes) -> int:
+    """Objects and arrays in ``body``: its brackets outside strings."""
+    bare = _JSON_STRING.sub(b"", body)
+    return bare.count(b"{") + bare.count(b"[")
+
+
 def _deeper_than(value: object, limit: int) -> bool:
     stack = [(value, 1)]
     while stack:
@@ -173,11 +190,19 @@ def _deeper_than(value: object, limit: int) -> bool:
 
 
 def _header_size(value: object, budget: int) -> int:
-    """Roughly the bytes ``value`` takes in an AMQP headers table, counting up to ``budget``."""
+    """Roughly the bytes ``value`` takes in an AMQP headers table, counting up to ``budget``;
+    raises :class:`Poison` where the decoder left an unreadable value (:mod:`consumer.wire`)."""
     size = 0
     stack = [value]
     while stack and size <= budget:
         item = stack.pop()
+        if isinstance(item, UnreadableHeader):
+            reason = (
+                PoisonReason.HEADERS_TOO_DEEP
+                if isinstance(item, HeaderTooDeep)
+                else PoisonReason.HEADERS_UNREADABLE
+            )
+            raise Poison(reason, str(item))
         if isinstance(item, str | bytes | bytearray):
             size += len(item) + 5
         elif isinstance(item, dict):
@@ -205,6 +230,7 @@ class EnvelopeParser:
         )
 
     def check_headers(self, headers: Mapping[str, Any]) -> None:
+        """Poison for headers over the size limit, or that could not be decoded."""
         limit = self.limits.max_header_bytes
         if headers and _header_size(headers, limit) > limit:
             raise Poison(PoisonReason.HEADERS_TOO_LARGE, f"headers over {limit} bytes")
@@ -219,6 +245,14 @@ class EnvelopeParser:
         if len(body) > limits.max_bytes:
             raise Poison(
                 PoisonReason.BODY_TOO_LARGE, f"{len(body)} bytes, the limit is {limits.max_bytes}"
+            )
+        # A body is parsed into an object per container: bound them before building any, so one
+        # body cannot cost a worker seconds and hundreds of megabytes (a megabyte of "[]").
+        brackets = body.count(b"{") + body.count(b"[")
+        if brackets > limits.max_containers and _containers(body) > limits.max_containers:
+            raise Poison(
+                PoisonReason.TOO_COMPLEX,
+                f"more than {limits.max_containers} objects and arrays",
             )
         try:
             text = body.decode("utf-8")
@@ -237,7 +271,6 @@ class EnvelopeParser:
         if not isinstance(decoded, dict):
             raise Poison(PoisonReason.INVALID_ENVELOPE, "the body is not a JSON object")
         # Nesting needs a bracket per level: a body with few brackets needs no walk.
-        brackets = body.count(b"{") + body.count(b"[")
         if brackets > limits.max_depth and _deeper_than(decoded, limits.max_depth):
             raise Poison(PoisonReason.TOO_DEEP, f"nested deeper than {limits.max_depth}")
         return decoded

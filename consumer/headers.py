@@ -3,6 +3,10 @@
 The service's own headers are named ``consumer-*``: RabbitMQ 4 ignores (and may strip) client-set
 ``x-*`` headers, and headers-exchange bindings never match on them. The attempt count is read from
 :data:`ATTEMPT`, never from ``x-death``, whose shape differs between broker versions.
+
+They are the service's only when it wrote them: a producer's ``consumer-*`` headers are dropped on
+arrival (:func:`trusted_headers`), so that nobody else can set an event's attempt count, the routing
+key a replay goes out with, or the reason an operator reads on a dead letter.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ _FAILURE_HEADERS = (
 
 ERROR_MESSAGE_LIMIT = 500
 MAX_ATTEMPT = 10_000
+_OWN_PREFIX = "consumer-"
+_FROM_ANYONE = frozenset({REPLAYS})  # informational: the operator's replay count
 
 Headers = dict[str, Any]
 
@@ -54,6 +60,20 @@ def text(value: object) -> str | None:
     return str(value)
 
 
+def trusted_headers(headers: Mapping[str, Any] | None, *, trusted: bool) -> Headers:
+    """``headers`` without the service's own names unless ``trusted`` (the message came back from
+    the service's own retry ladder)."""
+    if not headers:
+        return {}
+    if trusted:
+        return dict(headers)
+    return {
+        key: value
+        for key, value in headers.items()
+        if not key.startswith(_OWN_PREFIX) or key in _FROM_ANYONE
+    }
+
+
 def attempts_so_far(headers: Mapping[str, Any] | None) -> int:
     """Retries already published for this event (:data:`ATTEMPT`); 0 if absent or unreadable."""
     if not headers:
@@ -63,10 +83,11 @@ def attempts_so_far(headers: Mapping[str, Any] | None) -> int:
         return 0
     if isinstance(value, int):
         return min(max(value, 0), MAX_ATTEMPT)
-    raw = text(value)
-    if raw is None or not raw.strip().isdigit():
+    raw = (text(value) or "").strip()
+    if not (raw.isascii() and raw.isdigit()):
         return 0
-    return min(int(raw.strip()), MAX_ATTEMPT)
+    # Python refuses to turn more than 4,300 digits into an int; nothing near is an attempt count.
+    return MAX_ATTEMPT if len(raw) > len(str(MAX_ATTEMPT)) else min(int(raw), MAX_ATTEMPT)
 
 
 def without_broker_headers(headers: Mapping[str, Any] | None) -> Headers:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -18,15 +19,26 @@ class Inbox(Generic[T]):
     machine that CPU is what the latency is made of. A worker that was idle takes the next arrival
     and goes, so a lone event is never held back.
 
+    ``max_weight`` bounds a batch by the sum of its items' ``weight`` (their bodies' bytes).
+
     A plain deque and one future per wait, not an :class:`asyncio.Queue`: every delivery passes
     through here, and a timed ``get`` of a queue costs a task per item. Items stay
     in the inbox until the batch is handed out, so a worker cancelled while it waits loses none.
     """
 
-    def __init__(self, *, size: int, wait: float) -> None:
+    def __init__(
+        self,
+        *,
+        size: int,
+        wait: float,
+        max_weight: int | None = None,
+        weight: Callable[[T], int] = lambda _: 0,
+    ) -> None:
         self._items: deque[T] = deque()
         self._size = size
         self._wait = wait
+        self._max_weight = max_weight
+        self._weight = weight
         self._waiter: asyncio.Future[None] | None = None
         self._wanted = 1
 
@@ -53,7 +65,17 @@ class Inbox(Generic[T]):
             loop = asyncio.get_running_loop()
             await self._until(self._size, loop.time() + self._wait)
         items = self._items
-        return [items.popleft() for _ in range(min(self._size, len(items)))]
+        count = min(self._size, len(items))
+        if self._max_weight is not None:
+            # A batch's bodies are parsed together: bound their bytes (at least one, whatever
+            # its size).
+            total = 0
+            for index in range(count):
+                total += self._weight(items[index])
+                if total > self._max_weight and index > 0:
+                    count = index
+                    break
+        return [items.popleft() for _ in range(count)]
 
     async def _until(self, count: int, deadline: float | None) -> None:
         """Wait until ``count`` items are queued, or the loop's clock reaches ``deadline``."""

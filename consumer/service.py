@@ -45,6 +45,7 @@ from consumer.errors import (
 from consumer.inbox import Inbox
 from consumer.isolation import Isolation
 from consumer.logs import Logger
+from consumer.memory import BATCH_BYTES, KEEP_PARSED_BYTES
 from consumer.metrics import Metrics
 from consumer.outcome import Applied, Failed, Outcome
 from consumer.pipeline import Pipeline
@@ -135,7 +136,12 @@ class Service:
         self._reporter = OutcomeReporter(logger, metrics, log_payloads=settings.log_payloads)
         # One inbox per worker: events with equal keys always meet the same worker.
         self._inboxes: list[Inbox[Delivery]] = [
-            Inbox(size=settings.batch_size, wait=settings.batch_wait.total_seconds())
+            Inbox(
+                size=settings.batch_size,
+                wait=settings.batch_wait.total_seconds(),
+                max_weight=BATCH_BYTES,
+                weight=_body_bytes,
+            )
             for _ in range(settings.db_pool_size)
         ]
         self._isolation: Isolation[Delivery] = Isolation()
@@ -337,6 +343,7 @@ class Service:
                     self._settings,
                     self._topology,
                     self._names.work,
+                    self._names.redeliver,
                     self._on_delivery,
                     self._metrics.settle_lost.inc,
                     self._metrics.settled_twice.inc,
@@ -455,6 +462,10 @@ class Service:
         if index is None:
             index = self._next_inbox
             self._next_inbox = (index + 1) % len(self._inboxes)
+        if isinstance(prepared, tuple) and len(delivery.body) > KEEP_PARSED_BYTES:
+            # Parsed for its key only: the worker that applies it parses it again, so that the
+            # prefetch holds bodies, not their many times larger objects (consumer.memory).
+            delivery.prepared = None
         self._inboxes[index].put(delivery)
 
     def _take_waiting(self) -> list[Delivery]:
@@ -558,6 +569,10 @@ class Service:
             self._logger.error("cannot go on", error=str(error), error_class=type(error).__name__)
             self._fatal = error
             self._fatal_event.set()
+
+
+def _body_bytes(delivery: Delivery) -> int:
+    return len(delivery.body)
 
 
 async def _wait(

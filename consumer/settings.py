@@ -17,6 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from pydantic import (
     BeforeValidator,
+    ByteSize,
     Field,
     SecretStr,
     ValidationError,
@@ -148,8 +149,12 @@ class Settings(BaseSettings):
     shutdown_grace: Duration = timedelta(seconds=30)
     publish_timeout: Duration = timedelta(seconds=10)
     reconnect_max_delay: Duration = timedelta(seconds=30)
-    max_body_bytes: int = Field(default=1024 * 1024, ge=64, le=128 * 1024 * 1024)
+    max_body_bytes: int = Field(default=256 * 1024, ge=64, le=128 * 1024 * 1024)
     max_json_depth: int = Field(default=32, ge=2, le=512)
+    max_json_containers: int = Field(default=10_000, ge=10, le=10_000_000)
+    # What the process may use, to budget prefetched bodies against (consumer.memory); unset:
+    # the container's limit (cgroup) if it has one.
+    memory_limit: ByteSize | None = None
     max_header_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
     max_future_skew: Duration = timedelta(hours=24)
     allow_extra_fields: bool = False

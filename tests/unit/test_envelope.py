@@ -97,7 +97,7 @@ def test_other_content_types_are_poison(content_type: str | None, encoding: str 
     assert caught.value.reason is PoisonReason.WRONG_CONTENT_TYPE
 
 
-BIG = EnvelopeParser(EnvelopeLimits(max_bytes=10_000_000, max_depth=32))
+BIG = EnvelopeParser(EnvelopeLimits(max_bytes=10_000_000, max_depth=32, max_containers=10**7))
 
 
 @pytest.mark.parametrize(
@@ -137,3 +137,18 @@ def test_oversized_headers_are_poison() -> None:
     assert caught.value.reason is PoisonReason.HEADERS_TOO_LARGE
     with pytest.raises(Poison):
         parser.check_headers({f"h{n}": [{"k": "v" * 10}] * 10 for n in range(20)})
+
+
+def test_a_body_of_too_many_containers_is_poison_before_it_is_parsed() -> None:
+    parser = EnvelopeParser(EnvelopeLimits(max_bytes=2_000_000, max_containers=10_000))
+    tiny_arrays = body(payload={"params": [[] for _ in range(340_000)]})
+    with pytest.raises(Poison) as caught:
+        parser.parse(tiny_arrays)
+    assert caught.value.reason is PoisonReason.TOO_COMPLEX
+
+
+def test_brackets_inside_strings_are_not_containers() -> None:
+    parser = EnvelopeParser(EnvelopeLimits(max_containers=10))
+    text = "[{" * 1000 + '\\"[' * 100
+    parsed = parser.parse(body(payload={"text": text, "list": [1, [2]]}))
+    assert parsed.payload["text"] == text

@@ -1,0 +1,81 @@
+"""What the prefetch can make the process hold, checked at start-up against what it may use.
+
+Held deliveries keep their bodies: up to ``CONSUMER_PREFETCH`` x ``CONSUMER_MAX_BODY_BYTES``. A
+parsed body costs up to about :data:`PARSED_EXPANSION` times its bytes in Python objects (measured:
+a megabyte of short strings is nine of objects; containers, the costliest, are bounded by
+``CONSUMER_MAX_JSON_CONTAINERS``), so only small bodies stay parsed while they wait
+(:data:`KEEP_PARSED_BYTES`); a larger one is parsed again by the worker that applies it, and a
+worker's batch holds at most :data:`BATCH_BYTES` of bodies (or one body). A configuration whose
+worst case does not fit the memory limit stops start-up with one line naming the settings.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from consumer.errors import ConfigError
+from consumer.settings import Settings
+
+__all__ = [
+    "BATCH_BYTES",
+    "KEEP_PARSED_BYTES",
+    "check_memory_budget",
+    "container_memory_limit",
+    "worst_case",
+]
+
+BASE_BYTES = 96 * 1024 * 1024
+"""The process at rest (about 62 MB measured) with room to spare."""
+PARSED_EXPANSION = 20
+KEEP_PARSED_BYTES = 8 * 1024
+BATCH_BYTES = 1024 * 1024
+
+_CGROUP_LIMITS = (
+    Path("/sys/fs/cgroup/memory.max"),  # cgroup v2
+    Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),  # cgroup v1
+)
+_NO_LIMIT = 1 << 60  # cgroup v1 says "no limit" with a huge number
+
+
+def worst_case(settings: Settings) -> int:
+    """The most memory the settings let deliveries take, in bytes, the process's own included."""
+    body = settings.max_body_bytes
+    held = settings.prefetch * body
+    parsed_while_held = settings.prefetch * min(body, KEEP_PARSED_BYTES) * PARSED_EXPANSION
+    being_applied = settings.db_pool_size * max(body, BATCH_BYTES) * PARSED_EXPANSION
+    return BASE_BYTES + held + parsed_while_held + being_applied
+
+
+def container_memory_limit(paths: tuple[Path, ...] = _CGROUP_LIMITS) -> int | None:
+    """The memory limit of the container the process runs in (cgroup), if it has one."""
+    for path in paths:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < _NO_LIMIT:
+            return int(text)
+        return None
+    return None
+
+
+def check_memory_budget(settings: Settings, limit: int | None = None) -> None:
+    """Raise :class:`ConfigError` if the settings' worst case does not fit ``limit``
+    (``CONSUMER_MEMORY_LIMIT``, else the container's; nothing to check without either)."""
+    if limit is None:
+        limit = settings.memory_limit or container_memory_limit()
+    if limit is None:
+        return
+    needed = worst_case(settings)
+    if needed > limit:
+        source = "CONSUMER_MEMORY_LIMIT" if settings.memory_limit else "the container's limit"
+        raise ConfigError(
+            f"CONSUMER_PREFETCH ({settings.prefetch}) x CONSUMER_MAX_BODY_BYTES "
+            f"({settings.max_body_bytes}) with CONSUMER_DB_POOL_SIZE ({settings.db_pool_size}) "
+            f"could take {_mib(needed)} of memory, more than {source} ({_mib(limit)}): lower "
+            "CONSUMER_PREFETCH or CONSUMER_MAX_BODY_BYTES"
+        )
+
+
+def _mib(size: int) -> str:
+    return f"{size / 1024 / 1024:.0f} MiB"

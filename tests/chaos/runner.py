@@ -42,7 +42,7 @@ from tests.chaos.producer import Attempt, Gates, PublishLog, ResilientProducer
 from tests.chaos.report import FaultRecord, RunReport, ScenarioResult
 from tests.chaos.scenarios import CONSUMER_SETTINGS, Profile, Scenario, scenarios_for
 from tests.chaos.verify import check, dead_by_reason
-from tests.chaos.workload import Workload, plan_workload
+from tests.chaos.workload import SEED_STOCK, SKUS, Workload, plan_workload
 from tests.chaos.world import World
 from tests.servers import ThrowawayPostgres, ThrowawayRabbit, free_port
 from tests.support import REPO, TestEnv
@@ -78,6 +78,12 @@ async def _make_template(postgres: ThrowawayPostgres, name: str) -> None:
     try:
         await migrate(conn)
         await conn.execute(SCHEMA.read_text())
+        # Every reserve must succeed whatever the order: each SKU starts with plenty.
+        await conn.execute(
+            "INSERT INTO stock (sku, available) SELECT unnest($1::text[]), $2",
+            list(SKUS),
+            SEED_STOCK,
+        )
     finally:
         await conn.close()
 

@@ -25,7 +25,10 @@ READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 40.0
 """SIGTERM to exit: the test environment's shutdown grace (10s) and then some."""
 
-_APPLIED = "SELECT (SELECT count(*) FROM test_effects) + (SELECT count(*) FROM stock_movements)"
+_APPLIED = (
+    "SELECT (SELECT count(*) FROM test_effects) + (SELECT count(*) FROM stock_movements)"
+    " + (SELECT count(*) FROM notifications)"
+)
 
 
 @dataclass

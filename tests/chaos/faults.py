@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
-import time
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -154,50 +153,54 @@ class FreezePostgres:
 
 Resource = Literal["memory", "disk"]
 
-# rabbitmqctl arguments that raise each alarm at once, and those that restore the node's defaults
-# (the throwaway node runs with an empty rabbitmq.conf: a relative memory watermark of 0.4 and a
-# disk free limit of 50MB). A watermark of 0 raises the memory alarm at once; the disk alarm
-# follows the limit at the disk monitor's next check (about a second). Both work on 3.10.
-_ALARMS: dict[Resource, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "memory": (("set_vm_memory_high_watermark", "0"), ("set_vm_memory_high_watermark", "0.4")),
-    "disk": (("set_disk_free_limit", "1000000GB"), ("set_disk_free_limit", "50MB")),
+# How each alarm is raised and the node's default restored (the throwaway node runs with an empty
+# rabbitmq.conf: a relative memory watermark of 0.4, a disk free limit of 50MB), as Erlang calls:
+# what `rabbitmqctl set_vm_memory_high_watermark 0` and `set_disk_free_limit 1000000GB` do. Both
+# alarms work on 3.10; a watermark of 0 raises the memory alarm at once.
+_LIMITS: dict[Resource, tuple[str, str]] = {
+    "memory": (
+        "vm_memory_monitor:set_vm_memory_high_watermark(0.0)",
+        "vm_memory_monitor:set_vm_memory_high_watermark(0.4)",
+    ),
+    "disk": (
+        'rabbit_disk_monitor:set_disk_free_limit("1000000GB")',
+        'rabbit_disk_monitor:set_disk_free_limit("50MB")',
+    ),
 }
-ALARM_TIMEOUT = 15.0
-"""How long an alarm may take to show (or go) after the limit is set."""
+# Polls the node's alarms every 100ms, up to N times, until the resource's alarm is (not) set.
+_WAIT = (
+    "Wait = fun W(Res, Want, N) -> "
+    "Has = lists:keymember({resource_limit, Res, node()}, 1, rabbit_alarm:get_alarms()), "
+    "if Has =:= Want -> ok; N =:= 0 -> timeout; true -> timer:sleep(100), W(Res, Want, N - 1) "
+    "end end, "
+)
 
 
-def _rabbitmqctl(rabbit: ThrowawayRabbit, *args: str) -> str:
+def _eval(rabbit: ThrowawayRabbit, expression: str, timeout: float) -> str:
     done = subprocess.run(
-        [*rabbit.ctl_command(), *args], capture_output=True, text=True, timeout=60, check=True
+        [*rabbit.ctl_command(), "eval", expression],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=True,
     )
-    return done.stdout
-
-
-def _alarms(rabbit: ThrowawayRabbit) -> str:
-    """The node's resource alarms, as Erlang terms (``{resource_limit,memory,Node}``...)."""
-    return _rabbitmqctl(rabbit, "eval", "rabbit_alarm:get_alarms().")
-
-
-def _wait_for_alarm(rabbit: ThrowawayRabbit, resource: Resource, *, raised: bool) -> None:
-    deadline = time.monotonic() + ALARM_TIMEOUT
-    while (f"resource_limit,{resource}," in _alarms(rabbit)) != raised:
-        if time.monotonic() > deadline:
-            state = "raised" if raised else "cleared"
-            raise RuntimeError(f"the {resource} alarm was not {state} within {ALARM_TIMEOUT:g}s")
-        time.sleep(0.3)
+    return done.stdout.strip()
 
 
 def clear_alarms(rabbit: ThrowawayRabbit) -> None:
-    """Restore both limits (whatever a fault cut short left behind)."""
-    for _, clear in _ALARMS.values():
-        _rabbitmqctl(rabbit, *clear)
+    """Restore both limits (in case an alarm was left raised)."""
+    _eval(rabbit, ", ".join(clear for _, clear in _LIMITS.values()) + ".", timeout=60)
 
 
 @dataclass(frozen=True)
 class BrokerAlarm:
     """A resource alarm on the run's RabbitMQ node for ``seconds``, then the limit restored: the
     broker blocks every connection that publishes (the producer's, and the consumers' retry and
-    dead-letter publishes) until it clears."""
+    dead-letter publishes) until it clears.
+
+    One ``rabbitmqctl eval`` raises it, waits until the node reports it, holds it, restores the
+    limit and waits until it is gone: the node clears it even if the runner is stopped meanwhile.
+    """
 
     seconds: float = 5.0
     resource: Resource = "memory"
@@ -211,12 +214,15 @@ class BrokerAlarm:
         return False
 
     async def inject(self, world: World) -> None:
-        raise_alarm, clear = _ALARMS[self.resource]
-        try:
-            await asyncio.to_thread(_rabbitmqctl, world.rabbit, *raise_alarm)
-            await asyncio.to_thread(_wait_for_alarm, world.rabbit, self.resource, raised=True)
-            await asyncio.sleep(self.seconds)
-        finally:
-            await asyncio.to_thread(_rabbitmqctl, world.rabbit, *clear)
-        await asyncio.to_thread(_wait_for_alarm, world.rabbit, self.resource, raised=False)
+        raise_alarm, clear = _LIMITS[self.resource]
+        resource = self.resource
+        expression = (
+            f"{_WAIT}{raise_alarm}, Up = Wait({resource}, true, 150), "
+            f"timer:sleep({round(self.seconds * 1000)}), "
+            f"{clear}, Down = Wait({resource}, false, 150), {{Up, Down}}."
+        )
+        answer = await asyncio.to_thread(_eval, world.rabbit, expression, self.seconds + 60)
+        if answer != "{ok,ok}":
+            await asyncio.to_thread(clear_alarms, world.rabbit)
+            raise RuntimeError(f"the {resource} alarm was not raised and cleared: {answer}")
         await world.wait_ready()

@@ -31,7 +31,7 @@ import asyncpg
 
 from consumer.durations import format_duration
 from consumer.migrations import migrate
-from tests.chaos.faults import BrokerAlarm, Fault, clear_alarms
+from tests.chaos.faults import Fault
 from tests.chaos.observe import (
     EndState,
     QueueProbe,
@@ -341,9 +341,6 @@ async def run_scenario(
                     await task
         world.kill_everything()
         postgres.signal_all(signal.SIGCONT)
-        if any(isinstance(fault, BrokerAlarm) for fault in scenario.faults):
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(clear_alarms, rabbit)
         with contextlib.suppress(Exception):
             await _remove_broker_objects(env)
         with contextlib.suppress(Exception):

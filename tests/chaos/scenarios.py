@@ -86,7 +86,7 @@ PROFILES = {
         named_only=frozenset({"swallow", "blocking", "crashing", "odd-payload", "kill-connection"}),
         alarm_s=3.0,
         settle_timeout=60,
-        budget=320,
+        budget=335,
     ),
     "long": Profile(
         name="long",

@@ -14,7 +14,7 @@ from tests.chaos.scenarios import PROFILES
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(440)
 async def test_short_profile_applies_every_event_once_and_dead_letters_the_rest(
     tmp_path: Path,
 ) -> None:

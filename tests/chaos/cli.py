@@ -18,6 +18,8 @@ INTERRUPTED = 130
 
 def _parser() -> argparse.ArgumentParser:
     slugs = [scenario.slug for scenario in scenarios_for(PROFILES["short"])]
+    named_only = sorted(PROFILES["short"].named_only)
+    long_named_only = sorted(PROFILES["long"].named_only)
     parser = argparse.ArgumentParser(
         prog="python -m tests.chaos",
         description="Real consumers under real faults on throwaway servers; exactly-once checked "
@@ -25,7 +27,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--profile", choices=sorted(PROFILES), default="short")
     parser.add_argument(
-        "--scenario", action="append", choices=slugs, default=[], help="only these (repeatable)"
+        "--scenario",
+        action="append",
+        choices=slugs,
+        default=[],
+        help="only these (repeatable); the short profile runs "
+        f"{', '.join(named_only)} and the long one {', '.join(long_named_only)} only when named",
     )
     parser.add_argument("--events", type=int, help="publications per scenario (the profile's)")
     parser.add_argument(

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from tests.chaos.world import World
+from tests.servers import ThrowawayRabbit
 
 
 class Fault(Protocol):
@@ -146,4 +148,81 @@ class FreezePostgres:
             await asyncio.sleep(self.seconds)
         finally:
             world.postgres.signal_all(signal.SIGCONT)
+        await world.wait_ready()
+
+
+Resource = Literal["memory", "disk"]
+
+# How each alarm is raised and the node's default restored (the throwaway node runs with an empty
+# rabbitmq.conf: a relative memory watermark of 0.4, a disk free limit of 50MB), as Erlang calls:
+# what `rabbitmqctl set_vm_memory_high_watermark 0` and `set_disk_free_limit 1000000GB` do. Both
+# alarms work on 3.10; a watermark of 0 raises the memory alarm at once.
+_LIMITS: dict[Resource, tuple[str, str]] = {
+    "memory": (
+        "vm_memory_monitor:set_vm_memory_high_watermark(0.0)",
+        "vm_memory_monitor:set_vm_memory_high_watermark(0.4)",
+    ),
+    "disk": (
+        'rabbit_disk_monitor:set_disk_free_limit("1000000GB")',
+        'rabbit_disk_monitor:set_disk_free_limit("50MB")',
+    ),
+}
+# Polls the node's alarms every 100ms, up to N times, until the resource's alarm is (not) set.
+_WAIT = (
+    "Wait = fun W(Res, Want, N) -> "
+    "Has = lists:keymember({resource_limit, Res, node()}, 1, rabbit_alarm:get_alarms()), "
+    "if Has =:= Want -> ok; N =:= 0 -> timeout; true -> timer:sleep(100), W(Res, Want, N - 1) "
+    "end end, "
+)
+
+
+def _eval(rabbit: ThrowawayRabbit, expression: str, timeout: float) -> str:
+    done = subprocess.run(
+        [*rabbit.ctl_command(), "eval", expression],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+def clear_alarms(rabbit: ThrowawayRabbit) -> None:
+    """Restore both limits (in case an alarm was left raised)."""
+    _eval(rabbit, ", ".join(clear for _, clear in _LIMITS.values()) + ".", timeout=60)
+
+
+@dataclass(frozen=True)
+class BrokerAlarm:
+    """A resource alarm on the run's RabbitMQ node for ``seconds``, then the limit restored: the
+    broker blocks every connection that publishes (the producer's, and the consumers' retry and
+    dead-letter publishes) until it clears.
+
+    One ``rabbitmqctl eval`` raises it, waits until the node reports it, holds it, restores the
+    limit and waits until it is gone: the node clears it even if the runner is stopped meanwhile.
+    """
+
+    seconds: float = 5.0
+    resource: Resource = "memory"
+
+    @property
+    def label(self) -> str:
+        return f"RabbitMQ {self.resource} alarm {self.seconds:g}s"
+
+    @property
+    def cuts_broker_links(self) -> bool:
+        return False
+
+    async def inject(self, world: World) -> None:
+        raise_alarm, clear = _LIMITS[self.resource]
+        resource = self.resource
+        expression = (
+            f"{_WAIT}{raise_alarm}, Up = Wait({resource}, true, 150), "
+            f"timer:sleep({round(self.seconds * 1000)}), "
+            f"{clear}, Down = Wait({resource}, false, 150), {{Up, Down}}."
+        )
+        answer = await asyncio.to_thread(_eval, world.rabbit, expression, self.seconds + 60)
+        if answer != "{ok,ok}":
+            await asyncio.to_thread(clear_alarms, world.rabbit)
+            raise RuntimeError(f"the {resource} alarm was not raised and cleared: {answer}")
         await world.wait_ready()

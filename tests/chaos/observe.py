@@ -18,6 +18,7 @@ from tests.support import REPO
 
 FIRST_DEATH_REASON = "x-first-death-reason"
 DEAD_REASON = "consumer-dead-reason"
+ERROR_CLASS = "consumer-error-class"
 
 
 def _text(value: object) -> str | None:
@@ -38,6 +39,8 @@ class DeadCopy:
     first_death_reason: str | None
     """``x-first-death-reason``: set by the broker (``rejected`` for poison, ``delivery_limit``)."""
     deaths: str = ""
+    error_class: str | None = None
+    """``consumer-error-class``: the exception the service dead-lettered it for."""
     """The broker's ``x-death``, newest first: ``queue:reason xcount`` for each."""
 
 
@@ -59,6 +62,9 @@ class EndState:
     effects: Counter[uuid.UUID] = field(default_factory=Counter)
     """``test_effects`` rows per event id (the chaos schema has no unique key there)."""
     movements: Counter[uuid.UUID] = field(default_factory=Counter)
+    """``stock_movements`` rows per event id (no unique key there in the chaos template)."""
+    notifications: Counter[uuid.UUID] = field(default_factory=Counter)
+    """``notifications`` rows per event id (no unique key there either)."""
     receipts: Counter[uuid.UUID] = field(default_factory=Counter)
     foreign_receipts: int = 0
     stock: dict[str, int] = field(default_factory=dict)
@@ -74,7 +80,11 @@ class EndState:
 
     @property
     def applied(self) -> int:
-        return sum(self.effects.values()) + sum(self.movements.values())
+        return (
+            sum(self.effects.values())
+            + sum(self.movements.values())
+            + sum(self.notifications.values())
+        )
 
 
 async def read_database(dsn: str, consumer: str, state: EndState) -> None:
@@ -84,6 +94,8 @@ async def read_database(dsn: str, consumer: str, state: EndState) -> None:
             state.effects[row[0]] = int(row[1])
         for row in await conn.fetch("SELECT event_id, count(*) FROM stock_movements GROUP BY 1"):
             state.movements[row[0]] = int(row[1])
+        for row in await conn.fetch("SELECT event_id, count(*) FROM notifications GROUP BY 1"):
+            state.notifications[row[0]] = int(row[1])
         for row in await conn.fetch(
             "SELECT event_id, count(*) FROM receipts WHERE consumer = $1 GROUP BY 1", consumer
         ):
@@ -141,6 +153,7 @@ async def take_dead_letters(url: str, queue: str, state: EndState) -> None:
                     reason=_text(headers.get(DEAD_REASON)),
                     first_death_reason=_text(headers.get(FIRST_DEATH_REASON)),
                     deaths=_deaths(headers),
+                    error_class=_text(headers.get(ERROR_CLASS)),
                 )
             )
     finally:

@@ -62,15 +62,16 @@ class RunReport:
     def table(self) -> str:
         head = (
             "| fault | events sent | applied | dead-lettered | lost | duplicated effects "
-            "| extra dead copies | producer re-sends | time | invariants |\n"
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n"
+            "| innocent dead letters | extra dead copies | restarts after self-exit "
+            "| producer re-sends | time | invariants |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n"
         )
         rows = []
         total = Figures()
         for result in self.results:
             if result.verdict is None:
                 why = result.skipped or result.error or "?"
-                rows.append(f"| {result.title} | - | - | - | - | - | - | - | - | not run: {why} |")
+                rows.append(f"| {result.title} |" + " - |" * 10 + f" not run: {why} |")
                 continue
             f = result.verdict.figures
             for name in (
@@ -82,7 +83,9 @@ class RunReport:
                 "dead_lettered",
                 "lost",
                 "duplicated",
+                "innocent_dead",
                 "extra_dead",
+                "restarts",
             ):
                 setattr(total, name, getattr(total, name) + getattr(f, name))
             rows.append(_row(result.title, f, f"{result.seconds:.0f}s", _status(result)))
@@ -107,10 +110,13 @@ class RunReport:
             "`<name>.dead`, one expected per confirmed publication of a permanent or poison "
             "event (a duplicate published twice is dead-lettered twice). `lost`: events that must "
             "apply with no effect, plus confirmed dead-bound publications missing from the "
-            "dead-letter queue. `duplicated effects`: effects beyond the first of an event. `extra "
-            "dead copies`: a second dead copy of one message id (the publish-confirm-then-ack "
-            "window; no effect). `producer re-sends`: publishes the faults left unconfirmed, sent "
-            "again with a new message id.",
+            "dead-letter queue. `duplicated effects`: effects beyond the first of an event. "
+            "`innocent dead letters`: dead copies of events that must apply (always a "
+            "violation). `extra dead copies`: a second dead copy of one message id (the "
+            "publish-confirm-then-ack window; no effect). `restarts after self-exit`: consumers "
+            "that exited by themselves where the scenario expects it (a handler that blocks the "
+            "loop or crashes the process), started again as a supervisor would. `producer "
+            "re-sends`: publishes the faults left unconfirmed, sent again with a new message id.",
             "",
             "Settings: " + ", ".join(f"`{k}={v}`" for k, v in self.settings.items()),
             "",
@@ -180,8 +186,8 @@ class RunReport:
 def _row(title: str, f: Figures, seconds: str, status: str) -> str:
     return (
         f"| {title} | {f.sent:,} | {f.applied:,} of {f.to_apply:,} | {f.dead_lettered:,} of "
-        f"{f.dead_expected:,} | {f.lost} | {f.duplicated} | {f.extra_dead} | {f.resent} | "
-        f"{seconds} | {status} |"
+        f"{f.dead_expected:,} | {f.lost} | {f.duplicated} | {f.innocent_dead} | {f.extra_dead} | "
+        f"{f.restarts} | {f.resent} | {seconds} | {status} |"
     )
 
 

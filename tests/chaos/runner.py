@@ -4,8 +4,10 @@ its own queues and ingress exchange) and a fresh database. Everything is bounded
 whatever the run started is stopped and removed on the way out.
 
 Per scenario: start the consumers, publish the workload at a steady rate while the faults strike
-at set shares of the effects, wait until the queues are quiet, scrape ``/metrics``, stop the
-consumers with SIGTERM, then read the end state and check every invariant (:mod:`.verify`).
+at set shares of the effects (and, where the scenario expects consumers to exit by themselves,
+restart each one that does, as a supervisor would), wait until the queues are quiet, scrape
+``/metrics``, stop the consumers with SIGTERM, then read the end state and check every invariant
+(:mod:`.verify`).
 """
 
 from __future__ import annotations
@@ -40,9 +42,9 @@ from tests.chaos.observe import (
 )
 from tests.chaos.producer import Attempt, Gates, PublishLog, ResilientProducer
 from tests.chaos.report import FaultRecord, RunReport, ScenarioResult
-from tests.chaos.scenarios import CONSUMER_SETTINGS, Profile, Scenario, scenarios_for
+from tests.chaos.scenarios import CONSUMER_SETTINGS, Profile, Scenario, chosen
 from tests.chaos.verify import check, dead_by_reason
-from tests.chaos.workload import Workload, plan_workload
+from tests.chaos.workload import SEED_STOCK, SKUS, Workload, plan_workload
 from tests.chaos.world import World
 from tests.servers import ThrowawayPostgres, ThrowawayRabbit, free_port
 from tests.support import REPO, TestEnv
@@ -78,6 +80,12 @@ async def _make_template(postgres: ThrowawayPostgres, name: str) -> None:
     try:
         await migrate(conn)
         await conn.execute(SCHEMA.read_text())
+        # Every reserve must succeed whatever the order: each SKU starts with plenty.
+        await conn.execute(
+            "INSERT INTO stock (sku, available) SELECT unnest($1::text[]), $2",
+            list(SKUS),
+            SEED_STOCK,
+        )
     finally:
         await conn.close()
 
@@ -109,6 +117,7 @@ SHOWN_SETTINGS = (
     "delivery_limit",
     "handler_timeout",
     "hard_timeout",
+    "db_stall_timeout",
     "shutdown_grace",
     "reconnect_max_delay",
     "publish_timeout",
@@ -150,10 +159,7 @@ async def run(
     deadline = started + profile.budget
     if events is not None:
         profile = Profile(**{**profile.__dict__, "events": events})
-    chosen = [s for s in scenarios_for(profile) if not only or s.slug in only]
-    unknown = set(only) - {s.slug for s in scenarios_for(profile)}
-    if unknown:
-        raise ValueError(f"no such scenario: {', '.join(sorted(unknown))}")
+    scenarios = chosen(profile, only)
     overrides = {**CONSUMER_SETTINGS, **(settings or {})}
     run_id = uuid.uuid4().hex[:6]
     stamp = datetime.now(UTC)
@@ -181,7 +187,7 @@ async def run(
         report.environment = _versions(rabbit, postgres)
         template = f"chaos_{run_id}_template"
         await _make_template(postgres, template)
-        for number, scenario in enumerate(chosen):
+        for number, scenario in enumerate(scenarios):
             result = ScenarioResult(scenario.slug, scenario.title, scenario.consumers)
             report.results.append(result)
             left = deadline - time.monotonic()
@@ -261,14 +267,23 @@ async def run_scenario(
         log_dir=log_dir,
         overrides={"exchange": f"{name}.events", **overrides},
     )
-    world = World(env=env, rabbit=rabbit, postgres=postgres, consumers=scenario.consumers)
-    workload = plan_workload(profile.events, seed=seed)
+    world = World(
+        env=env,
+        rabbit=rabbit,
+        postgres=postgres,
+        consumers=scenario.consumers,
+        self_exits=scenario.self_exits,
+    )
+    workload = plan_workload(profile.events, seed=seed, faults=scenario.mix_in)
     progress = asyncio.create_task(world.progress.run(), name="progress")
     publishing: asyncio.Task[PublishLog] | None = None
+    supervisor: asyncio.Task[None] | None = None
     try:
         await _admin(postgres.admin_dsn, f'CREATE DATABASE "{database}" TEMPLATE "{template}"')
         await env.apply_topology()
         await world.start(*range(scenario.consumers))
+        if scenario.self_exits:
+            supervisor = asyncio.create_task(world.supervise(), name="supervisor")
         # Publishing takes events / rate; faults and a slow machine can stretch it, within bounds.
         publish_deadline = min(
             run_deadline + 60, time.monotonic() + profile.events / profile.rate * 3 + 90
@@ -291,6 +306,10 @@ async def run_scenario(
         waited = await _settle(world, workload, log, timeout=profile.settle_timeout)
         if waited is not None:
             world.notes.append(waited)
+        if supervisor is not None:
+            supervisor.cancel()
+            with contextlib.suppress(BaseException):
+                await supervisor
         await world.stop_all()
         state = EndState()
         await _count_leftovers(env, state)
@@ -303,19 +322,23 @@ async def run_scenario(
         )
         verdict.violations += failures
         verdict.violations += world.unexpected_exits
+        verdict.figures.restarts = world.restarts
+        if scenario.never_pauses and (pauses := world.pauses()):
+            verdict.violations.append(
+                f"the consumers paused: {len(pauses)} log lines say pausing "
+                f"(first: {pauses[0][:300]})"
+            )
         verdict.notes += world.notes + world.log_findings()
         result.verdict = verdict
     except Exception as error:  # report what could not be run, and go on with the next
         result.error = f"{type(error).__name__}: {error}"
         _say(f"scenario {scenario.slug} stopped: {result.error}")
     finally:
-        if publishing is not None and not publishing.done():
-            publishing.cancel()
-            with contextlib.suppress(BaseException):
-                await publishing
-        progress.cancel()
-        with contextlib.suppress(BaseException):
-            await progress
+        for task in (publishing, supervisor, progress):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
         world.kill_everything()
         postgres.signal_all(signal.SIGCONT)
         with contextlib.suppress(Exception):

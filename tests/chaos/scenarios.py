@@ -1,11 +1,14 @@
-"""The scenarios (one fault each, then all together) and the two profiles that size them."""
+"""The scenarios (one fault each, then all together; handler faults one by one and together; a
+broker resource alarm) and the two profiles that size them."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from consumer.watchdog import EXIT_HARD_TIMEOUT
 from tests.chaos.faults import (
+    BrokerAlarm,
     CloseConnections,
     Fault,
     FreezePostgres,
@@ -14,10 +17,17 @@ from tests.chaos.faults import (
     RestartRabbit,
     Terminate,
 )
+from tests.chaos.workload import SLOW_S, Kind
 
 # What every consumer of every scenario runs with, on top of tests.support.TestEnv's test settings
 # (retry ladder 200ms,400ms,800ms; shutdown grace 10s; reconnect backoff capped at 1s).
 CONSUMER_SETTINGS = {"handler_timeout": "1s"}
+HARD_TIMEOUT = "2s"
+"""Where handlers block the event loop: the hard time limit, low so that crash loops are short."""
+STALL_TIMEOUT = "300ms"
+"""Where a duplicate meets its first copy in a slow handler: below the handler's sleep."""
+EXIT_CRASH = 17
+"""``test.behave``'s ``crash``: ``os._exit(17)``."""
 
 
 @dataclass(frozen=True)
@@ -34,7 +44,19 @@ class Profile:
     postgres_restarts: int
     freezes: int
     all_together_rounds: int
+    swallows: int
+    """``swallow`` events where a scenario has them (half through the batch handler)."""
+    odd: int
+    """``odd_poison`` events, and as many valid ``odd`` ones."""
+    connection_kills: int
+    blocks: int
+    crashes: int
+    slow_duplicates: int
+    alarms: int
+    named_only: frozenset[str]
+    """Scenarios run only when named (``--scenario``)."""
     freeze_s: float = 4.0
+    alarm_s: float = 5.0
     settle_timeout: float = 60.0
     """After publishing, how long the consumers get to finish."""
     budget: float = 220.0
@@ -53,8 +75,18 @@ PROFILES = {
         postgres_restarts=2,
         freezes=1,
         all_together_rounds=1,
+        swallows=40,
+        odd=20,
+        connection_kills=3,
+        blocks=2,
+        crashes=2,
+        slow_duplicates=10,
+        alarms=1,
+        # The handler faults run together here (`handler-faults`); each alone when named.
+        named_only=frozenset({"swallow", "blocking", "crashing", "odd-payload", "kill-connection"}),
+        alarm_s=3.0,
         settle_timeout=60,
-        budget=230,
+        budget=335,
     ),
     "long": Profile(
         name="long",
@@ -67,6 +99,14 @@ PROFILES = {
         postgres_restarts=4,
         freezes=3,
         all_together_rounds=3,
+        swallows=1_000,
+        odd=500,
+        connection_kills=20,
+        blocks=5,
+        crashes=5,
+        slow_duplicates=60,
+        alarms=4,
+        named_only=frozenset({"handler-faults"}),
         settle_timeout=300,
         budget=3 * 3600,
     ),
@@ -80,10 +120,19 @@ class Scenario:
     consumers: int = 1
     faults: Sequence[Fault] = ()
     settings: dict[str, str] = field(default_factory=dict)
+    mix_in: Mapping[Kind, int] = field(default_factory=dict)
+    """Handler-fault events mixed into the normal workload, by kind."""
+    self_exits: frozenset[int] = frozenset()
+    """Exit codes with which a consumer may exit by itself here: it is started again, as a
+    supervisor would, and the exit is reported, not a violation (any other exit is one)."""
+    never_pauses: bool = False
+    """A consumer log line saying ``pausing`` is a violation."""
 
     @property
     def cuts_broker_links(self) -> bool:
-        return any(fault.cuts_broker_links for fault in self.faults)
+        """A fault, or a consumer exiting by itself, can fall between a publisher confirm and
+        the ack of the original (an extra dead copy)."""
+        return bool(self.self_exits) or any(fault.cuts_broker_links for fault in self.faults)
 
     def schedule(self) -> list[tuple[float, Fault]]:
         """Each fault with the share of the effects that must be applied before it strikes:
@@ -95,6 +144,7 @@ class Scenario:
 
 
 def scenarios_for(profile: Profile) -> list[Scenario]:
+    """Every scenario, sized for ``profile`` (see :func:`chosen` for those it runs)."""
     p = profile
     one_round: list[Fault] = [
         Kill(0),
@@ -143,4 +193,78 @@ def scenarios_for(profile: Profile) -> list[Scenario]:
             consumers=3,
             faults=together,
         ),
+        Scenario(
+            "handler-faults",
+            f"handler faults together, 2 consumers: {p.swallows} swallow, {p.odd} odd payloads, "
+            f"{p.connection_kills} kill their connection, {p.blocks} block, {p.crashes} crash",
+            consumers=2,
+            settings={"hard_timeout": HARD_TIMEOUT},
+            mix_in={
+                Kind.SWALLOW: p.swallows,
+                Kind.ODD_POISON: p.odd,
+                Kind.ODD: p.odd,
+                Kind.KILL_CONNECTION: p.connection_kills,
+                Kind.BLOCK: p.blocks,
+                Kind.CRASH: p.crashes,
+            },
+            self_exits=frozenset({EXIT_HARD_TIMEOUT, EXIT_CRASH}),
+        ),
+        Scenario(
+            "swallow",
+            f"handler swallows a database error x{p.swallows} (half in batches)",
+            mix_in={Kind.SWALLOW: p.swallows},
+        ),
+        Scenario(
+            "blocking",
+            f"handler blocks the loop past the {HARD_TIMEOUT} hard limit x{p.blocks}, "
+            "2 consumers restarted",
+            consumers=2,
+            settings={"hard_timeout": HARD_TIMEOUT},
+            mix_in={Kind.BLOCK: p.blocks},
+            self_exits=frozenset({EXIT_HARD_TIMEOUT}),
+        ),
+        Scenario(
+            "crashing",
+            f"handler crashes the process x{p.crashes}, 2 consumers restarted",
+            consumers=2,
+            mix_in={Kind.CRASH: p.crashes},
+            self_exits=frozenset({EXIT_CRASH}),
+        ),
+        Scenario(
+            "odd-payload",
+            f"payload validator raises AttributeError x{p.odd} (+{p.odd} valid)",
+            mix_in={Kind.ODD_POISON: p.odd, Kind.ODD: p.odd},
+        ),
+        Scenario(
+            "kill-connection",
+            f"handler kills its database connection x{p.connection_kills}",
+            mix_in={Kind.KILL_CONNECTION: p.connection_kills},
+        ),
+        Scenario(
+            "slow-duplicate",
+            f"duplicate during a {SLOW_S:g}s handler x{p.slow_duplicates}, "
+            f"{STALL_TIMEOUT} stall timeout, never pauses",
+            settings={"db_stall_timeout": STALL_TIMEOUT},
+            mix_in={Kind.SLOW_DUPLICATE: p.slow_duplicates},
+            never_pauses=True,
+        ),
+        Scenario(
+            "broker-alarm",
+            f"RabbitMQ resource alarm {p.alarm_s:g}s x{p.alarms}",
+            faults=[
+                BrokerAlarm(p.alarm_s, "memory" if n % 2 == 0 else "disk") for n in range(p.alarms)
+            ],
+        ),
     ]
+
+
+def chosen(profile: Profile, only: Sequence[str] = ()) -> list[Scenario]:
+    """The scenarios a run of ``profile`` runs: ``only`` those if named, else all but the
+    profile's ``named_only``."""
+    every = scenarios_for(profile)
+    unknown = set(only) - {scenario.slug for scenario in every}
+    if unknown:
+        raise ValueError(f"no such scenario: {', '.join(sorted(unknown))}")
+    if only:
+        return [scenario for scenario in every if scenario.slug in only]
+    return [scenario for scenario in every if scenario.slug not in profile.named_only]

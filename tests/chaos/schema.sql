@@ -1,6 +1,13 @@
--- The chaos suite's tables for tests/handlers/behave.py, applied after the migrations. Unlike
+-- The chaos suite's tables for tests/handlers/behave.py, applied after the migrations. Like
 -- tests/handlers/schema.sql, test_effects has no unique key on event_id: a second effect of the
--- same event is stored, and counted as a duplicate, instead of failing its transaction.
+-- same event is stored, and counted as a duplicate, instead of failing its transaction. The same
+-- goes for the reference handlers' effects: their unique keys on event_id are dropped here, so a
+-- second stock movement or notification of one event shows as a second row.
+ALTER TABLE stock_movements DROP CONSTRAINT stock_movements_event_id_key;
+CREATE INDEX stock_movements_event ON stock_movements (event_id);
+ALTER TABLE notifications DROP CONSTRAINT notifications_event_id_key;
+CREATE INDEX notifications_event ON notifications (event_id);
+
 CREATE TABLE test_effects (
     event_id    uuid NOT NULL,
     key         text NOT NULL,

@@ -9,7 +9,14 @@ confirmed may be there 0 or 1 times. A second copy of one message id is an *extr
 known window of publish-confirm-then-ack (a kill or connection loss after the broker confirmed the
 dead-letter copy and before the original's ack reached it). It is counted and reported; it is only
 allowed in scenarios that cut the consumers' broker links (SIGKILL, connection close, broker
-restart). An extra dead copy is not a duplicated effect.
+restart, a consumer that exits by itself). An extra dead copy is not a duplicated effect.
+
+Which dead copy is right: what the service dead-letters itself carries ``consumer-dead-reason``
+(the kind's reason: ``permanent_failure``, ``hard_time_limit``, ``crashed``, ``connection_lost``,
+``invalid_payload`` for a validator that raised something other than ValueError) and, where the
+kind promises one, ``consumer-error-class``; ordinary poison is nacked, so it carries no such
+header and the broker's ``x-first-death-reason`` is ``rejected``. A dead copy of an event that
+must apply is an *innocent dead letter*: counted, and always a violation.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from dataclasses import dataclass, field
 
 from tests.chaos.observe import EndState
 from tests.chaos.producer import Attempt, PublishLog
-from tests.chaos.workload import Kind, PlannedEvent, Workload, publication_of
+from tests.chaos.workload import PlannedEvent, Workload, publication_of
 
 
 @dataclass
@@ -42,6 +49,10 @@ class Figures:
     """Effects beyond the first of an event."""
     extra_dead: int = 0
     """Dead copies beyond one per message id."""
+    innocent_dead: int = 0
+    """Dead copies of events that must apply (whatever their reason)."""
+    restarts: int = 0
+    """Consumers that exited by themselves and were started again (filled in by the runner)."""
     handler_calls: int = 0
 
 
@@ -68,9 +79,12 @@ def _report(verdict: Verdict, what: str, examples: list[str]) -> None:
 def _effects(state: EndState, event: PlannedEvent) -> int:
     if event.event_id is None:
         return 0
-    if event.kind is Kind.RESTOCK:
-        return state.movements.get(event.event_id, 0)
-    return state.effects.get(event.event_id, 0)
+    rows = {
+        "stock_movements": state.movements,
+        "notifications": state.notifications,
+        "test_effects": state.effects,
+    }[event.kind.table]
+    return rows.get(event.event_id, 0)
 
 
 def check(
@@ -116,12 +130,20 @@ def check(
             if receipts != (1 if effects else 0):  # a receipt and its effect commit together
                 receipts_wrong.append(f"{event.key}: {receipts} receipts, {effects} effects")
             if dead_copies:
+                figures.innocent_dead += dead_copies
                 deaths = [
                     copy.deaths
                     for copy in state.dead
                     if publication_of(copy.message_id or "").split(".")[0] == event.key
                 ]
-                applied_and_dead.append(f"{event.key} ({event.kind.value}) x-death: {deaths}")
+                reasons = [
+                    copy.reason
+                    for copy in state.dead
+                    if publication_of(copy.message_id or "").split(".")[0] == event.key
+                ]
+                applied_and_dead.append(
+                    f"{event.key} ({event.kind.value}) reason: {reasons} x-death: {deaths}"
+                )
             continue
         if effects or receipts:
             dead_with_effect.append(f"{event.key}: {effects} effects, {receipts} receipts")
@@ -141,7 +163,7 @@ def check(
     _report(verdict, "LOST: confirmed dead-bound publications not in the DLQ", missing_dead)
     _report(verdict, "DUPLICATED effects", doubled)
     _report(verdict, "receipts that do not match the effect", receipts_wrong)
-    _report(verdict, "events that must apply found in the DLQ", applied_and_dead)
+    _report(verdict, "INNOCENT: events that must apply found in the DLQ", applied_and_dead)
     _report(verdict, "dead-bound events with an effect or a receipt", dead_with_effect)
     if extra_dead_allowed:
         if extra:
@@ -157,14 +179,14 @@ def check(
     _check_listing(workload, state, verdict)
     _check_unknown_rows(workload, state, verdict)
 
-    restocked = workload.restocked()
-    if state.stock != restocked:
+    stock = workload.stock()
+    if state.stock != stock:
         wrong = [
-            f"{sku}: {state.stock.get(sku)} != {restocked.get(sku)}"
-            for sku in sorted(set(state.stock) | set(restocked))
-            if state.stock.get(sku) != restocked.get(sku)
+            f"{sku}: {state.stock.get(sku)} != {stock.get(sku)}"
+            for sku in sorted(set(state.stock) | set(stock))
+            if state.stock.get(sku) != stock.get(sku)
         ]
-        _report(verdict, "stock that is not the sum of the restocks", wrong)
+        _report(verdict, "stock that is not the seed + restocks - reserves", wrong)
     _report(
         verdict,
         "messages left in the work or delay queues after stopping",
@@ -176,9 +198,11 @@ def check(
 
 
 def _check_dead_reasons(workload: Workload, state: EndState, verdict: Verdict) -> None:
-    """Headers: ``consumer-dead-reason: permanent_failure`` on what the service dead-letters,
-    the broker's ``x-first-death-reason: rejected`` (and no service reason) on poison."""
+    """Headers: the kind's ``consumer-dead-reason`` (and ``consumer-error-class`` where the kind
+    names one) on what the service dead-letters; on nacked poison no service reason and the
+    broker's ``x-first-death-reason: rejected``."""
     wrong: list[str] = []
+    wrong_class: list[str] = []
     strangers: list[str] = []
     for copy in state.dead:
         publication = workload.by_message_id.get(publication_of(copy.message_id or ""))
@@ -186,19 +210,30 @@ def _check_dead_reasons(workload: Workload, state: EndState, verdict: Verdict) -
             strangers.append(str(copy.message_id))
             continue
         kind = publication.event.kind
+        if kind.applies:
+            continue  # reported as an event that must apply found in the DLQ
         if kind.poison:
             good = copy.reason is None and copy.first_death_reason == "rejected"
-        elif kind.applies:
-            continue  # reported as an event that must apply found in the DLQ
         else:
-            good = copy.reason == "permanent_failure"
+            good = copy.reason == kind.header_reason
         if not good:
             wrong.append(
                 f"{copy.message_id} ({kind.value}): reason={copy.reason} "
-                f"first-death={copy.first_death_reason}"
+                f"first-death={copy.first_death_reason} x-death=[{copy.deaths}]"
+            )
+        elif kind.error_class is not None and not _names_class(copy.error_class, kind.error_class):
+            wrong_class.append(
+                f"{copy.message_id} ({kind.value}): error-class={copy.error_class}, "
+                f"not {kind.error_class}"
             )
     _report(verdict, "dead copies with the wrong reason headers", wrong)
+    _report(verdict, "dead copies with the wrong error class", wrong_class)
     _report(verdict, "dead copies of messages never published", strangers)
+
+
+def _names_class(found: str | None, expected: str) -> bool:
+    """``consumer-error-class`` names ``expected``, bare or with its module."""
+    return found is not None and found.rsplit(".", 1)[-1] == expected
 
 
 def _check_listing(workload: Workload, state: EndState, verdict: Verdict) -> None:
@@ -230,7 +265,7 @@ def _check_unknown_rows(workload: Workload, state: EndState, verdict: Verdict) -
     known = set(workload.by_event_id)
     strangers = [
         str(event_id)
-        for rows in (state.effects, state.movements, state.receipts)
+        for rows in (state.effects, state.movements, state.notifications, state.receipts)
         for event_id in rows
         if event_id not in known
     ]

@@ -5,11 +5,15 @@ and event id published again, as a producer retry does), in publishing order. Ev
 has a message id of its own (``<key>.<copy>``), so each copy that ends in the dead-letter queue can
 be told apart: a dead-lettered event that was published twice is expected there twice.
 
-================  ==================================================  =========================
+Every scenario sends the normal mix:
+
+================  ==================================================  =============================
 kind              message                                             must end as
-================  ==================================================  =========================
+================  ==================================================  =============================
 applied           ``test.behave*`` with a unique key                  one receipt, one effect
 restock           ``inventory.restock`` of one of a few SKUs          one receipt, one movement
+reserve           ``inventory.reserve`` of one of those SKUs          one receipt, one movement
+notify            ``notification.requested``                          one receipt, one notification
 flaky             ``test.behave*``, ``fail_transient`` 1 or 2         retried, then applied
 permanent         ``test.behave*``, ``permanent``                     dead: permanent_failure
 bug               ``test.behave``, ``bug`` (an unclassified error)    dead: permanent_failure
@@ -17,7 +21,34 @@ not_json          a body that is not JSON                             dead (pois
 invalid_envelope  an envelope whose ``type`` is a number              dead: invalid_envelope
 unknown_type      an envelope of a type no handler has                dead: unknown_type
 invalid_payload   ``test.behave`` with a payload its model refuses    dead: invalid_payload
-================  ==================================================  =========================
+================  ==================================================  =============================
+
+The SKUs start with :data:`SEED_STOCK` each (the runner seeds them), far more than every reserve
+together takes, so every reserve succeeds whatever the order: ``stock.available`` must end at the
+seed plus the restocks minus the reserves, exactly.
+
+Handler faults, mixed in only where a scenario asks for them (a number of events each):
+
+================  ==================================================  =============================
+kind              message                                             must end as
+================  ==================================================  =============================
+swallow           ``test.behave*``, ``swallow`` (catches a unique     dead: permanent_failure,
+                  violation without a savepoint)                      SwallowedDatabaseError
+block             ``test.behave``, ``block_s`` past the hard limit    dead: hard_time_limit
+crash             ``test.behave``, ``crash`` (``os._exit(17)``)       dead: crashed
+kill_connection   ``test.behave``, ``kill_connection``                dead: connection_lost
+odd               ``test.odd`` with a string ``name``                 one receipt, one effect
+odd_poison        ``test.odd`` with ``name: 5`` (its validator        dead: invalid_payload,
+                  raises AttributeError)                              AttributeError, with headers
+slow_duplicate    ``test.behave``, ``sleep_s`` near the handler       one receipt, one effect
+                  timeout, published twice back to back
+================  ==================================================  =============================
+
+What the service dead-letters itself carries ``consumer-dead-reason`` (and
+``consumer-error-class``); ordinary poison is nacked and carries neither (the broker's ``x-death``
+says ``rejected``). Events that end the process or its connection (``block``, ``crash``,
+``kill_connection``) and the slow ones (published twice on purpose) are never republished as
+random duplicates, so each costs a known number of publications.
 
 ``test.behave*`` is ``test.behave`` or, for half of them at random, its batch form
 ``test.behave_many``: the batch handler path must keep every promise too.
@@ -37,15 +68,28 @@ from consumer.publish import envelope_body
 
 BEHAVE = "test.behave"
 BEHAVE_MANY = "test.behave_many"
+ODD = "test.odd"
 RESTOCK = "inventory.restock"
+RESERVE = "inventory.reserve"
+NOTIFY = "notification.requested"
 SKUS = tuple(f"CHAOS-{n}" for n in range(8))
+SEED_STOCK = 1_000_000
+"""Each SKU's stock before the scenario: more than every reserve of a long run takes together."""
+MAX_QTY = 5
+"""The largest quantity a restock adds or a reserve takes."""
 DUPLICATE_SHARE = 0.10
 """Of all publications, the share that republishes an event already published."""
+BLOCK_S = 5.0
+"""How long a ``block`` event blocks the event loop: past any hard time limit a scenario sets."""
+SLOW_S = 0.8
+"""How long a ``slow_duplicate`` event sleeps: near the 1s handler timeout, inside it."""
 
 
 class Kind(enum.Enum):
     APPLIED = "applied"
     RESTOCK = "restock"
+    RESERVE = "reserve"
+    NOTIFY = "notify"
     FLAKY = "flaky"
     PERMANENT = "permanent"
     BUG = "bug"
@@ -53,20 +97,25 @@ class Kind(enum.Enum):
     INVALID_ENVELOPE = "invalid_envelope"
     UNKNOWN_TYPE = "unknown_type"
     INVALID_PAYLOAD = "invalid_payload"
+    # Handler faults: only where a scenario mixes them in.
+    SWALLOW = "swallow"
+    BLOCK = "block"
+    CRASH = "crash"
+    KILL_CONNECTION = "kill_connection"
+    ODD = "odd"
+    ODD_POISON = "odd_poison"
+    SLOW_DUPLICATE = "slow_duplicate"
 
     @property
     def applies(self) -> bool:
         """Its effect must be applied exactly once."""
-        return self in (Kind.APPLIED, Kind.RESTOCK, Kind.FLAKY)
+        return self in _APPLIES
 
     @property
     def poison(self) -> bool:
-        return self in (
-            Kind.NOT_JSON,
-            Kind.INVALID_ENVELOPE,
-            Kind.UNKNOWN_TYPE,
-            Kind.INVALID_PAYLOAD,
-        )
+        """Poison the service nacks: dead-lettered by the broker (``x-death`` reason
+        ``rejected``), with no ``consumer-dead-reason`` header."""
+        return self in _NACKED_POISON
 
     @property
     def dead_reason(self) -> str | None:
@@ -75,13 +124,76 @@ class Kind(enum.Enum):
             return None
         if self.poison:
             return self.value
-        return "permanent_failure"
+        return _SERVICE_REASONS.get(self, "permanent_failure")
+
+    @property
+    def header_reason(self) -> str | None:
+        """The ``consumer-dead-reason`` header its dead copies must carry (None: none at all)."""
+        return None if self.applies or self.poison else self.dead_reason
+
+    @property
+    def error_class(self) -> str | None:
+        """The class its dead copies' ``consumer-error-class`` must name, where that is part of
+        the promise (None: not checked)."""
+        return _ERROR_CLASSES.get(self)
+
+    @property
+    def republished(self) -> bool:
+        """It may be picked as a random duplicate (see the module docstring)."""
+        return self not in (Kind.BLOCK, Kind.CRASH, Kind.KILL_CONNECTION, Kind.SLOW_DUPLICATE)
+
+    @property
+    def table(self) -> str:
+        """Where its effect is: ``test_effects``, ``stock_movements`` or ``notifications``."""
+        if self in (Kind.RESTOCK, Kind.RESERVE):
+            return "stock_movements"
+        if self is Kind.NOTIFY:
+            return "notifications"
+        return "test_effects"
 
 
-# Shares of the unique events; the duplicates come on top (DUPLICATE_SHARE of all publications).
+_APPLIES = frozenset(
+    {
+        Kind.APPLIED,
+        Kind.RESTOCK,
+        Kind.RESERVE,
+        Kind.NOTIFY,
+        Kind.FLAKY,
+        Kind.ODD,
+        Kind.SLOW_DUPLICATE,
+    }
+)
+_NACKED_POISON = frozenset(
+    {Kind.NOT_JSON, Kind.INVALID_ENVELOPE, Kind.UNKNOWN_TYPE, Kind.INVALID_PAYLOAD}
+)
+_SERVICE_REASONS = {
+    Kind.BLOCK: "hard_time_limit",
+    Kind.CRASH: "crashed",
+    Kind.KILL_CONNECTION: "connection_lost",
+    Kind.ODD_POISON: "invalid_payload",
+}
+_ERROR_CLASSES = {Kind.SWALLOW: "SwallowedDatabaseError", Kind.ODD_POISON: "AttributeError"}
+
+HANDLER_FAULTS = frozenset(
+    {
+        Kind.SWALLOW,
+        Kind.BLOCK,
+        Kind.CRASH,
+        Kind.KILL_CONNECTION,
+        Kind.ODD,
+        Kind.ODD_POISON,
+        Kind.SLOW_DUPLICATE,
+    }
+)
+"""The kinds a scenario mixes in by number (:func:`plan_workload`'s ``faults``)."""
+
+# Shares of the unique events of the normal mix; the duplicates come on top (DUPLICATE_SHARE of
+# all publications), the handler faults in their place.
 MIX: Mapping[Kind, float] = {
-    Kind.APPLIED: 0.60,
-    Kind.RESTOCK: 0.10,
+    Kind.APPLIED: 0.50,
+    Kind.RESTOCK: 0.08,
+    Kind.RESERVE: 0.08,
+    Kind.NOTIFY: 0.04,
     Kind.FLAKY: 0.12,
     Kind.PERMANENT: 0.05,
     Kind.BUG: 0.03,
@@ -158,12 +270,14 @@ class Workload:
             if (publication := self.by_message_id.get(f"{event.key}.{copy}")) is not None
         ]
 
-    def restocked(self) -> dict[str, int]:
-        """What ``stock.available`` must be per SKU once every restock is applied once."""
-        totals: dict[str, int] = {}
-        for event in self.of_kind(Kind.RESTOCK):
+    def stock(self) -> dict[str, int]:
+        """What ``stock.available`` must be per SKU once every restock and every reserve is
+        applied once: the seed, plus the restocks, minus the reserves."""
+        totals = dict.fromkeys(SKUS, SEED_STOCK)
+        for event in self.of_kind(Kind.RESTOCK, Kind.RESERVE):
             assert event.sku is not None
-            totals[event.sku] = totals.get(event.sku, 0) + event.qty
+            sign = 1 if event.kind is Kind.RESTOCK else -1
+            totals[event.sku] += sign * event.qty
         return totals
 
 
@@ -173,10 +287,22 @@ def _occurred_at() -> str:
 
 def _event(kind: Kind, key: str, rng: random.Random) -> PlannedEvent:
     event_id = uuid.UUID(int=rng.getrandbits(128), version=4)
-    if kind is Kind.RESTOCK:
-        sku, qty = rng.choice(SKUS), rng.randint(1, 5)
-        body = envelope_body(RESTOCK, {"sku": sku, "qty": qty}, event_id=event_id)
-        return PlannedEvent(key, kind, event_id, RESTOCK, body, sku, qty)
+    if kind in (Kind.RESTOCK, Kind.RESERVE):
+        sku, qty = rng.choice(SKUS), rng.randint(1, MAX_QTY)
+        if kind is Kind.RESTOCK:
+            body = envelope_body(RESTOCK, {"sku": sku, "qty": qty}, event_id=event_id)
+            return PlannedEvent(key, kind, event_id, RESTOCK, body, sku, qty)
+        order = {"order_id": f"order-{key}", "sku": sku, "qty": qty}
+        body = envelope_body(RESERVE, order, event_id=event_id)
+        return PlannedEvent(key, kind, event_id, RESERVE, body, sku, qty)
+    if kind is Kind.NOTIFY:
+        request = {"recipient": f"{key}@chaos.test", "template": "chaos", "params": {"key": key}}
+        return PlannedEvent(
+            key, kind, event_id, NOTIFY, envelope_body(NOTIFY, request, event_id=event_id)
+        )
+    if kind in (Kind.ODD, Kind.ODD_POISON):
+        odd = {"key": key, "name": f" {key} " if kind is Kind.ODD else 5}
+        return PlannedEvent(key, kind, event_id, ODD, envelope_body(ODD, odd, event_id=event_id))
     if kind is Kind.NOT_JSON:
         return PlannedEvent(key, kind, None, BEHAVE, f"chaos {key}: {{not json".encode())
     if kind is Kind.INVALID_ENVELOPE:
@@ -192,7 +318,7 @@ def _event(kind: Kind, key: str, rng: random.Random) -> PlannedEvent:
         return PlannedEvent(key, kind, event_id, BEHAVE, body)
     payload: dict[str, object] = {"key": key}
     event_type = BEHAVE
-    if kind in (Kind.APPLIED, Kind.FLAKY, Kind.PERMANENT):
+    if kind in (Kind.APPLIED, Kind.FLAKY, Kind.PERMANENT, Kind.SWALLOW):
         event_type = rng.choice((BEHAVE, BEHAVE_MANY))
     if kind is Kind.FLAKY:
         payload["fail_transient"] = rng.choice((1, 2))
@@ -202,14 +328,40 @@ def _event(kind: Kind, key: str, rng: random.Random) -> PlannedEvent:
         payload["bug"] = True
     elif kind is Kind.INVALID_PAYLOAD:
         payload["fail_transient"] = "twice"
+    elif kind is Kind.SWALLOW:
+        payload["swallow"] = True
+    elif kind is Kind.BLOCK:
+        payload["block_s"] = BLOCK_S
+    elif kind is Kind.CRASH:
+        payload["crash"] = True
+    elif kind is Kind.KILL_CONNECTION:
+        payload["kill_connection"] = True
+    elif kind is Kind.SLOW_DUPLICATE:
+        payload["sleep_s"] = SLOW_S
     return PlannedEvent(
         key, kind, event_id, event_type, envelope_body(event_type, payload, event_id=event_id)
     )
 
 
-def plan_workload(total: int, *, seed: int, retry_rungs: int = 3) -> Workload:
-    """``total`` publications: unique events in the proportions of :data:`MIX`, then
-    :data:`DUPLICATE_SHARE` of ``total`` republished, each a little after its first copy.
+def check_faults(total: int, faults: Mapping[Kind, int]) -> None:
+    """Raise ValueError unless ``faults`` fit in a workload of ``total`` publications: handler
+    faults only, at most half the unique events, a duplicate for every slow event."""
+    if strangers := sorted(kind.value for kind in set(faults) - HANDLER_FAULTS):
+        raise ValueError(f"not handler faults: {', '.join(strangers)}")
+    duplicates = round(total * DUPLICATE_SHARE)
+    if faults.get(Kind.SLOW_DUPLICATE, 0) > duplicates or sum(faults.values()) > (
+        (total - duplicates) // 2
+    ):
+        raise ValueError(f"too many handler faults for {total} publications: {dict(faults)}")
+
+
+def plan_workload(
+    total: int, *, seed: int, retry_rungs: int = 3, faults: Mapping[Kind, int] | None = None
+) -> Workload:
+    """``total`` publications: unique events in the proportions of :data:`MIX`, with ``faults``
+    (so many events of each handler-fault kind) in place of some of them, then
+    :data:`DUPLICATE_SHARE` of ``total`` republished: a random event a little after its first
+    copy, and every ``slow_duplicate`` right after its first copy.
 
     ``fail_transient`` stays below ``retry_rungs`` so that flaky events end up applied.
     """
@@ -217,21 +369,34 @@ def plan_workload(total: int, *, seed: int, retry_rungs: int = 3) -> Workload:
         raise ValueError("a workload needs at least 20 publications")
     if retry_rungs < 3:
         raise ValueError("flaky events fail up to twice: the ladder needs at least 3 rungs")
+    faults = {kind: count for kind, count in (faults or {}).items() if count > 0}
+    check_faults(total, faults)
     rng = random.Random(seed)
     duplicates = round(total * DUPLICATE_SHARE)
     unique = total - duplicates
+    slow = faults.get(Kind.SLOW_DUPLICATE, 0)
+    normal = unique - sum(faults.values())
     kinds: list[Kind] = []
     for kind, share in MIX.items():
-        kinds.extend([kind] * max(1, round(unique * share)))
-    kinds = kinds[:unique]
-    kinds.extend([Kind.APPLIED] * (unique - len(kinds)))
+        kinds.extend([kind] * max(1, round(normal * share)))
+    kinds = kinds[:normal]
+    kinds.extend([Kind.APPLIED] * (normal - len(kinds)))
+    for kind, count in faults.items():
+        kinds.extend([kind] * count)
     rng.shuffle(kinds)
     events = tuple(_event(kind, f"k{n:06d}", rng) for n, kind in enumerate(kinds))
-    # A duplicate follows its original by up to 200 publications (a producer's retry).
     order: list[tuple[float, Publication]] = [
         (float(n), Publication(event, 0)) for n, event in enumerate(events)
     ]
-    for n in rng.sample(range(unique), duplicates):
+    # A slow event's duplicate right behind it, while its first copy is still in the handler.
+    order += [
+        (n + 0.25, Publication(event, 1))
+        for n, event in enumerate(events)
+        if event.kind is Kind.SLOW_DUPLICATE
+    ]
+    # Any other duplicate follows its original by up to 200 publications (a producer's retry).
+    eligible = [n for n, event in enumerate(events) if event.kind.republished]
+    for n in rng.sample(eligible, duplicates - slow):
         order.append((n + rng.randint(1, 200) + 0.5, Publication(events[n], 1)))
     order.sort(key=lambda item: item[0])
     return Workload(events, tuple(publication for _, publication in order))

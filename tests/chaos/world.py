@@ -3,6 +3,11 @@
 Consumers are ``python -m consumer run`` processes (:class:`tests.support.ServiceProcess`). Each
 start of one is a :class:`Lifetime`; the metrics of a lifetime die with it, so the checks compare
 them with the database only where that is exact (see :meth:`World.metrics_check`).
+
+A consumer that exits without being told to is started again, as a supervisor would
+(:meth:`World.revive_crashed`, and :meth:`World.supervise` all along where a scenario expects such
+exits). Starting, stopping and reviving one consumer take its lock, so a fault's SIGKILL and the
+supervisor never both act on the same exit.
 """
 
 from __future__ import annotations
@@ -25,7 +30,12 @@ READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 40.0
 """SIGTERM to exit: the test environment's shutdown grace (10s) and then some."""
 
-_APPLIED = "SELECT (SELECT count(*) FROM test_effects) + (SELECT count(*) FROM stock_movements)"
+_APPLIED = (
+    "SELECT (SELECT count(*) FROM test_effects) + (SELECT count(*) FROM stock_movements)"
+    " + (SELECT count(*) FROM notifications)"
+)
+SUPERVISE_EVERY = 0.25
+"""How often :meth:`World.supervise` looks for consumers that exited by themselves."""
 
 
 @dataclass
@@ -114,6 +124,7 @@ class World:
         rabbit: ThrowawayRabbit,
         postgres: ThrowawayPostgres,
         consumers: int,
+        self_exits: frozenset[int] = frozenset(),
     ) -> None:
         self.env = env
         self.rabbit = rabbit
@@ -123,12 +134,17 @@ class World:
             for index in range(consumers)
         ]
         self.current: list[Lifetime | None] = [None] * consumers
+        self._locks = [asyncio.Lock() for _ in range(consumers)]
         self.lifetimes: list[Lifetime] = []
         self.epochs: list[Epoch] = []
         self.progress = Progress(env.database_url)
         self.notes: list[str] = []
         """Things that went wrong on the way (a consumer not ready in time, an unplanned exit)."""
         self.unexpected_exits: list[str] = []
+        self.allowed_exit_codes = self_exits
+        """Exit codes with which a consumer may exit by itself here (restarted, reported)."""
+        self.self_exits: Counter[str] = Counter()
+        """Exits by themselves with an allowed code, by consumer and code: each one restarted."""
 
     # -- consumers --------------------------------------------------------------------------
 
@@ -141,6 +157,12 @@ class World:
 
     async def start(self, *indices: int) -> None:
         """Start these consumers and wait until each is ready."""
+        async with contextlib.AsyncExitStack() as held:
+            for index in sorted(indices):
+                await held.enter_async_context(self._locks[index])
+            await self._start(*indices)
+
+    async def _start(self, *indices: int) -> None:
         epoch: int | None = None
         if not self.any_alive():
             await self._quiesce()
@@ -163,6 +185,9 @@ class World:
             return_exceptions=True,
         )
         for index, result in zip(chosen, results, strict=True):
+            process = self.services[index].process
+            if process is not None and process.poll() in self.allowed_exit_codes:
+                continue  # exited by itself as this scenario expects: revived and counted
             if isinstance(result, BaseException):
                 self.notes.append(f"consumer-{index} not ready: {str(result).splitlines()[0]}")
 
@@ -183,34 +208,64 @@ class World:
         self.current[index] = None
 
     async def kill(self, index: int) -> None:
-        await self.scrape(index)
-        code = await asyncio.to_thread(self.services[index].kill)
-        self._ended(index, "SIGKILL", code)
+        async with self._locks[index]:
+            await self.scrape(index)
+            code = await asyncio.to_thread(self.services[index].kill)
+            self._ended(index, "SIGKILL", code)
 
     async def terminate(self, index: int, how: str = "SIGTERM") -> int:
         """Scrape, SIGTERM and wait for the exit; the code (0 is a clean drain)."""
-        await self.scrape(index)
-        code = await self.services[index].stop(timeout=STOP_TIMEOUT)
-        self._ended(index, how, code)
+        async with self._locks[index]:
+            await self.scrape(index)
+            code = await self.services[index].stop(timeout=STOP_TIMEOUT)
+            self._ended(index, how, code)
         if code != 0:
             self.unexpected_exits.append(f"consumer-{index} exited with {code} after SIGTERM")
         return code
 
     async def stop_all(self) -> None:
-        """The scenario's end: a last scrape of each running consumer, then SIGTERM to all."""
+        """The scenario's end: a last scrape of each running consumer, then SIGTERM to all (one
+        that has just exited by itself is recorded, not started again)."""
+        for index, service in enumerate(self.services):
+            process = service.process
+            if self.current[index] is None or process is None or process.poll() is None:
+                continue
+            code = process.poll()
+            what = f"consumer-{index} exited by itself with {code}"
+            if code in self.allowed_exit_codes:
+                self.notes.append(f"{what} at the end (not restarted)")
+            else:
+                self.unexpected_exits.append(what)
+            self._ended(index, "exited", code)
         running = [index for index in range(len(self.services)) if self.alive(index)]
         await asyncio.gather(*(self.terminate(index, "final") for index in running))
 
     async def revive_crashed(self) -> None:
-        """Restart, as a supervisor would, a consumer that exited without being told to."""
-        for index, lifetime in enumerate(self.current):
-            service = self.services[index]
-            if lifetime is None or self.alive(index) or service.process is None:
-                continue
-            code = service.process.poll()
-            self.unexpected_exits.append(f"consumer-{index} exited by itself with {code}")
-            self._ended(index, "exited", code)
-            await self.start(index)
+        """Restart, as a supervisor would, a consumer that exited without being told to. With an
+        allowed code (see ``self_exits``) that is counted; otherwise it is a violation."""
+        for index in range(len(self.services)):
+            async with self._locks[index]:
+                service = self.services[index]
+                if self.current[index] is None or self.alive(index) or service.process is None:
+                    continue
+                code = service.process.poll()
+                if code in self.allowed_exit_codes:
+                    self.self_exits[f"consumer-{index} exited by itself with {code}"] += 1
+                else:
+                    self.unexpected_exits.append(f"consumer-{index} exited by itself with {code}")
+                self._ended(index, "exited", code)
+                await self._start(index)
+
+    async def supervise(self) -> None:
+        """Revive consumers that exit by themselves, all along (until cancelled)."""
+        while True:
+            await self.revive_crashed()
+            await asyncio.sleep(SUPERVISE_EVERY)
+
+    @property
+    def restarts(self) -> int:
+        """Consumers that exited by themselves (with an allowed code) and were started again."""
+        return sum(self.self_exits.values())
 
     async def in_flight(self) -> int:
         """Deliveries the running consumers hold (their ``consumer_in_flight``); a consumer that
@@ -227,6 +282,15 @@ class World:
                 held += 1
         return held
 
+    def pauses(self) -> list[str]:
+        """The consumers' log lines that say they paused (``pausing``), as written."""
+        return [
+            line
+            for service in self.services
+            for line in service.log_text().splitlines()
+            if "pausing" in line.lower()
+        ]
+
     def log_findings(self) -> list[str]:
         """What the consumers' logs say about lost broker links (diagnostics, not invariants)."""
         lost: Counter[str] = Counter()
@@ -234,7 +298,13 @@ class World:
             for line in service.log_lines():
                 if line.get("event") == "lost RabbitMQ":
                     lost[re.sub(r"\d+", "N", str(line.get("error")))] += 1
-        return [f"consumer logs: lost RabbitMQ {count}x: {error}" for error, count in lost.items()]
+        findings = [
+            f"consumer logs: lost RabbitMQ {count}x: {error}" for error, count in lost.items()
+        ]
+        if pauses := self.pauses():
+            findings.append(f"consumer logs: {len(pauses)} lines say pausing")
+        findings += [f"{what} (restarted) x{count}" for what, count in self.self_exits.items()]
+        return findings
 
     def kill_everything(self) -> None:
         for index, service in enumerate(self.services):

@@ -1,0 +1,60 @@
+"""The scenarios' settings agree with what their workloads assume, and each profile runs what
+its documentation says."""
+
+from __future__ import annotations
+
+from consumer.durations import parse_duration
+from tests.chaos.scenarios import CONSUMER_SETTINGS, PROFILES, chosen, scenarios_for
+from tests.chaos.workload import (
+    BLOCK_S,
+    HANDLER_FAULTS,
+    MAX_QTY,
+    MIX,
+    SEED_STOCK,
+    SLOW_S,
+    Kind,
+    check_faults,
+)
+
+
+def _seconds(text: str) -> float:
+    return parse_duration(text).total_seconds()
+
+
+def test_blocking_events_outlast_the_hard_limit_and_slow_ones_fit_the_handler_timeout() -> None:
+    handler_timeout = _seconds(CONSUMER_SETTINGS["handler_timeout"])
+    for scenario in scenarios_for(PROFILES["short"]):
+        if Kind.BLOCK in scenario.mix_in:
+            hard = _seconds(scenario.settings["hard_timeout"])
+            assert handler_timeout < hard < BLOCK_S, scenario.slug
+            assert scenario.self_exits, scenario.slug
+        if Kind.CRASH in scenario.mix_in:
+            assert 17 in scenario.self_exits, scenario.slug
+        if Kind.SLOW_DUPLICATE in scenario.mix_in:
+            stall = _seconds(scenario.settings["db_stall_timeout"])
+            assert stall < SLOW_S < handler_timeout, scenario.slug
+            assert scenario.never_pauses
+
+
+def test_the_short_profile_runs_the_handler_faults_together_and_the_long_one_each_alone() -> None:
+    short = {scenario.slug for scenario in chosen(PROFILES["short"])}
+    long = {scenario.slug for scenario in chosen(PROFILES["long"])}
+    every = {scenario.slug for scenario in scenarios_for(PROFILES["short"])}
+
+    assert short == every - PROFILES["short"].named_only
+    assert long == every - {"handler-faults"}
+    assert {"handler-faults", "slow-duplicate", "broker-alarm"} <= short
+    together = next(s for s in scenarios_for(PROFILES["short"]) if s.slug == "handler-faults")
+    alone = set().union(*(set(s.mix_in) for s in scenarios_for(PROFILES["short"]))) - {
+        Kind.SLOW_DUPLICATE
+    }
+    assert set(together.mix_in) == alone
+    assert alone | {Kind.SLOW_DUPLICATE} == HANDLER_FAULTS
+
+
+def test_every_scenario_workload_fits_in_both_profiles() -> None:
+    for profile in PROFILES.values():
+        for scenario in scenarios_for(profile):
+            check_faults(profile.events, scenario.mix_in)
+        # Every reserve fits in the seeded stock of its SKU, whatever the order.
+        assert profile.events * MIX[Kind.RESERVE] * MAX_QTY < SEED_STOCK

@@ -21,8 +21,8 @@ from typing import Any
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
 
 from consumer import headers as h
-from consumer.envelope import EnvelopeParser, Poison, check_content_type
-from consumer.errors import PublishFailed
+from consumer.envelope import EnvelopeParser, Poison, PoisonReason, check_content_type
+from consumer.errors import PublishFailed, error_name
 from consumer.publisher import Publisher, copy_properties
 from consumer.registry import HandlerRegistry
 
@@ -122,6 +122,11 @@ def read_dead_letter(
         registry.resolve(raw)
     except Poison as error:
         poison = error
+        event_id = event_id or _event_id_from(body)
+    except Exception as error:  # a payload validator's own exception: as the service judged it
+        poison = Poison(
+            PoisonReason.INVALID_PAYLOAD, f"{error_name(error)}: {error}", error_name(error)
+        )
         event_id = event_id or _event_id_from(body)
     reason = h.text(headers.get(h.REASON))
     if reason is None:
@@ -289,19 +294,22 @@ async def replay(
     *,
     exchange: str,
 ) -> ReplayResult:
-    """Publish each letter to ``exchange`` with its original routing key and the attempt count
-    reset, wait for the confirm, then remove the dead copy. A failed publish leaves it in place."""
+    """Publish each letter to ``exchange`` with its event type as the routing key and the attempt
+    count reset, wait for the confirm, then remove the dead copy. A failed publish leaves it in
+    place, as does a letter with no valid envelope."""
     replayed: list[DeadMessage] = []
     failed: list[tuple[DeadMessage, str]] = []
     for letter in letters:
+        if letter.type is None:
+            failed.append((letter, "not a valid envelope: there is no event to replay"))
+            continue
         original = dead.message(letter)
         properties = copy_properties(original.properties, headers=h.replay_headers(letter.headers))
         try:
+            # The validated event type, never a routing key a header claims: a producer could
+            # otherwise have the replay delivered wherever it likes.
             await publisher.publish(
-                original.body,
-                properties,
-                exchange=exchange,
-                routing_key=letter.original_routing_key,
+                original.body, properties, exchange=exchange, routing_key=letter.type
             )
         except PublishFailed as error:
             failed.append((letter, str(error)))

@@ -14,7 +14,7 @@ import aiormq
 from consumer.amqp import BrokerUnreachable, connect, describe_amqp_error
 from consumer.dlq import DeadLetterQueue, DeadMessage, Selection, counts, replay
 from consumer.durations import parse_duration
-from consumer.envelope import EnvelopeLimits, EnvelopeParser
+from consumer.envelope import EnvelopeLimits, EnvelopeParser, one_line
 from consumer.publisher import Publisher
 from consumer.settings import Settings
 from consumer.startup import EXIT_CONFIG, fail, load_handlers
@@ -124,8 +124,8 @@ async def _run(settings: Settings, arguments: argparse.Namespace) -> int:
             if arguments.dry_run:
                 for letter in chosen:
                     print(
-                        f"would replay {letter.id} {letter.type} -> {settings.exchange} "
-                        f"{letter.original_routing_key!r} ({letter.reason})"
+                        f"would replay {shown(letter.id)} -> {settings.exchange} "
+                        f"{shown(letter.type)} ({shown(letter.reason)})"
                     )
                 print(f"{len(chosen)} of {len(letters)} would be replayed")
                 return 0
@@ -133,15 +133,25 @@ async def _run(settings: Settings, arguments: argparse.Namespace) -> int:
             publisher = await Publisher.on(channel, confirm_within=settings.publish_timeout)
             result = await replay(dead, chosen, publisher, exchange=settings.exchange)
             for letter in result.replayed:
-                print(f"replayed {letter.id} {letter.type} -> {letter.original_routing_key!r}")
+                print(f"replayed {shown(letter.id)} -> {shown(letter.type)}")
             for letter, error in result.failed:
-                print(f"kept     {letter.id}: {error}", file=sys.stderr)
+                print(f"kept     {shown(letter.id)}: {shown(error)}", file=sys.stderr)
             print(
                 f"replayed {len(result.replayed)}, kept {len(result.failed)} after a failed publish"
             )
             return 0 if not result.failed else 1
     finally:
         await connection.close()
+
+
+def shown(value: object, limit: int = 200) -> str:
+    """``value`` fit for a terminal: control characters and bidirectional overrides escaped (a
+    producer wrote most of what a dead letter says), on one line, at most ``limit`` characters."""
+    if value is None:
+        return "?"
+    if isinstance(value, bytes | bytearray):
+        value = bytes(value).decode("utf-8", errors="backslashreplace")
+    return one_line(str(value), limit)
 
 
 def _list(letters: list[DeadMessage], selection: Selection, *, as_json: bool) -> int:
@@ -153,14 +163,20 @@ def _list(letters: list[DeadMessage], selection: Selection, *, as_json: bool) ->
     for letter in chosen:
         row = letter.summary()
         print(
-            f"{row['id']:<36}  {row['type'] or '?'!s:<24}  {row['reason']:<18}  "
-            f"attempts={row['attempts']}  at={row['dead_lettered_at'] or '?'}  "
-            f"{row['error_class'] or ''} {(row['error'] or '')[:80]}"
+            f"{shown(row['id'], 64):<36}  {shown(row['type'], 64):<24}  "
+            f"{shown(row['reason'], 32):<18}  attempts={row['attempts']}  "
+            f"at={row['dead_lettered_at'] or '?'}  "
+            f"{shown(row['error_class'] or '', 80)} {shown(row['error'] or '', 80)}"
         )
     by_reason, by_type = counts(chosen)
     print(f"{len(chosen)} dead letters (of {len(letters)} in the queue)")
-    print("by reason: " + (", ".join(f"{k}={v}" for k, v in by_reason.most_common()) or "-"))
-    print("by type:   " + (", ".join(f"{k}={v}" for k, v in by_type.most_common()) or "-"))
+    print(
+        "by reason: "
+        + (", ".join(f"{shown(k, 32)}={v}" for k, v in by_reason.most_common()) or "-")
+    )
+    print(
+        "by type:   " + (", ".join(f"{shown(k, 64)}={v}" for k, v in by_type.most_common()) or "-")
+    )
     return 0
 
 
@@ -169,22 +185,36 @@ def _show(letters: list[DeadMessage], ident: str) -> int:
         letter for letter in letters if ident in (letter.id, letter.event_id, letter.message_id)
     ]
     if not matches:
-        print(f"no dead letter with id {ident}", file=sys.stderr)
+        print(f"no dead letter with id {shown(ident)}", file=sys.stderr)
         return 1
     for letter in matches:
-        print(f"id:              {letter.id}")
-        print(f"type:            {letter.type or '?'}")
-        print(f"reason:          {letter.reason}")
+        # Whatever the producer wrote is marked so, and escaped: it is not the service speaking.
+        print(f"id:              {shown(letter.id)}  (from the producer)")
+        print(f"type:            {shown(letter.type)}  (from the producer)")
+        print(f"reason:          {shown(letter.reason)}")
         print(f"attempts:        {letter.attempts}")
         print(f"dead-lettered:   {letter.dead_lettered_at or '?'}")
-        print(f"original:        {letter.original_exchange or '?'} {letter.original_routing_key!r}")
-        print(f"error:           {letter.error_class or ''} {letter.error_message or ''}".rstrip())
+        print(
+            f"original:        {shown(letter.original_exchange)} "
+            f"{shown(letter.original_routing_key)}"
+        )
+        error = f"{shown(letter.error_class or '')} {shown(letter.error_message or '', 500)}"
+        print(f"error:           {error.rstrip()}")
         if letter.poison_detail:
-            print(f"parse error:     {letter.poison_detail}")
+            print(f"parse error:     {shown(letter.poison_detail, 500)}")
         print(f"browsed:         {letter.deliveries} times")
-        print("headers:")
-        for key, value in sorted(letter.headers.items()):
-            print(f"  {key}: {value}")
-        print("body:")
-        print("  " + letter.body.decode("utf-8", errors="backslashreplace")[:4000])
+        own = {k: v for k, v in letter.headers.items() if _set_by_us(k)}
+        theirs = {k: v for k, v in letter.headers.items() if not _set_by_us(k)}
+        print("headers set by the service and the broker:")
+        for key, value in sorted(own.items()):
+            print(f"  {shown(key, 64)}: {shown(value, 500)}")
+        print("headers set by the producer:")
+        for key, value in sorted(theirs.items()):
+            print(f"  {shown(key, 64)}: {shown(value, 500)}")
+        print("body (from the producer):")
+        print("  " + shown(letter.body, 4000))
     return 0
+
+
+def _set_by_us(header: str) -> bool:
+    return header.startswith(("consumer-", "x-"))

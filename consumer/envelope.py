@@ -323,8 +323,21 @@ def describe_validation_error(error: ValidationError, limit: int = 3) -> str:
     return one_line("; ".join(parts))
 
 
-# Control characters and everything str.splitlines() breaks at.
-_CONTROL = {code: f"\\u{code:04x}" for code in (*range(32), 127, 0x85, 0x2028, 0x2029)}
+# Control characters (C0, DEL, C1: a terminal obeys ESC and CSI sequences), everything
+# str.splitlines() breaks at, and the bidirectional overrides that make text read other than it is.
+_CONTROL = {
+    code: f"\\u{code:04x}"
+    for code in (
+        *range(32),
+        *range(0x7F, 0xA0),
+        0x2028,
+        0x2029,
+        0x200E,
+        0x200F,
+        *range(0x202A, 0x202F),
+        *range(0x2066, 0x206A),
+    )
+}
 
 
 def one_line(text: str, limit: int = 500) -> str:

@@ -16,6 +16,8 @@ from tests.support import TestEnv, run_cli
         (("consumer", "migrate"), "database_url", "mysql://root@db/x"),
         (("topology", "apply"), "delivery_limit", "-1"),
         (("consumer", "run"), "handlers", "no.such.module"),
+        # 400 prefetched bodies of up to 256 KiB cannot fit in 128 MiB
+        (("consumer", "run"), "memory_limit", "128MiB"),
     ],
 )
 async def test_bad_setting_gives_one_line_and_exit_2(

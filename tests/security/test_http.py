@@ -6,6 +6,7 @@ The service runs with its broker and database unreachable: the HTTP side needs n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import socket
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from consumer.http import MAX_LIFETIME
 from tests.servers import free_port
 from tests.support import ServiceProcess, TestEnv, wait_until
 
@@ -147,4 +149,44 @@ async def test_it_listens_where_consumer_http_host_says(where: str, tmp_path: Pa
         assert status_of(host, service.port, request("GET", "/healthz")) == 200
         assert not reachable("127.0.0.1", service.port)
     finally:
+        await service.stop()
+
+
+async def test_clients_that_trickle_their_headers_cannot_starve_the_probes(
+    tmp_path: Path,
+) -> None:
+    # Given the service, and 300 clients that open a connection and send their request's headers
+    # a byte now and then, never finishing (slowloris)
+    service = ServiceProcess(unreachable_env(tmp_path)).start()
+    await answering(service, "127.0.0.1")
+    trickling: list[socket.socket] = []
+    try:
+        for _ in range(300):
+            with contextlib.suppress(OSError):
+                connection = socket.create_connection(("127.0.0.1", service.port), timeout=5)
+                connection.sendall(b"GET /metrics HTTP/1.1\r\nHost: t\r\n")
+                trickling.append(connection)
+
+        # Then the probes are still answered meanwhile
+        for _ in range(3):
+            assert status_of("127.0.0.1", service.port, request("GET", "/healthz")) == 200
+            for connection in trickling:
+                with contextlib.suppress(OSError):
+                    connection.sendall(b"X")
+            await asyncio.sleep(1)
+
+        # And the server closes every one of them, at the latest at the end of its lifetime
+        def closed_by_server(connection: socket.socket) -> bool:
+            connection.settimeout(MAX_LIFETIME + 10)
+            try:
+                return connection.recv(1) == b""
+            except (ConnectionResetError, BrokenPipeError):
+                return True
+
+        assert all(
+            await asyncio.gather(*(asyncio.to_thread(closed_by_server, c) for c in trickling[:20]))
+        )
+    finally:
+        for connection in trickling:
+            connection.close()
         await service.stop()

@@ -203,6 +203,31 @@ async def test_no_password_in_any_output_of_any_command(
         env=env.env(amqp_url=f"http://{user}:{url_password(PASSWORD)}@h/"),
         code=2,
     )
+    # libpq's and asyncpg's password query parameters are passwords too
+    in_query = cluster.dsn(unique, "consumer_migrate", None) + (
+        f"?password={url_password(PASSWORD)}&sslpassword={url_password(PASSWORD)}"
+    )
+    outputs.cli(
+        "migrate, password in the query",
+        "consumer",
+        "migrate",
+        env=env.env(database_url=in_query),
+        code=0,
+    )
+    wrong_in_query = cluster.dsn(unique, "consumer_app", None) + (
+        f"?password={url_password(WRONG_PASSWORD)}&sslmode=disable"
+    )
+    outputs.cli(
+        "run, wrong password in the query",
+        "consumer",
+        "run",
+        env=env.env(database_url=wrong_in_query),
+        code=2,
+    )
+    outputs.add(
+        "settings with the password in the query",
+        str(env.settings(database_url=wrong_in_query).describe()),
+    )
     rejected = outputs.cli(
         "run, wrong broker password", "consumer", "run", env=env.env(amqp_url=wrong_amqp), code=2
     )

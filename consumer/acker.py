@@ -198,7 +198,7 @@ class Acker:
             self._timer.cancel()
             self._timer = None
 
-    async def drain(self) -> None:
+    async def send_all(self) -> None:
         """Send what is done and wait for it to be written (before closing the channel)."""
         if self._flush_scheduled or self._done:
             self._flush_scheduled = False

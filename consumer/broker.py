@@ -122,7 +122,7 @@ class BrokerSession:
         if self._acker is not None:
             # Acks for what has committed go out before the channel closes.
             if self.is_open:
-                await self._acker.drain()
+                await self._acker.send_all()
             self._acker.close()
         connections = (self._connection, self._publish_connection)
         self._connection = self._publish_connection = None

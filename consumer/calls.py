@@ -1,21 +1,32 @@
-"""Which handler call each task is in, for the watchdog.
+"""Calling handlers: under their time limit, timed, checked, and known to the watchdog.
 
-The watchdog runs in its own thread and looks only while the event loop is blocked: the task the
-loop is stuck in is then the current task, and the call registered for it names the event whose
-handler blocked the loop. A call is registered per task, not in one slot, because several
+Internal. The watchdog runs in its own thread and looks only while the event loop is blocked: the
+task the loop is stuck in is then the current task, and the call registered for it
+(:class:`HandlerCalls`) names the event whose handler blocked the loop. A call is registered per
+task, not in one slot (nor a ``ContextVar``, which another thread cannot read), because several
 workers' calls are open at once and only one of them can be the one running.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-__all__ = ["HandlerCall", "HandlerCalls"]
+import asyncpg
+
+from consumer.durations import format_duration
+from consumer.errors import HandlerEndedTransaction, HandlerTimeout, PipelineFault
+
+if TYPE_CHECKING:
+    from consumer.prepare import Ready
+
+__all__ = ["HandlerCall", "HandlerCaller", "HandlerCalls", "connection_lost"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,3 +73,73 @@ class HandlerCalls:
         """The call ``loop`` is in right now; safe from another thread while the loop is stuck."""
         task = asyncio.current_task(loop)
         return self._by_task.get(task) if task is not None else None
+
+
+class HandlerCaller:
+    """Runs one handler call (one event, or a batch handler's run) on the event's connection."""
+
+    def __init__(self, *, default_timeout: float, calls: HandlerCalls) -> None:
+        self._default_timeout = default_timeout
+        self._calls = calls
+
+    async def run(self, conn: asyncpg.Connection[Any], item: Ready) -> None:
+        """The handler of one event; a timeout becomes :class:`HandlerTimeout`."""
+        async with self._call(conn, [item]):
+            await item.handler.func(item.event, conn)
+
+    async def run_batch(
+        self, conn: asyncpg.Connection[Any], items: list[Ready]
+    ) -> list[Exception | None]:
+        """A batch handler's call for ``items``, under its time limit for the call as a whole."""
+        async with self._call(conn, items):
+            return await items[0].handler.apply_many([item.event for item in items], conn)
+
+    @asynccontextmanager
+    async def _call(self, conn: asyncpg.Connection[Any], items: list[Ready]) -> AsyncIterator[None]:
+        """The call under the handler's soft time limit, each event charged an equal share of
+        its time, registered for the watchdog; it must leave the transaction open."""
+        handler = items[0].handler
+        limit = handler.timeout.total_seconds() if handler.timeout else self._default_timeout
+        call = HandlerCall(
+            handler=handler.qualname,
+            event_type=handler.event_type,
+            event_ids=tuple(item.event.event_id for item in items),
+            message_id=items[0].delivery.message_id,
+        )
+        started = time.perf_counter()
+        deadline = asyncio.timeout(limit)
+        try:
+            try:
+                with self._calls.entered(call):
+                    async with deadline:
+                        yield
+            except Exception as error:
+                if not connection_lost(conn) and not conn.is_in_transaction():
+                    raise HandlerEndedTransaction.for_handler(handler.qualname) from error
+                raise
+            if not conn.is_in_transaction():
+                raise HandlerEndedTransaction.for_handler(handler.qualname)
+        except TimeoutError as error:
+            if deadline.expired():
+                shown = format_duration(timedelta(seconds=limit))
+                events = f" for {len(items)} events" if len(items) > 1 else ""
+                raise HandlerTimeout(
+                    f"{handler.qualname} ran past its {shown} limit{events}"
+                ) from error
+            raise
+        except asyncpg.InsufficientPrivilegeError as error:
+            # A missing grant is the deployment's fault, not the event's: stop rather than
+            # dead-letter every event of this type.
+            raise PipelineFault(f"{handler.qualname}: {error} (a grant is missing)") from error
+        finally:
+            share = (time.perf_counter() - started) / len(items)
+            for item in items:
+                item.handler_seconds = share
+
+
+def connection_lost(conn: asyncpg.Connection[Any]) -> bool:
+    """Whether ``conn`` is gone (closed, or already taken back by the pool after it died)."""
+    try:
+        return conn.is_closed()
+    except asyncpg.InterfaceError:
+        return True

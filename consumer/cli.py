@@ -5,41 +5,32 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
 import sys
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
-from uuid import UUID, uuid4
+from uuid import UUID
 
 import asyncpg
 from prometheus_client import CollectorRegistry
 
 from consumer.amqp import BrokerUnreachable
-from consumer.calls import HandlerCall, HandlerCalls
-from consumer.crashes import CrashLedger
+from consumer.app import serve
 from consumer.database import database_name, describe_database_error
 from consumer.errors import (
     ConfigError,
     MigrationError,
-    PipelineFault,
     PublishFailed,
-    TopologyMissing,
 )
-from consumer.http import HttpServer, build_app
-from consumer.logs import Logger, TickFlushed, make_logger, route_library_logs
+from consumer.logs import TickFlushed, make_logger, route_library_logs
 from consumer.memory import check_memory_budget
 from consumer.metrics import Metrics
 from consumer.migrations import DEFAULT_DIRECTORY, create_database_if_missing, migrate
 from consumer.publish import PublishRequest, publish_event
-from consumer.registry import HandlerRegistry
 from consumer.retry import rung_label
-from consumer.service import Service
 from consumer.settings import Settings
-from consumer.startup import EXIT_CONFIG, EXIT_FAILURE, fail, load_handlers, load_settings
+from consumer.startup import EXIT_CONFIG, fail, load_handlers, load_settings
 from consumer.tls import database_connector, database_dsn
-from consumer.watchdog import LoopWatchdog
 
 T = TypeVar("T")
 
@@ -116,99 +107,6 @@ def _run(settings: Settings) -> int:
     rungs = [rung_label(delay) for delay in settings.retry_delays]
     metrics = Metrics(CollectorRegistry(), registry, rungs)
     return _event_loop_run(serve(settings, registry, logger, metrics, before_exit=lines.write_out))
-
-
-async def serve(
-    settings: Settings,
-    registry: HandlerRegistry,
-    logger: Logger,
-    metrics: Metrics,
-    *,
-    before_exit: Callable[[], None] = lambda: None,
-) -> int:
-    """Run the service until SIGTERM or SIGINT; a second signal exits at once.
-
-    ``before_exit`` writes out the log lines still held for the end of the loop's turn: the
-    immediate exits (second signal, hard time limit) skip the interpreter's clean-up.
-    """
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    signals_seen = 0
-
-    def on_signal(received: signal.Signals) -> None:
-        nonlocal signals_seen
-        signals_seen += 1
-        if signals_seen == 1:
-            logger.info("stopping: finishing in-flight messages", signal=received.name)
-            stop.set()
-            return
-        logger.warning("second signal: exiting now", signal=received.name)
-        before_exit()
-        sys.stdout.flush()
-        os._exit(EXIT_SECOND_SIGNAL)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig)
-
-    calls = HandlerCalls()
-    owner = uuid4()
-    service = Service(
-        settings=settings,
-        registry=registry,
-        logger=logger,
-        metrics=metrics,
-        calls=calls,
-        owner=owner,
-    )
-    ledger = CrashLedger(consumer=settings.name, owner=owner)
-    limit = settings.hard_timeout.total_seconds()
-
-    def convict(call: HandlerCall, blocked: float) -> bool:
-        detail = (
-            f"{call.handler} blocked the event loop for {blocked:.1f}s, past the hard time limit "
-            f"of {limit:g}s (CONSUMER_HARD_TIMEOUT); the process exited"
-        )
-        return ledger.convict_blocking(
-            database_connector(settings), database_dsn(settings), call.event_ids[0], detail
-        )
-
-    logger.info("starting", settings=settings.describe(), handlers=list(registry))
-    try:
-        async with (
-            LoopWatchdog(
-                limit=limit,
-                logger=logger,
-                calls=calls,
-                convict=convict,
-                before_exit=before_exit,
-            ),
-            HttpServer(
-                build_app(metrics.registry, service.readiness),
-                host=settings.http_host,
-                port=settings.http_port,
-            ),
-        ):
-            logger.info("serving HTTP", host=settings.http_host, port=settings.http_port)
-            await service.run(stop)
-    except OSError as error:
-        return _fatal(
-            logger,
-            f"CONSUMER_HTTP_HOST/CONSUMER_HTTP_PORT: cannot listen on "
-            f"{settings.http_host}:{settings.http_port}: {error.strerror or error}",
-            EXIT_CONFIG,
-        )
-    except ConfigError as error:
-        return _fatal(logger, str(error), EXIT_CONFIG)
-    except (TopologyMissing, PipelineFault, BrokerUnreachable) as error:
-        return _fatal(logger, str(error), EXIT_FAILURE)
-    logger.info("stopped")
-    return 0
-
-
-def _fatal(logger: Logger, message: str, code: int) -> int:
-    logger.error("cannot run", error=message)
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    return code
 
 
 # -- migrate ------------------------------------------------------------------------------------

@@ -162,6 +162,22 @@ async def _keep_session(_: asyncpg.Connection[Any]) -> None:
     """
 
 
+class Guard:
+    """Runs the service's own statements on a connection, each :func:`guarded` against a server
+    that stops answering; those that may wait for another transaction's row lock ask ``database``
+    whether they do before they count as stalled."""
+
+    def __init__(self, database: Database, *, within: float) -> None:
+        self._database = database
+        self.within = within
+
+    async def run(
+        self, conn: asyncpg.Connection[Any], step: Awaitable[T], *, locks: bool = False
+    ) -> T:
+        lock_check = self._database.waiting_on_lock if locks else None
+        return await guarded(conn, step, within=self.within, lock_check=lock_check)
+
+
 class Database:
     """A pool of at most ``CONSUMER_DB_POOL_SIZE`` connections, opened lazily.
 

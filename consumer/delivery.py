@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiormq.abc import DeliveredMessage
 from pamqp.commands import Basic
 
 from consumer.acker import Acker, ChannelGone
+
+if TYPE_CHECKING:
+    from consumer.envelope import Poison
+    from consumer.prepare import Prepared
 
 __all__ = ["ChannelGone", "Delivery"]
 
@@ -26,8 +30,9 @@ class Delivery:
     acker: Acker
     headers: dict[str, Any] = field(default_factory=dict)
     received_at: float = field(default_factory=time.monotonic)
-    prepared: Any = None
-    """What the pipeline made of the body, kept so that it is parsed once."""
+    prepared: Prepared | Poison | None = None
+    """What :class:`~consumer.prepare.Preparer` made of the body, kept so that it is parsed
+    once (a large body's is dropped while it waits: :mod:`consumer.memory`)."""
     alone: bool = False
     """Apply it alone, with nothing else in flight: it came back after its database connection
     broke (see :mod:`consumer.crashes`; redelivered ones are applied alone too)."""

@@ -189,6 +189,12 @@ def classify(error: BaseException) -> ErrorKind:
     return ErrorKind.PERMANENT
 
 
+def timed_out(error: BaseException) -> bool:
+    """Whether ``error`` is a time limit running out: the soft limit, a driver's or a statement's
+    timeout. Waiting on a database that stopped answering looks like this too."""
+    return isinstance(error, HandlerTimeout | TimeoutError | asyncpg.QueryCanceledError)
+
+
 def error_name(error: BaseException) -> str:
     """A stable, low-cardinality name for an exception's class."""
     cls = type(error)

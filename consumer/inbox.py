@@ -48,7 +48,7 @@ class Inbox(Generic[T]):
         if waiter is not None and len(self._items) >= self._wanted:
             _wake(waiter)
 
-    def drain(self) -> list[T]:
+    def take_all(self) -> list[T]:
         """Everything queued, taken out at once."""
         taken = list(self._items)
         self._items.clear()

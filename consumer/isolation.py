@@ -36,7 +36,7 @@ class Isolation(Generic[T]):
     def take(self) -> T | None:
         return self._queue.popleft() if self._queue else None
 
-    def drain(self) -> list[T]:
+    def take_all(self) -> list[T]:
         """Everything queued, taken out at once."""
         taken = list(self._queue)
         self._queue.clear()

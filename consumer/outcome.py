@@ -1,4 +1,7 @@
-"""What became of one delivery: the pipeline's verdict, and the label it ends up with."""
+"""What became of one delivery: the pipeline's verdict, its kind, and the label it ends with.
+
+Internal.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,17 @@ from typing import Any
 
 from consumer.delivery import Delivery
 from consumer.envelope import Envelope, Poison
-from consumer.retry import Decision
+from consumer.retry import DeadLetter, Decision, Retry
+
+__all__ = [
+    "Applied",
+    "Failed",
+    "Outcome",
+    "OutcomeKind",
+    "Rejected",
+    "Verdict",
+    "VerdictKind",
+]
 
 
 class OutcomeKind(enum.StrEnum):
@@ -23,6 +36,23 @@ class OutcomeKind(enum.StrEnum):
     RETURNED = "returned"
 
 
+class VerdictKind(enum.Enum):
+    """What a verdict asks of the settler (:mod:`consumer.settle`)."""
+
+    APPLIED = "applied"
+    """Committed: ack."""
+    DUPLICATE = "duplicate"
+    """The receipt was there already: ack."""
+    POISON = "poison"
+    """Never processable: to the dead-letter exchange."""
+    RETRY = "retry"
+    """A copy to a rung of the retry ladder, then ack."""
+    DEAD_LETTER = "dead_letter"
+    """A copy to the dead-letter exchange, then ack."""
+    HOLD = "hold"
+    """Not settled: kept until the database answers again."""
+
+
 @dataclass(frozen=True, slots=True)
 class Applied:
     """The transaction committed; ``duplicate`` when the receipt was already there (no effect)."""
@@ -32,12 +62,20 @@ class Applied:
     note: str | None = None
     """What went wrong on the way that an operator should hear of (the handler's bug)."""
 
+    @property
+    def kind(self) -> VerdictKind:
+        return VerdictKind.DUPLICATE if self.duplicate else VerdictKind.APPLIED
+
 
 @dataclass(frozen=True, slots=True)
 class Rejected:
     """The message can never be processed."""
 
     poison: Poison
+
+    @property
+    def kind(self) -> VerdictKind:
+        return VerdictKind.POISON
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +85,14 @@ class Failed:
     error: BaseException
     decision: Decision
     attempts_so_far: int
+
+    @property
+    def kind(self) -> VerdictKind:
+        if isinstance(self.decision, Retry):
+            return VerdictKind.RETRY
+        if isinstance(self.decision, DeadLetter):
+            return VerdictKind.DEAD_LETTER
+        return VerdictKind.HOLD
 
 
 Verdict = Applied | Rejected | Failed

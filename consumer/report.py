@@ -26,6 +26,8 @@ class OutcomeReporter:
         self._log_payloads = log_payloads
 
     def report(self, outcome: Outcome, settled: Settled) -> None:
+        if settled.kind is None:
+            return  # held: reported when it is settled
         delivery, verdict, event = outcome.delivery, outcome.verdict, outcome.event
         metrics = self._metrics
         event_type = event.type if event is not None else None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from consumer.durations import format_duration
-from consumer.errors import ErrorKind, PermanentError, classify
+from consumer.errors import ErrorKind, PermanentError, classify, timed_out
 
 MAX_CONNECTION_LOSSES = 3
 """An event applied alone whose database connection breaks this many times in a row (with the
@@ -66,16 +66,23 @@ class RetryPolicy:
         return cls(tuple(delays))
 
     def decide(
-        self, error: BaseException, attempts_so_far: int, connection_losses: int = 0
+        self,
+        error: BaseException,
+        attempts_so_far: int,
+        connection_losses: int = 0,
+        *,
+        database_answers: bool = True,
     ) -> Decision:
         """What to do with an event that raised ``error`` after ``attempts_so_far`` retries.
 
         Transient errors climb the ladder until it is exhausted; permanent ones are dead-lettered
         at once; a database that cannot be reached returns the message, counting nothing, unless
         the event itself has broken its connection :data:`MAX_CONNECTION_LOSSES` times in a row.
+        A time limit that ran out while the database does not answer (``database_answers``, a
+        probe after the fact: a frozen server, a partition) is the database's, not the event's.
         """
         kind = classify(error)
-        if kind is ErrorKind.UNAVAILABLE:
+        if kind is ErrorKind.UNAVAILABLE or (timed_out(error) and not database_answers):
             if connection_losses >= MAX_CONNECTION_LOSSES:
                 return DeadLetter(DeadLetterReason.CONNECTION_LOST)
             return Return()

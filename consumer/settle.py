@@ -1,21 +1,27 @@
-"""The one place that turns a verdict into broker actions.
+"""The one door to the broker: every verdict becomes exactly one action here, and nowhere else.
 
-- Applied: ack (the commit has already returned).
-- Rejected (poison): nack without requeue; the work queue dead-letters it through the DLX. Poison
-  from an exception a validator raised is published to the DLX instead, with the exception's
-  class in its headers (a nack cannot carry it), then acked.
-- Failed -> Retry: publish a copy to the rung, wait for the confirm, then ack.
-- Failed -> DeadLetter: publish a copy to the DLX with reason headers, wait for the confirm, ack.
-- Failed -> Return: nack with requeue, no attempt counted (the service itself holds such
-  deliveries through a database outage instead, and returns them only if it stops).
-- A publish the broker does not confirm: wait a second, then nack with requeue. Never lost.
+Internal.
+
+============  ===============================================================================
+APPLIED,      ack (the commit has returned); it joins the channel's next flush
+DUPLICATE
+POISON        nack without requeue (the work queue dead-letters it through the DLX); poison from
+              an exception a validator raised is published to the DLX with the exception's
+              class in its headers instead (a nack cannot carry it), then acked
+RETRY         a copy to the rung, confirmed, then ack
+DEAD_LETTER   a copy to the DLX with the reason headers, confirmed, then ack
+HOLD          nothing: the delivery waits for the database (the dispatcher keeps it)
+============  ===============================================================================
+
+A copy the broker does not confirm: wait a second, then nack with requeue; never lost. Handing
+back a delivery that never started (a shutdown) is a nack with requeue too: :meth:`give_back`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -23,72 +29,113 @@ from typing import Any
 from consumer.delivery import ChannelGone, Delivery
 from consumer.errors import PublishFailed, error_name
 from consumer.headers import dead_letter_headers, retry_headers
-from consumer.outcome import Applied, Failed, Outcome, OutcomeKind, Rejected
+from consumer.outcome import (
+    Failed,
+    Outcome,
+    OutcomeKind,
+    Rejected,
+    Verdict,
+    VerdictKind,
+)
 from consumer.publisher import Publisher, copy_properties
 from consumer.retry import DeadLetter, Retry, jittered_expiration, rung_label
 from topology.names import Names
 
+__all__ = ["Settled", "Settler"]
+
+_LABELS = {
+    VerdictKind.APPLIED: OutcomeKind.PROCESSED,
+    VerdictKind.DUPLICATE: OutcomeKind.DUPLICATE,
+    VerdictKind.POISON: OutcomeKind.POISON,
+    VerdictKind.RETRY: OutcomeKind.RETRIED,
+    VerdictKind.DEAD_LETTER: OutcomeKind.DEAD_LETTERED,
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Settled:
-    """The label the delivery ends with, and whether its ack or nack reached the broker."""
+    """What the settler did: the label the delivery ends with (None: held, not settled), and
+    whether its ack or nack reached the broker."""
 
-    kind: OutcomeKind
+    kind: OutcomeKind | None
     channel_gone: bool = False
     publish_error: PublishFailed | None = None
 
+    @property
+    def held(self) -> bool:
+        return self.kind is None
+
 
 class Settler:
-    """Maps each :class:`Outcome` to exactly one broker action (see the module's table)."""
+    """Settles outcomes on the broker; :attr:`publisher` is the current session's (None while
+    disconnected, when every settle finds its channel gone)."""
 
     def __init__(
         self,
         *,
         names: Names,
-        publisher: Publisher,
         jitter: float = 0.0,
         rng: random.Random | None = None,
         publish_failure_pause: float = 1.0,
     ) -> None:
         self._names = names
-        self._publisher = publisher
         self._jitter = jitter
         self._publish_failure_pause = publish_failure_pause
         self._rng = rng or random.Random()
+        self.publisher: Publisher | None = None
 
-    async def settle(self, outcome: Outcome) -> Settled:
-        delivery, verdict = outcome.delivery, outcome.verdict
-        if isinstance(verdict, Applied):
-            return settle_applied(delivery, verdict)
+    async def settle(self, outcomes: Sequence[Outcome]) -> list[Settled]:
+        """One action per outcome, in their order. Acks go first, at once; copies are published
+        concurrently; held ones are left alone."""
+        settled: list[Settled | None] = [None] * len(outcomes)
+        pending: list[int] = []
+        for index, outcome in enumerate(outcomes):
+            kind = outcome.verdict.kind
+            if kind is VerdictKind.HOLD:
+                settled[index] = Settled(None)
+            elif kind in (VerdictKind.APPLIED, VerdictKind.DUPLICATE):
+                settled[index] = _ack(outcome.delivery, _LABELS[kind])
+            else:
+                pending.append(index)
+        if pending:
+            done = await asyncio.gather(*(self._settle_one(outcomes[i]) for i in pending))
+            for index, result in zip(pending, done, strict=True):
+                settled[index] = result
+        return [result for result in settled if result is not None]
+
+    async def give_back(self, delivery: Delivery) -> Settled:
+        """Return a delivery that never started to the queue (a shutdown)."""
         try:
-            if isinstance(verdict, Rejected):
-                if verdict.poison.error_class is None:
-                    await delivery.nack(requeue=False)
-                    return Settled(OutcomeKind.POISON)
-                return await self._republished(
-                    delivery, self._publish_poison(delivery, verdict), OutcomeKind.POISON
-                )
-            return await self._settle_failure(delivery, verdict)
+            await delivery.nack(requeue=True)
         except ChannelGone:
-            return Settled(label_for(verdict), channel_gone=True)
-
-    async def _settle_failure(self, delivery: Delivery, failed: Failed) -> Settled:
-        decision = failed.decision
-        if isinstance(decision, Retry):
-            return await self._republished(
-                delivery, self._publish_retry(delivery, failed, decision), OutcomeKind.RETRIED
-            )
-        if isinstance(decision, DeadLetter):
-            publish = self._publish_dead_letter(delivery, failed, decision)
-            return await self._republished(delivery, publish, OutcomeKind.DEAD_LETTERED)
-        await delivery.nack(requeue=True)
+            return Settled(OutcomeKind.RETURNED, channel_gone=True)
         return Settled(OutcomeKind.RETURNED)
+
+    async def _settle_one(self, outcome: Outcome) -> Settled:
+        delivery, verdict = outcome.delivery, outcome.verdict
+        label = _LABELS[verdict.kind]
+        try:
+            if isinstance(verdict, Rejected) and verdict.poison.error_class is None:
+                await delivery.nack(requeue=False)
+                return Settled(label)
+            return await self._republished(delivery, self._copy(delivery, verdict), label)
+        except ChannelGone:
+            return Settled(label, channel_gone=True)
+
+    def _copy(self, delivery: Delivery, verdict: Verdict) -> Coroutine[Any, Any, None]:
+        if isinstance(verdict, Rejected):
+            return self._publish_poison(delivery, verdict)
+        assert isinstance(verdict, Failed)
+        if isinstance(verdict.decision, Retry):
+            return self._publish_retry(delivery, verdict, verdict.decision)
+        assert isinstance(verdict.decision, DeadLetter)
+        return self._publish_dead_letter(delivery, verdict, verdict.decision)
 
     async def _republished(
         self, delivery: Delivery, publish: Coroutine[Any, Any, None], kind: OutcomeKind
     ) -> Settled:
         """Publish a copy (``publish``), wait for its confirm, then ack the original."""
-        if not delivery.channel_open:
+        if not delivery.channel_open or self.publisher is None:
             publish.close()
             # The broker has the original back already; a copy now would be a second one.
             raise ChannelGone("the delivery's channel closed before its failure was settled")
@@ -108,6 +155,17 @@ class Settler:
             return Settled(kind, channel_gone=True)
         return Settled(kind)
 
+    async def _publish(self, delivery: Delivery, headers: dict[str, Any], exchange: str) -> None:
+        await self._published(
+            delivery, copy_properties(delivery.properties, headers=headers), exchange
+        )
+
+    async def _published(self, delivery: Delivery, properties: Any, exchange: str) -> None:
+        assert self.publisher is not None
+        await self.publisher.publish(
+            delivery.body, properties, exchange=exchange, routing_key=delivery.routing_key
+        )
+
     async def _publish_poison(self, delivery: Delivery, rejected: Rejected) -> None:
         poison = rejected.poison
         headers = dead_letter_headers(
@@ -121,17 +179,13 @@ class Settler:
             service=self._names.service,
             now=datetime.now(UTC),
         )
-        properties = copy_properties(delivery.properties, headers=headers)
-        await self._publisher.publish(
-            delivery.body, properties, exchange=self._names.dlx, routing_key=delivery.routing_key
-        )
+        await self._publish(delivery, headers, self._names.dlx)
 
     async def _publish_retry(self, delivery: Delivery, failed: Failed, retry: Retry) -> None:
-        rung = rung_label(retry.delay)
         headers = retry_headers(
             delivery.headers,
             attempt=retry.attempt,
-            rung=rung,
+            rung=rung_label(retry.delay),
             error_class=error_name(failed.error),
             error_message=str(failed.error),
             original_exchange=delivery.exchange,
@@ -140,9 +194,7 @@ class Settler:
         )
         expiration = jittered_expiration(retry.delay, self._jitter, self._rng)
         properties = copy_properties(delivery.properties, headers=headers, expiration=expiration)
-        await self._publisher.publish(
-            delivery.body, properties, exchange=self._names.retry, routing_key=delivery.routing_key
-        )
+        await self._published(delivery, properties, self._names.retry)
 
     async def _publish_dead_letter(
         self, delivery: Delivery, failed: Failed, dead: DeadLetter
@@ -158,25 +210,13 @@ class Settler:
             service=self._names.service,
             now=datetime.now(UTC),
         )
-        properties = copy_properties(delivery.properties, headers=headers)
-        await self._publisher.publish(
-            delivery.body, properties, exchange=self._names.dlx, routing_key=delivery.routing_key
-        )
+        await self._publish(delivery, headers, self._names.dlx)
 
 
-def settle_applied(delivery: Delivery, verdict: Applied) -> Settled:
+def _ack(delivery: Delivery, kind: OutcomeKind) -> Settled:
     """Ack a committed delivery. Synchronous: the ack joins the channel's next flush."""
-    kind = OutcomeKind.DUPLICATE if verdict.duplicate else OutcomeKind.PROCESSED
     try:
         delivery.ack()
     except ChannelGone:
         return Settled(kind, channel_gone=True)
     return Settled(kind)
-
-
-def label_for(verdict: Applied | Rejected | Failed) -> OutcomeKind:
-    if isinstance(verdict, Applied):
-        return OutcomeKind.DUPLICATE if verdict.duplicate else OutcomeKind.PROCESSED
-    if isinstance(verdict, Rejected):
-        return OutcomeKind.POISON
-    return OutcomeKind.RETURNED

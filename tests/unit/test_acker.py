@@ -100,7 +100,7 @@ async def test_a_closed_channel_refuses_and_counts_what_was_lost() -> None:
 async def test_drain_sends_everything_done() -> None:
     acker, channel, _ = await make(1, 2, 3)
     acker.ack(3)
-    await acker.drain()
+    await acker.send_all()
     assert channel.frames == [("ack", 3, False)]
 
 
@@ -114,7 +114,7 @@ async def test_frames_leave_in_the_order_they_were_decided_even_when_writing_wai
     acker.ack(1)
     await acker.nack(4, requeue=True)
     acker.ack(5)
-    await acker.drain()
+    await acker.send_all()
     assert broker_view(channel.frames, {1, 2, 3, 4, 5}) == {"acked": {1, 2, 3, 5}, "requeued": {4}}
 
 
@@ -166,7 +166,7 @@ async def test_unsettled_counts_what_was_received_and_not_yet_acked_or_nacked() 
     assert acker.unsettled == 2
     acker.ack(3)
     acker.ack(5)
-    await acker.drain()
+    await acker.send_all()
     assert acker.unsettled == 0
 
 
@@ -183,6 +183,6 @@ async def test_settling_a_delivery_twice_is_counted_and_never_sent() -> None:
     await settle()
     acker.ack(1)  # already covered by a multiple ack
     acker.ack(3)
-    await acker.drain()
+    await acker.send_all()
     assert len(twice) == 3
     assert broker_view(channel.frames, {1, 2, 3}) == {"acked": {1, 3}, "requeued": {2}}

@@ -36,7 +36,7 @@ async def test_with_a_backlog_it_waits_for_company_up_to_the_size() -> None:
     for item in range(1, 7):
         inbox.put(item)
     assert await asyncio.wait_for(taking, 30) == [0, 1, 2, 3, 4]
-    assert inbox.drain() == [5, 6]
+    assert inbox.take_all() == [5, 6]
 
 
 async def test_the_wait_ends_at_its_deadline_with_what_came() -> None:
@@ -56,7 +56,7 @@ async def test_a_worker_cancelled_while_it_waits_leaves_everything_queued() -> N
     inbox.put(1)
     taking.cancel()
     await asyncio.gather(taking, return_exceptions=True)
-    assert inbox.drain() == [0, 1]  # shutdown returns them to the broker
+    assert inbox.take_all() == [0, 1]  # shutdown returns them to the broker
 
 
 async def test_an_empty_wait_that_is_cancelled_lets_the_next_one_work() -> None:

@@ -48,5 +48,5 @@ async def test_draining_takes_everything_queued() -> None:
     for item in range(3):
         isolation.put(item)
     assert len(isolation) == 3
-    assert isolation.drain() == [0, 1, 2]
+    assert isolation.take_all() == [0, 1, 2]
     assert isolation.take() is None

@@ -5,18 +5,16 @@ from __future__ import annotations
 import json
 import uuid
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import RootModel
 
-from consumer.crashes import CrashLedger
 from consumer.envelope import EnvelopeLimits, EnvelopeParser, Poison
 from consumer.handlers.inventory import Reserve
-from consumer.pipeline import Pipeline
+from consumer.prepare import Preparer
 from consumer.registry import HandlerRegistry
-from consumer.retry import RetryPolicy
 from consumer.settings import Settings
 
 REGISTRY = HandlerRegistry.from_modules(
@@ -24,19 +22,20 @@ REGISTRY = HandlerRegistry.from_modules(
 )
 
 
-def _pipeline(**overrides: Any) -> Pipeline:
+def _preparer(**overrides: Any) -> Preparer:
     configured = Settings.model_validate(overrides)
-    return Pipeline(
-        settings=configured,
-        registry=REGISTRY,
-        database=cast(Any, None),  # prepare() never touches the database
-        policy=RetryPolicy.from_delays(configured.retry_delays),
-        ledger=CrashLedger(consumer="test", owner=uuid.uuid4()),
-    )
+    return Preparer(REGISTRY, EnvelopeParser(EnvelopeLimits.from_settings(configured)))
 
 
-FAST = _pipeline()
-LENIENT = _pipeline(allow_extra_fields=True)
+def _prepare(preparer: Preparer, delivery: Any) -> tuple[Any, Any]:
+    prepared = preparer.prepared(delivery)
+    if isinstance(prepared, Poison):
+        raise prepared
+    return prepared.handler, prepared.event
+
+
+FAST = _preparer()
+LENIENT = _preparer(allow_extra_fields=True)
 
 scalars = st.none() | st.booleans() | st.integers(-5, 2_000_000) | st.text(max_size=70)
 fields = st.dictionaries(
@@ -80,8 +79,8 @@ sound_envelopes = st.fixed_dictionaries(
 )
 
 
-def _long_way(pipeline: Pipeline, body: bytes) -> Any:
-    parser = EnvelopeParser(pipeline._parser.limits)
+def _long_way(preparer: Preparer, body: bytes) -> Any:
+    parser = EnvelopeParser(preparer._parser.limits)
     return REGISTRY.resolve(parser.parse(body))
 
 
@@ -96,13 +95,13 @@ def _judge(action: Any) -> tuple[str, Any]:
 @settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow])
 @given(envelopes | sound_envelopes, st.booleans())
 def test_prepare_agrees_with_parse_then_resolve(envelope: dict[str, Any], lenient: bool) -> None:
-    pipeline = LENIENT if lenient else FAST
+    preparer = LENIENT if lenient else FAST
     body = json.dumps(envelope).encode()
     delivery = SimpleNamespace(
-        content_type="application/json", content_encoding=None, headers={}, body=body
+        content_type="application/json", content_encoding=None, headers={}, body=body, prepared=None
     )
-    fast = _judge(lambda: pipeline.prepare(cast(Any, delivery)))
-    slow = _judge(lambda: _long_way(pipeline, body))
+    fast = _judge(lambda: _prepare(preparer, delivery))
+    slow = _judge(lambda: _long_way(preparer, body))
     assert fast == slow
 
 
@@ -115,8 +114,10 @@ def test_a_valid_reserve_takes_the_one_pass_model() -> None:
             "payload": {"order_id": "o-1", "sku": "A", "qty": 2},
         }
     ).encode()
-    delivery = SimpleNamespace(content_type=None, content_encoding=None, headers={}, body=body)
-    handler, event = FAST.prepare(cast(Any, delivery))
+    delivery = SimpleNamespace(
+        content_type=None, content_encoding=None, headers={}, body=body, prepared=None
+    )
+    handler, event = _prepare(FAST, delivery)
     assert handler.event_type == "inventory.reserve"
     assert type(event).__name__ == "Envelope[Reserve]"
     assert event.payload.qty == 2

@@ -1,0 +1,132 @@
+"""One event in a transaction of its own, or in a savepoint of the batch's.
+
+Internal. Three ways: :meth:`Alone.apply` (its own transaction, when a batch cannot be applied
+together), :meth:`Alone.apply_marked` (its own transaction, marked in progress first: a delivery
+that came back after a process died, :mod:`consumer.crashes`), and :meth:`Alone.in_savepoint`
+(a savepoint of an open transaction, whose failure rolls back only itself). Each savepoint is
+taken and released inside the event's own failure handling: the release fails if its handler
+swallowed a database error, which then blames it and no other.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+
+from consumer.calls import HandlerCaller
+from consumer.crashes import CrashLedger
+from consumer.database import Database, Guard, guarded_transaction
+from consumer.errors import ConfigError, HandlerEndedTransaction, PipelineFault
+from consumer.judge import Judge, own_fault, raise_if_connection_lost, raise_unless_the_events_fault
+from consumer.outcome import Applied, Verdict
+from consumer.prepare import Ready
+from consumer.receipts import Receipts
+
+__all__ = ["EPOCH", "Alone"]
+
+EPOCH = datetime.fromtimestamp(0, UTC)
+"""The commit time of a verdict reached before its transaction committed (set after)."""
+
+_SAVEPOINT = "SAVEPOINT consumer_event"
+_RELEASE_SAVEPOINT = "RELEASE SAVEPOINT consumer_event"
+_ROLLBACK_TO_SAVEPOINT = "ROLLBACK TO SAVEPOINT consumer_event; RELEASE SAVEPOINT consumer_event"
+
+
+class Alone:
+    """Applies one event at a time."""
+
+    def __init__(
+        self,
+        *,
+        database: Database,
+        guard: Guard,
+        receipts: Receipts,
+        caller: HandlerCaller,
+        judge: Judge,
+        ledger: CrashLedger,
+    ) -> None:
+        self._database = database
+        self._guard = guard
+        self._receipts = receipts
+        self._caller = caller
+        self._judge = judge
+        self._ledger = ledger
+
+    async def apply(self, item: Ready) -> Verdict:
+        """``item`` in a transaction of its own."""
+        try:
+            async with self._database.connection() as conn:
+                try:
+                    async with guarded_transaction(conn, within=self._guard.within):
+                        fresh = await self._receipts.insert(conn, item.event)
+                        if fresh:
+                            await self._caller.run(conn, item)
+                except HandlerEndedTransaction as ended:
+                    return await self._after_ended_transaction(conn, item, ended)
+                except Exception as error:
+                    raise_if_connection_lost(conn, error)
+                    raise
+        except (ConfigError, PipelineFault):
+            raise
+        except Exception as error:
+            return self._judge.failed(item, own_fault(error, item), alone=True)
+        return Applied(duplicate=not fresh, committed_at=datetime.now(UTC))
+
+    async def apply_marked(self, item: Ready) -> Verdict:
+        """Mark ``item`` in progress (committed), then apply it alone in a transaction that
+        clears the mark whatever the handler does; see :mod:`consumer.crashes`."""
+        event_id = item.event.event_id
+        guard = self._guard
+        try:
+            async with self._database.connection() as conn:
+                try:
+                    row = await guard.run(conn, self._ledger.begin(conn, event_id), locks=True)
+                    conviction = self._ledger.mark_of(row).conviction()
+                    if conviction is not None:
+                        await guard.run(conn, self._ledger.clear(conn, event_id))
+                        return self._judge.failed(item, conviction)
+                    async with guarded_transaction(conn, within=guard.within):
+                        verdict = await self.in_savepoint(conn, item)
+                        await guard.run(conn, self._ledger.clear(conn, event_id))
+                except HandlerEndedTransaction as ended:
+                    verdict = await self._after_ended_transaction(conn, item, ended)
+                    await guard.run(conn, self._ledger.clear(conn, event_id))
+                    return verdict
+                except Exception as error:
+                    raise_if_connection_lost(conn, error)
+                    raise
+        except (ConfigError, PipelineFault):
+            raise
+        except Exception as error:
+            return self._judge.failed(item, error, alone=True)
+        if isinstance(verdict, Applied):
+            return Applied(verdict.duplicate, datetime.now(UTC))
+        return verdict
+
+    async def in_savepoint(self, conn: asyncpg.Connection[Any], item: Ready) -> Verdict:
+        """``item`` in a savepoint of the open transaction: its failure rolls back only itself.
+        Raises what no event can be blamed for. An applied verdict's time is :data:`EPOCH`."""
+        guard = self._guard
+        await guard.run(conn, conn.execute(_SAVEPOINT))
+        try:
+            fresh = await self._receipts.insert(conn, item.event)
+            if fresh:
+                await self._caller.run(conn, item)
+            await guard.run(conn, conn.execute(_RELEASE_SAVEPOINT))
+        except Exception as error:
+            raise_unless_the_events_fault(conn, error)
+            await guard.run(conn, conn.execute(_ROLLBACK_TO_SAVEPOINT))
+            return self._judge.failed(item, own_fault(error, item))
+        return Applied(not fresh, EPOCH)
+
+    async def _after_ended_transaction(
+        self, conn: asyncpg.Connection[Any], item: Ready, ended: HandlerEndedTransaction
+    ) -> Verdict:
+        """The handler committed or rolled back the transaction itself. Receipts commit only
+        sealed (sql/004), so nothing of it should have committed; if its receipt did, its effect
+        went with it and the event is applied (and the bug reported), else it is dead-lettered."""
+        if await self._receipts.exists(conn, item.event.event_id):
+            return Applied(False, datetime.now(UTC), note=str(ended))
+        return self._judge.failed(item, ended)

@@ -1,0 +1,217 @@
+"""``consumer run``: the one place that builds the service from its settings and runs it.
+
+Internal. Every component gets its own part of the configuration here; nothing else constructs
+them. :func:`serve` adds what only a running process has: signals, the watchdog, the HTTP endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Callable
+from uuid import UUID, uuid4
+
+from consumer.alone import Alone
+from consumer.amqp import BrokerUnreachable
+from consumer.batch import BatchEngine
+from consumer.calls import HandlerCall, HandlerCaller, HandlerCalls
+from consumer.crashes import CrashLedger
+from consumer.database import Database, Guard
+from consumer.dispatch import Dispatcher
+from consumer.durations import to_milliseconds
+from consumer.envelope import EnvelopeLimits, EnvelopeParser
+from consumer.errors import ConfigError, PipelineFault, TopologyMissing
+from consumer.http import HttpServer, build_app
+from consumer.judge import Judge
+from consumer.logs import Logger
+from consumer.metrics import Metrics
+from consumer.pipeline import Pipeline
+from consumer.prepare import Preparer
+from consumer.receipts import Receipts
+from consumer.registry import HandlerRegistry
+from consumer.report import OutcomeReporter
+from consumer.retry import RetryPolicy
+from consumer.service import Service
+from consumer.settings import Settings
+from consumer.settle import Settler
+from consumer.startup import EXIT_CONFIG, EXIT_FAILURE
+from consumer.tls import database_connector, database_dsn
+from consumer.watchdog import LoopWatchdog
+from consumer.workers import Workers
+from topology.plan import build_topology, names_for
+
+__all__ = ["build_service", "serve"]
+
+EXIT_SECOND_SIGNAL = 130
+
+
+def build_service(
+    settings: Settings,
+    registry: HandlerRegistry,
+    logger: Logger,
+    metrics: Metrics,
+    *,
+    calls: HandlerCalls,
+    owner: UUID,
+) -> Service:
+    """The service, wired: a delivery passes the dispatcher, a worker, the pipeline (prepare,
+    batch engine, handler call) and the settler, in that order."""
+    names = names_for(settings)
+    database = Database(settings)
+    guard = Guard(database, within=settings.db_stall_timeout.total_seconds())
+    judge = Judge(RetryPolicy.from_delays(settings.retry_delays))
+    receipts = Receipts(consumer=settings.name, guard=guard)
+    caller = HandlerCaller(default_timeout=settings.handler_timeout.total_seconds(), calls=calls)
+    alone = Alone(
+        database=database,
+        guard=guard,
+        receipts=receipts,
+        caller=caller,
+        judge=judge,
+        ledger=CrashLedger(consumer=settings.name, owner=owner),
+    )
+    preparer = Preparer(registry, EnvelopeParser(EnvelopeLimits.from_settings(settings)))
+    pipeline = Pipeline(
+        preparer=preparer,
+        engine=BatchEngine(
+            database=database,
+            guard=guard,
+            receipts=receipts,
+            caller=caller,
+            judge=judge,
+            alone=alone,
+            lock_timeout_ms=to_milliseconds(settings.batch_lock_timeout),
+            on_conflict=metrics.batch_conflicts.inc,
+        ),
+        alone=alone,
+        judge=judge,
+        database=database,
+    )
+    settler = Settler(names=names, jitter=settings.retry_jitter)
+    dispatcher = Dispatcher(
+        workers=settings.db_pool_size,
+        batch_size=settings.batch_size,
+        batch_wait=settings.batch_wait.total_seconds(),
+        preparer=preparer,
+        settler=settler,
+    )
+
+    def on_pause(error: BaseException) -> None:
+        logger.warning("database unreachable, pausing consumption", error=str(error))
+        metrics.paused.set(1)
+
+    workers = Workers(
+        dispatcher=dispatcher,
+        pipeline=pipeline,
+        settler=settler,
+        reporter=OutcomeReporter(logger, metrics, log_payloads=settings.log_payloads),
+        on_pause=on_pause,
+    )
+    return Service(
+        settings=settings,
+        names=names,
+        topology=build_topology(settings, registry),
+        database=database,
+        dispatcher=dispatcher,
+        workers=workers,
+        settler=settler,
+        logger=logger,
+        metrics=metrics,
+    )
+
+
+async def serve(
+    settings: Settings,
+    registry: HandlerRegistry,
+    logger: Logger,
+    metrics: Metrics,
+    *,
+    before_exit: Callable[[], None] = lambda: None,
+) -> int:
+    """Run the service until SIGTERM or SIGINT; a second signal exits at once. The exit code.
+
+    ``before_exit`` writes out the log lines still held for the end of the loop's turn: the
+    immediate exits (second signal, hard time limit) skip the interpreter's clean-up.
+    """
+    stop = asyncio.Event()
+    _on_signals(stop, logger, before_exit)
+    calls = HandlerCalls()
+    owner = uuid4()
+    service = build_service(settings, registry, logger, metrics, calls=calls, owner=owner)
+    logger.info("starting", settings=settings.describe(), handlers=list(registry))
+    try:
+        async with (
+            LoopWatchdog(
+                limit=settings.hard_timeout.total_seconds(),
+                logger=logger,
+                calls=calls,
+                convict=_convicting(settings, owner),
+                before_exit=before_exit,
+            ),
+            HttpServer(
+                build_app(metrics.registry, service.readiness),
+                host=settings.http_host,
+                port=settings.http_port,
+            ),
+        ):
+            logger.info("serving HTTP", host=settings.http_host, port=settings.http_port)
+            await service.run(stop)
+    except OSError as error:
+        return _fatal(
+            logger,
+            f"CONSUMER_HTTP_HOST/CONSUMER_HTTP_PORT: cannot listen on "
+            f"{settings.http_host}:{settings.http_port}: {error.strerror or error}",
+            EXIT_CONFIG,
+        )
+    except ConfigError as error:
+        return _fatal(logger, str(error), EXIT_CONFIG)
+    except (TopologyMissing, PipelineFault, BrokerUnreachable) as error:
+        return _fatal(logger, str(error), EXIT_FAILURE)
+    logger.info("stopped")
+    return 0
+
+
+def _on_signals(stop: asyncio.Event, logger: Logger, before_exit: Callable[[], None]) -> None:
+    """The first SIGTERM or SIGINT stops gracefully; a second exits at once."""
+    seen = 0
+
+    def on_signal(received: signal.Signals) -> None:
+        nonlocal seen
+        seen += 1
+        if seen == 1:
+            logger.info("stopping: finishing in-flight messages", signal=received.name)
+            stop.set()
+            return
+        logger.warning("second signal: exiting now", signal=received.name)
+        before_exit()
+        sys.stdout.flush()
+        os._exit(EXIT_SECOND_SIGNAL)
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+
+
+def _convicting(settings: Settings, owner: UUID) -> Callable[[HandlerCall, float], bool]:
+    """What the watchdog calls, from its own thread, to record the event that blocked the loop."""
+    ledger = CrashLedger(consumer=settings.name, owner=owner)
+    limit = settings.hard_timeout.total_seconds()
+
+    def convict(call: HandlerCall, blocked: float) -> bool:
+        detail = (
+            f"{call.handler} blocked the event loop for {blocked:.1f}s, past the hard time limit "
+            f"of {limit:g}s (CONSUMER_HARD_TIMEOUT); the process exited"
+        )
+        return ledger.convict_blocking(
+            database_connector(settings), database_dsn(settings), call.event_ids[0], detail
+        )
+
+    return convict
+
+
+def _fatal(logger: Logger, message: str, code: int) -> int:
+    logger.error("cannot run", error=message)
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return code

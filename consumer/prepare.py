@@ -1,0 +1,104 @@
+"""Preparing a delivery: its body parsed and validated, and bound to its handler; or poison.
+
+Internal: the service's first step for every delivery (see the README's "How it works").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from consumer.delivery import Delivery
+from consumer.envelope import (
+    Envelope,
+    EnvelopeParser,
+    Poison,
+    PoisonReason,
+    check_content_type,
+    one_line,
+)
+from consumer.errors import error_name
+from consumer.registry import Handler, HandlerRegistry
+
+__all__ = ["Prepared", "Preparer", "Ready"]
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A delivery's event, validated by its handler's payload model, and that handler."""
+
+    handler: Handler
+    event: Envelope[Any]
+
+    def key(self) -> Hashable | None:
+        """What the handler locks (its ``key``), None without one or when the function fails:
+        a failing key function only costs the routing; the handler still meets the event."""
+        key = self.handler.key
+        if key is None:
+            return None
+        try:
+            return key(self.event.payload)
+        except Exception:
+            return None
+
+
+@dataclass(slots=True)
+class Ready:
+    """A prepared delivery on its way through a transaction, and the time its handler took."""
+
+    delivery: Delivery
+    handler: Handler
+    event: Envelope[Any]
+    handler_seconds: float | None = None
+
+
+class Preparer:
+    """Parses and binds deliveries; any exception on the way is poison, never an unsettled
+    delivery (pydantic lets through what a validator raises other than ``ValueError`` and
+    ``AssertionError``)."""
+
+    def __init__(self, registry: HandlerRegistry, parser: EnvelopeParser) -> None:
+        self._registry = registry
+        self._parser = parser
+        # Per event type, the envelope model with the handler's payload model in it: a valid
+        # event is validated in one pass; any other goes the long way, which says what is wrong.
+        self._typed: dict[str, tuple[Handler, type[Envelope[Any]]]] = {}
+        for event_type, handler in registry.items():
+            typed = parser.typed(handler.payload_type)
+            if typed is not None:
+                self._typed[event_type] = (handler, typed)
+
+    def prepared(self, delivery: Delivery) -> Prepared | Poison:
+        """The delivery prepared (or why it is poison), kept on it so that it is parsed once."""
+        if delivery.prepared is None:
+            try:
+                delivery.prepared = self._prepare(delivery)
+            except Poison as poison:
+                delivery.prepared = poison
+            except Exception as error:
+                delivery.prepared = Poison(
+                    PoisonReason.INVALID_PAYLOAD,
+                    one_line(f"{error_name(error)}: {error}", 300),
+                    error_class=error_name(error),
+                )
+        return delivery.prepared
+
+    def _prepare(self, delivery: Delivery) -> Prepared:
+        check_content_type(delivery.content_type, delivery.content_encoding)
+        self._parser.check_headers(delivery.headers)
+        decoded = self._parser.decode(delivery.body)
+        event_type = decoded.get("type")
+        typed = self._typed.get(event_type) if isinstance(event_type, str) else None
+        if typed is not None:
+            handler, model = typed
+            try:
+                event = model.model_validate(decoded)
+            except ValidationError:
+                pass
+            else:
+                self._parser.check_skew(event)
+                return Prepared(handler, event)
+        return Prepared(*self._registry.resolve(self._parser.validate(decoded)))

@@ -71,6 +71,9 @@ class TestEnv:
         """Environment for a service process; ``overrides`` are field names (``prefetch="5"``)."""
         values = {
             "CONSUMER_NAME": self.name,
+            # An ingress exchange of the test's own: a service on the shared `events` (a local
+            # `make run`) must never see test events, nor a test another test's.
+            "CONSUMER_EXCHANGE": f"{self.name}.events",
             "CONSUMER_DATABASE_URL": self.database_url,
             "CONSUMER_AMQP_URL": self.amqp_url,
             "CONSUMER_HTTP_PORT": str(self.http_port),
@@ -112,6 +115,10 @@ class TestEnv:
         self.topologies.append(topology)
         return topology
 
+    def producer(self, url: str | None = None) -> Producer:
+        """A producer for this test's ingress exchange, on ``url`` (else the test's broker)."""
+        return Producer(url or self.amqp_url, self.settings().exchange)
+
     def kill_processes(self) -> None:
         """End every service process the test started and left running."""
         for service in self.processes:
@@ -119,15 +126,17 @@ class TestEnv:
                 service.kill()
 
     async def cleanup_broker(self) -> None:
+        """Delete the queues and exchanges of the test's topologies, its ingress exchange too,
+        and never a name outside the test's own prefix (such as a shared ``events``)."""
         connection = await aio_pika.connect(self.amqp_url)
         try:
             channel = await connection.channel()
-            ingress = self.settings().exchange
             for topology in self.topologies:
                 for queue in topology.queues:
-                    await channel.queue_delete(queue.name)
+                    if queue.name.startswith(f"{self.name}."):
+                        await channel.queue_delete(queue.name)
                 for exchange in topology.exchanges:
-                    if exchange.name != ingress:
+                    if exchange.name.startswith(f"{self.name}."):
                         await channel.exchange_delete(exchange.name)
         finally:
             await connection.close()
@@ -255,7 +264,7 @@ class ServiceProcess:
 class Producer:
     """Publishes persistent events with publisher confirms, many at a time."""
 
-    def __init__(self, url: str, exchange: str = "events") -> None:
+    def __init__(self, url: str, exchange: str) -> None:
         self._url = url
         self._exchange_name = exchange
         self._connection: AbstractConnection | None = None

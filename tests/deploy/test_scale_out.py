@@ -8,10 +8,8 @@ import signal
 import uuid
 from typing import Any
 
-from tests.deploy.support import private_ingress
 from tests.servers import free_port
 from tests.support import (
-    Producer,
     ServiceProcess,
     TestEnv,
     behave,
@@ -38,11 +36,6 @@ async def _applied(env: TestEnv) -> int:
 async def test_three_replicas_apply_every_event_once_while_one_stops_and_one_dies(
     env: TestEnv,
 ) -> None:
-    async with private_ingress(env) as exchange:
-        await _scale_out(env, exchange)
-
-
-async def _scale_out(env: TestEnv, exchange: str) -> None:
     # Given three replicas of the service on one work queue, each with its own HTTP port
     await env.apply_topology()
     replicas = [
@@ -54,7 +47,7 @@ async def _scale_out(env: TestEnv, exchange: str) -> None:
     batches = [_batch("first"), _batch("second"), _batch("third")]
     sent = {event_id for batch in batches for _, _, event_id in batch}
 
-    async with Producer(env.amqp_url, exchange) as producer:
+    async with env.producer() as producer:
         # When the first batch flows, and all three replicas take part in it
         await producer.send_many(batches[0])
 

@@ -8,7 +8,6 @@ from typing import Any
 
 from consumer import headers as h
 from tests.support import (
-    Producer,
     ServiceProcess,
     TestEnv,
     drain_queue,
@@ -46,7 +45,7 @@ async def test_a_backlog_goes_through_few_calls_and_each_failure_stays_alone(
         kinds[event[2]] = "dead" if roll < 0.1 else "applied"
         events.append(event)
     duplicates = rng.sample([event for event in events if kinds[event[2]] == "applied"], 60)
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         await producer.send_many([*events, *duplicates])
 
     # When the service starts on it
@@ -91,7 +90,7 @@ async def test_a_call_that_raises_is_retried_event_by_event_at_no_cost(env: Test
     await env.apply_topology()
     events = [_many(f"k{n}") for n in range(40)]
     events.insert(20, _many("spoiler", spoil_batch=True))
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         await producer.send_many(events)
 
     # When the service applies it in batches
@@ -112,7 +111,7 @@ async def test_a_call_past_its_time_limit_is_retried_event_by_event(env: TestEnv
     await env.apply_topology()
     events = [_many(f"k{n}") for n in range(10)]
     events.append(_many("slow", sleep_s=3))
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         await producer.send_many(events)
 
     # When the service applies them
@@ -136,7 +135,7 @@ async def test_a_batch_handler_that_miscounts_is_a_permanent_failure_with_its_re
     # Given an event that makes its batch handler return too few results
     await env.apply_topology()
     service = await ServiceProcess(env).start().wait_ready()
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         await producer.send("test.behave_many", {"key": "miscounted", "miscount": True})
 
     # Then it is dead-lettered once, with no effect, naming the handler's mistake
@@ -160,7 +159,7 @@ async def test_reserves_in_one_batch_are_decided_in_order_as_one_at_a_time(env: 
         ("inventory.reserve", {"order_id": "o-3", "sku": "A", "qty": 1}, uuid.uuid4()),
         ("inventory.reserve", {"order_id": "o-4", "sku": "nope", "qty": 1}, uuid.uuid4()),
     ]
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         for event in sends:  # one at a time: the order of the queue is the order of the batch
             await producer.send(event[0], event[1], event_id=event[2])
 

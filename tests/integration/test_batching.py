@@ -7,7 +7,6 @@ import uuid
 from typing import Any
 
 from tests.support import (
-    Producer,
     ServiceProcess,
     TestEnv,
     behave,
@@ -44,7 +43,7 @@ async def test_a_mixed_stream_in_batches_keeps_every_promise(env: TestEnv) -> No
     duplicates = rng.sample(events, 120)
 
     # When the stream arrives with duplicates and a few poison messages
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         await producer.send_many([*events, *duplicates])
         for _ in range(10):
             await producer.send_raw(b"\x00not json", "test.behave")

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from tests.support import (
-    Producer,
     ServiceProcess,
     TestEnv,
     behave,
@@ -37,7 +36,7 @@ async def dead_letters(env: TestEnv) -> dict[str, uuid.UUID]:
     """A service and a DLQ holding: two permanent failures, one exhausted retry, one poison."""
     await env.apply_topology()
     await ServiceProcess(env).start().wait_ready()
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         ids = {
             "unknown_sku": await producer.send(
                 "inventory.reserve", {"order_id": "o-1", "sku": "LATER", "qty": 2}
@@ -115,7 +114,7 @@ async def test_replay_applies_a_fixed_event_exactly_once_and_keeps_the_rest(
     env: TestEnv, dead_letters: dict[str, uuid.UUID]
 ) -> None:
     # Given the cause fixed: the SKU now exists
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         await producer.send("inventory.restock", {"sku": "LATER", "qty": 5})
     await wait_until(lambda: _stock(env, 5), what="the restock")
 
@@ -136,7 +135,7 @@ async def test_replaying_the_same_event_twice_applies_it_once(env: TestEnv) -> N
     await env.apply_topology()
     await ServiceProcess(env).start().wait_ready()
     event_id = uuid.uuid4()
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         for _ in range(2):  # the producer sent it twice; both copies failed permanently
             await producer.send(
                 "inventory.reserve", {"order_id": "o", "sku": "S", "qty": 1}, event_id=event_id
@@ -146,7 +145,7 @@ async def test_replaying_the_same_event_twice_applies_it_once(env: TestEnv) -> N
         return await queue_depth(env.amqp_url, env.names.dead) == 2
 
     await wait_until(two, what="two dead copies")
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         await producer.send("inventory.restock", {"sku": "S", "qty": 10})
     await wait_until(lambda: _stock(env, 10), what="the restock")
 

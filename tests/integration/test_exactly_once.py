@@ -9,7 +9,6 @@ import uuid
 import pytest
 
 from tests.support import (
-    Producer,
     ServiceProcess,
     TestEnv,
     behave,
@@ -27,7 +26,7 @@ async def test_a_thousand_reserves_with_duplicates_apply_exactly_once(
     await env.apply_topology()
     service = ServiceProcess(env, batch_size=batch_size, prefetch="100").start()
     await service.wait_ready()
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         await producer.send("inventory.restock", {"sku": "SKU-1", "qty": 1500})
         await wait_until(
             lambda: _stock(env, "SKU-1", lambda available: available == 1500), what="the restock"
@@ -79,7 +78,7 @@ async def test_sigkill_mid_stream_then_restart_applies_every_event_once(
 ) -> None:
     # Given 2,000 events waiting
     await env.apply_topology()
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         await producer.send_many(
             ("test.behave", behave(f"k{n}", sleep_s=0.002), uuid.uuid4()) for n in range(2000)
         )
@@ -116,7 +115,7 @@ async def test_malformed_body_and_unknown_type_are_dead_lettered_with_no_effect(
 ) -> None:
     await env.apply_topology()
     service = await ServiceProcess(env).start().wait_ready()
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         # Not JSON at all, and a valid envelope of a type no handler is registered for (routed
         # here only because a producer used a bound routing key with the wrong type inside).
         await producer.send_raw(b"{not json", "inventory.reserve")

@@ -15,7 +15,6 @@ import pytest
 
 from consumer import headers as h
 from tests.support import (
-    Producer,
     ServiceProcess,
     TestEnv,
     behave,
@@ -66,7 +65,7 @@ async def service(env: TestEnv) -> ServiceProcess:
 async def test_two_transient_failures_then_success_is_applied_once_after_two_retries(
     env: TestEnv, service: ServiceProcess
 ) -> None:
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         event_id = await producer.send("test.behave", behave("flaky", fail_transient=2))
 
     await wait_until(lambda: _applied(env, event_id), what="the effect")
@@ -94,7 +93,7 @@ async def test_two_transient_failures_then_success_is_applied_once_after_two_ret
 async def test_always_transient_ends_in_the_dlq_after_exactly_len_rungs_retries(
     env: TestEnv, service: ServiceProcess
 ) -> None:
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         event_id = await producer.send("test.behave", behave("down", fail_transient=1000))
 
     await wait_until(lambda: dead_count(env, 1), timeout=30, what="the dead letter")
@@ -108,7 +107,7 @@ async def test_always_transient_ends_in_the_dlq_after_exactly_len_rungs_retries(
     assert headers[h.ATTEMPT] == len(RUNGS)
     assert headers[h.ERROR_CLASS] == "TransientError"
     assert "planned failures" in str(headers[h.ERROR_MESSAGE])
-    assert headers[h.ORIGINAL_EXCHANGE] == "events"
+    assert headers[h.ORIGINAL_EXCHANGE] == env.names.ingress
     assert headers[h.ORIGINAL_ROUTING_KEY] == "test.behave"
     assert headers[h.SERVICE] == env.name
     assert str(headers[h.FIRST_FAILURE_AT]) < str(headers[h.LAST_FAILURE_AT])
@@ -124,7 +123,7 @@ async def test_retried_dead_replayed_retried_again_then_applied_is_not_dropped(
     # Fails four times: the first delivery and all three retries, so it is dead-lettered having
     # passed through every rung. After the replay it fails once more (back through the 200ms
     # rung it already visited: x-death must not follow it) and then succeeds.
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         event_id = await producer.send("test.behave", behave("phoenix", fail_transient=5))
     await wait_until(lambda: dead_count(env, 1), timeout=30, what="the dead letter")
 
@@ -175,7 +174,7 @@ async def test_poison_is_nacked_to_the_dlq_with_its_reason_counted(
         if reason == "body_too_large":
             envelope["payload"] = {"key": "x" * 4000}
         body = json.dumps(envelope).encode()
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         await producer.send_raw(body, routing_key, content_type=content_type)
         good = await producer.send("test.behave", behave("after the poison"))
 
@@ -207,7 +206,7 @@ async def test_poison_is_nacked_to_the_dlq_with_its_reason_counted(
 async def test_permanent_failures_are_dead_lettered_at_once_with_reason_headers(
     env: TestEnv, service: ServiceProcess, spec: dict[str, Any], error_class: str
 ) -> None:
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         event_id = await producer.send("test.behave", behave("never", **spec))
 
     await wait_until(lambda: dead_count(env, 1), what="the dead letter")
@@ -235,7 +234,7 @@ async def test_an_unconfirmed_retry_publish_returns_the_original_never_loses_it(
     await queue.unbind(binding.exchange, binding.routing_key, arguments=dict(binding.arguments))
 
     # When an event fails transiently, its retry copy cannot be routed
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         event_id = await producer.send("test.behave", behave("unroutable", fail_transient=4))
 
     async def publish_failed() -> bool:
@@ -259,7 +258,7 @@ async def test_a_handler_that_kills_the_worker_is_dead_lettered_by_the_delivery_
     env: TestEnv,
 ) -> None:
     await env.apply_topology(delivery_limit="2")
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         crasher = await producer.send("test.behave", behave("segfault", crash=True))
 
     # A supervisor restarting the crashed worker, as systemd or Kubernetes would
@@ -277,7 +276,7 @@ async def test_a_handler_that_kills_the_worker_is_dead_lettered_by_the_delivery_
     assert letter["id"] == str(crasher)
 
     healthy = await ServiceProcess(env, "healthy", delivery_limit="2").start().wait_ready()
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         event_id = await producer.send("test.behave", behave("fine"))
     await wait_until(lambda: _applied(env, event_id), what="a normal event afterwards")
     assert await healthy.stop() == 0
@@ -287,7 +286,7 @@ async def test_graceful_restarts_never_push_a_healthy_message_over_the_limit(env
     # Each SIGTERM returns the prefetched, unstarted messages once; with a limit of 3, two
     # restarts must not dead-letter anything.
     await env.apply_topology(delivery_limit="3")
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         ids = [uuid.uuid4() for _ in range(400)]
         await producer.send_many(
             ("test.behave", behave(f"k{n}", sleep_s=0.02), i) for n, i in enumerate(ids)
@@ -334,7 +333,7 @@ async def test_a_missing_grant_stops_the_service_instead_of_dead_lettering(
         await env.apply_topology()
         service = ServiceProcess(env, database_url=limited).start()
         await service.wait_ready()
-        async with Producer(env.amqp_url) as producer:
+        async with env.producer() as producer:
             event_id = await producer.send("test.behave", behave("forbidden"))
 
         # When the handler hits the missing grant, the service stops with one clear line

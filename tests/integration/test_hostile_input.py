@@ -8,7 +8,6 @@ import uuid
 from typing import Any
 
 from tests.support import (
-    Producer,
     ServiceProcess,
     TestEnv,
     fetch,
@@ -95,7 +94,7 @@ async def test_five_thousand_hostile_bodies_all_dead_lettered_and_valid_events_a
             valid.append(valid_envelope("notification.requested", payload))
 
     # When they arrive mixed together
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         pending = list(hostile)
         for envelope in valid:
             for _ in range(25):

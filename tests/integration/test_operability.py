@@ -13,7 +13,6 @@ import aiohttp
 import pytest
 
 from tests.support import (
-    Producer,
     ServiceProcess,
     TestEnv,
     behave,
@@ -33,7 +32,7 @@ async def test_each_metric_moves_when_it_should(env: TestEnv) -> None:
     metrics = await service.metrics()
     assert any(name == "consumer_build_info" and value == 1 for (name, _), value in metrics.items())
 
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         await producer.send("test.behave", behave("slow", sleep_s=1.5))
 
         async def busy() -> bool:
@@ -75,7 +74,7 @@ async def test_each_metric_moves_when_it_should(env: TestEnv) -> None:
     assert await service.metric("consumer_db_pool_in_use") == 0
 
     # A redelivery: kill a worker holding an event, the next one sees it flagged redelivered.
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         await producer.send("test.behave", behave("held", sleep_s=2))
     await wait_until(
         lambda: _metric_at_least(service, "consumer_in_flight", 1), what="the held event"
@@ -132,7 +131,7 @@ async def test_one_log_line_per_outcome_without_payloads_or_passwords(
     database_url = env.database_url.replace("postgres@", f"postgres:{canary}@")
     await env.apply_topology()
     service = await ServiceProcess(env, database_url=database_url).start().wait_ready()
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         good = await producer.send("test.behave", behave("secret-payload-value"))
         bad = await producer.send("test.behave", behave("also-secret", permanent=True))
 
@@ -170,7 +169,7 @@ async def test_one_log_line_per_outcome_without_payloads_or_passwords(
 async def test_sigterm_under_load_drains_exits_0_and_loses_nothing(env: TestEnv) -> None:
     await env.apply_topology()
     ids = [uuid.uuid4() for _ in range(1000)]
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         await producer.send_many(
             ("test.behave", behave(f"k{n}", sleep_s=0.02), event_id)
             for n, event_id in enumerate(ids)
@@ -203,7 +202,7 @@ async def test_sigterm_under_load_drains_exits_0_and_loses_nothing(env: TestEnv)
 async def test_a_second_signal_exits_at_once(env: TestEnv) -> None:
     await env.apply_topology()
     service = await ServiceProcess(env, shutdown_grace="60s").start().wait_ready()
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         event_id = await producer.send("test.behave", behave("long", sleep_s=30))
     await wait_until(lambda: _metric_at_least(service, "consumer_in_flight", 1), what="in flight")
     service.signal(signal.SIGTERM)
@@ -229,7 +228,7 @@ async def test_the_soft_limit_cancels_rolls_back_and_retries(env: TestEnv) -> No
     await env.apply_topology()
     service = ServiceProcess(env, handler_timeout="300ms", hard_timeout="5s").start()
     await service.wait_ready()
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         event_id = await producer.send("test.behave", behave("slowpoke", sleep_s=1))
 
     await wait_until(
@@ -251,7 +250,7 @@ async def test_the_hard_limit_ends_a_blocked_process_and_the_delivery_limit_ends
     env: TestEnv, limit: str
 ) -> None:
     await env.apply_topology(delivery_limit=limit)
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         blocker = await producer.send("test.behave", behave("blocks", block_s=30))
     runs = 0
     while await queue_depth(env.amqp_url, env.names.dead) == 0:

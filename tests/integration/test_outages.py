@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import make_template
 from tests.servers import ThrowawayPostgres, ThrowawayRabbit
-from tests.support import Producer, ServiceProcess, TestEnv, fetchval, queue_depth, wait_until
+from tests.support import ServiceProcess, TestEnv, fetchval, queue_depth, wait_until
 
 
 def restocks(count: int) -> list[tuple[str, dict[str, object], uuid.UUID]]:
@@ -37,7 +37,7 @@ async def test_connection_closes_and_a_broker_restart_lose_and_double_nothing(
 ) -> None:
     env = broker_env
     await env.apply_topology()
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         await producer.send_many(restocks(3000))
     service = await ServiceProcess(env).start().wait_ready()
 
@@ -76,7 +76,7 @@ async def test_a_database_outage_longer_than_the_ladder_pauses_and_dead_letters_
     events = restocks(600)
 
     async def publish_steadily() -> None:
-        async with Producer(env.amqp_url) as producer:
+        async with env.producer() as producer:
             for start in range(0, len(events), 20):
                 await producer.send_many(events[start : start + 20])
                 await asyncio.sleep(0.1)  # about 200 events a second, for three seconds
@@ -128,7 +128,7 @@ async def test_a_frozen_database_pauses_instead_of_spending_retries(
     await env.apply_topology(**settings)
     service = await ServiceProcess(env, **settings).start().wait_ready()
     events = restocks(400)
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         await producer.send_many(events[:100])
         await wait_until(lambda: _at_least(env, 100), timeout=30, what="100 applied")
         # Frozen, not down: connections hang instead of failing, past the handler's time limit.

@@ -84,6 +84,15 @@ async def make_template(admin_dsn: str, name: str) -> None:
     try:
         await migrate(conn)
         await conn.execute((REPO / "tests" / "handlers" / "schema.sql").read_text())
+        # The reference tables lose their unique key on event_id, as test_effects has none: an
+        # effect applied twice shows as a second row the tests count, instead of failing its
+        # transaction and hiding as a dead letter. (No handler relies on the key.)
+        await conn.execute(
+            "ALTER TABLE stock_movements DROP CONSTRAINT stock_movements_event_id_key;"
+            "CREATE INDEX stock_movements_event ON stock_movements (event_id);"
+            "ALTER TABLE notifications DROP CONSTRAINT notifications_event_id_key;"
+            "CREATE INDEX notifications_event ON notifications (event_id);"
+        )
     finally:
         await conn.close()
 

@@ -549,6 +549,30 @@ async def fetch(dsn: str, query: str, *args: Any) -> list[asyncpg.Record]:
         await conn.close()
 
 
+async def effect_counts(dsn: str, table: str = "test_effects") -> dict[uuid.UUID, int]:
+    """Rows per event in an effect table (none of which has a unique key in the tests)."""
+    rows = await fetch(dsn, f"SELECT event_id, count(*) AS n FROM {table} GROUP BY event_id")
+    return {row["event_id"]: int(row["n"]) for row in rows}
+
+
+async def assert_applied_once(
+    dsn: str, expected: Collection[uuid.UUID] | int, table: str = "test_effects"
+) -> None:
+    """Exactly once, counted: every event with a row in ``table`` has exactly one, and the events
+    with one are ``expected`` (their ids, or how many there are)."""
+    counts = await effect_counts(dsn, table)
+    doubled = {str(event_id): n for event_id, n in counts.items() if n != 1}
+    assert not doubled, f"applied more than once in {table}: {doubled}"
+    if isinstance(expected, int):
+        assert len(counts) == expected, f"{len(counts)} events applied in {table}, not {expected}"
+        return
+    wanted = set(expected)
+    missing = sorted(map(str, wanted - counts.keys()))
+    extra = sorted(map(str, counts.keys() - wanted))
+    assert not missing, f"{len(missing)} events never applied in {table}: {missing[:5]}"
+    assert not extra, f"{len(extra)} events applied in {table} unexpectedly: {extra[:5]}"
+
+
 def run_cli(
     module: str, *args: str, env: dict[str, str], input_text: str | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:

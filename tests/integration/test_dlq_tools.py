@@ -11,6 +11,7 @@ import pytest
 from tests.support import (
     ServiceProcess,
     TestEnv,
+    assert_applied_once,
     behave,
     drain_queue,
     fetchval,
@@ -115,7 +116,7 @@ async def test_replay_applies_a_fixed_event_exactly_once_and_keeps_the_rest(
 ) -> None:
     # Given the cause fixed: the SKU now exists
     async with env.producer() as producer:
-        await producer.send("inventory.restock", {"sku": "LATER", "qty": 5})
+        restock = await producer.send("inventory.restock", {"sku": "LATER", "qty": 5})
     await wait_until(lambda: _stock(env, 5), what="the restock")
 
     code, out, _ = dlq(env, "replay", "--type", "inventory.reserve", "--dry-run")
@@ -127,7 +128,9 @@ async def test_replay_applies_a_fixed_event_exactly_once_and_keeps_the_rest(
     assert code == 0, out
     assert f"replayed {dead_letters['unknown_sku']}" in out
     await wait_until(lambda: _stock(env, 3), what="the replayed reserve")
-    assert await fetchval(env.database_url, "SELECT count(*) FROM stock_movements") == 2
+    await assert_applied_once(
+        env.database_url, [restock, dead_letters["unknown_sku"]], "stock_movements"
+    )
     assert await queue_depth(env.amqp_url, env.names.dead) == 3
 
 
@@ -146,7 +149,7 @@ async def test_replaying_the_same_event_twice_applies_it_once(env: TestEnv) -> N
 
     await wait_until(two, what="two dead copies")
     async with env.producer() as producer:
-        await producer.send("inventory.restock", {"sku": "S", "qty": 10})
+        restock = await producer.send("inventory.restock", {"sku": "S", "qty": 10})
     await wait_until(lambda: _stock(env, 10), what="the restock")
 
     code, out, _ = dlq(env, "replay", "--all")
@@ -155,12 +158,7 @@ async def test_replaying_the_same_event_twice_applies_it_once(env: TestEnv) -> N
     await wait_until(lambda: _stock(env, 9), what="the replay")
     await wait_until(lambda: _receipts(env, 2), what="both receipts")
     assert await fetchval(env.database_url, "SELECT available FROM stock WHERE sku = 'S'") == 9
-    assert (
-        await fetchval(
-            env.database_url, "SELECT count(*) FROM stock_movements WHERE event_id = $1", event_id
-        )
-        == 1
-    )
+    await assert_applied_once(env.database_url, [restock, event_id], "stock_movements")
     assert await queue_depth(env.amqp_url, env.names.dead) == 0
 
 

@@ -17,6 +17,7 @@ from consumer import headers as h
 from tests.support import (
     ServiceProcess,
     TestEnv,
+    assert_applied_once,
     behave,
     drain_queue,
     fetch,
@@ -279,7 +280,8 @@ async def test_a_handler_that_kills_the_worker_is_dead_lettered_by_the_delivery_
     async with env.producer() as producer:
         event_id = await producer.send("test.behave", behave("fine"))
     await wait_until(lambda: _applied(env, event_id), what="a normal event afterwards")
-    assert await healthy.stop() == 0
+    await healthy.wait_idle()
+    await assert_applied_once(env.database_url, [event_id])
 
 
 async def test_graceful_restarts_never_push_a_healthy_message_over_the_limit(env: TestEnv) -> None:
@@ -304,9 +306,10 @@ async def test_graceful_restarts_never_push_a_healthy_message_over_the_limit(env
         timeout=60,
         what="all effects",
     )
+    await final.wait_idle()
+    await assert_applied_once(env.database_url, ids)
     assert await queue_depth(env.amqp_url, env.names.dead) == 0
     assert await fetchval(env.database_url, "SELECT count(*) FROM receipts") == 400
-    assert await final.stop() == 0
 
 
 async def _applied(env: TestEnv, event_id: uuid.UUID) -> bool:

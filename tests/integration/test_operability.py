@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import time
 import uuid
 
 import aio_pika
@@ -15,7 +14,9 @@ import pytest
 from tests.support import (
     ServiceProcess,
     TestEnv,
+    assert_applied_once,
     behave,
+    drain_queue,
     fetchval,
     queue_depth,
     run_cli,
@@ -33,7 +34,7 @@ async def test_each_metric_moves_when_it_should(env: TestEnv) -> None:
     assert any(name == "consumer_build_info" and value == 1 for (name, _), value in metrics.items())
 
     async with env.producer() as producer:
-        await producer.send("test.behave", behave("slow", sleep_s=1.5))
+        slow = await producer.send("test.behave", behave("slow", sleep_s=1.5))
 
         async def busy() -> bool:
             return (
@@ -42,11 +43,11 @@ async def test_each_metric_moves_when_it_should(env: TestEnv) -> None:
             )
 
         await wait_until(busy, what="one event in flight")
-        assert await service.metric("consumer_db_pool_size") >= 1
+        assert 1 <= await service.metric("consumer_db_pool_size") <= 3  # opened lazily, up to 3
 
         ok = await producer.send("test.behave", behave("ok"))
         await producer.send("test.behave", behave("ok"), event_id=ok)  # a duplicate
-        await producer.send("test.behave", behave("retry", fail_transient=1))
+        retried = await producer.send("test.behave", behave("retry", fail_transient=1))
         await producer.send("test.behave", behave("dead", permanent=True))
         await producer.send_raw(b"garbage", "test.behave")
 
@@ -54,6 +55,7 @@ async def test_each_metric_moves_when_it_should(env: TestEnv) -> None:
         return await service.metric("consumer_in_flight") == 0 and await _effects(env) == 3
 
     await wait_until(settled, timeout=30, what="everything settled")
+    await assert_applied_once(env.database_url, [slow, ok, retried])
     counts = {
         outcome: await service.metric("consumer_messages_total", type=type_, outcome=outcome)
         for outcome, type_ in [
@@ -182,19 +184,19 @@ async def test_sigterm_under_load_drains_exits_0_and_loses_nothing(env: TestEnv)
     await service.wait_ready()
     await wait_until(lambda: _effects_at_least(env, 100), what="100 effects")
 
-    started = time.monotonic()
     service.signal(signal.SIGTERM)
-    assert await service.wait_exit(timeout=15) == 0
-    assert time.monotonic() - started < 8
+    assert await service.wait_exit(timeout=30) == 0
+    said = [line.get("event", "") for line in service.log_lines()]
+    assert not [line for line in said if "shutdown grace expired" in line]  # drained in time
     draining = next(x for x in service.log_lines() if x.get("event") == "draining")
     assert draining["returned_to_queue"] > 0  # prefetched, never started: back to the queue
     applied = await _effects(env)
     assert applied < 1000
 
-    await ServiceProcess(env, "after").start().wait_ready()
+    after = await ServiceProcess(env, "after").start().wait_ready()
     await wait_until(lambda: _effects_at_least(env, 1000), timeout=120, what="all effects")
-    await asyncio.sleep(0.5)
-    assert await _effects(env) == 1000
+    await after.wait_idle()
+    await assert_applied_once(env.database_url, ids)
     assert await fetchval(env.database_url, "SELECT count(*) FROM receipts") == 1000
     assert await queue_depth(env.amqp_url, env.names.dead) == 0
 
@@ -208,10 +210,8 @@ async def test_a_second_signal_exits_at_once(env: TestEnv) -> None:
     service.signal(signal.SIGTERM)
     await asyncio.sleep(0.5)
     assert service.returncode is None  # still draining the 30s handler
-    started = time.monotonic()
     service.signal(signal.SIGINT)
-    assert await service.wait_exit(timeout=5) == 130
-    assert time.monotonic() - started < 2
+    assert await service.wait_exit(timeout=5) == 130  # not after the handler's 30s
     # Its line is out though the exit skips the clean-up that writes out held log lines.
     said = [line.get("event") for line in service.log_lines()]
     assert "stopping: finishing in-flight messages" in said
@@ -220,8 +220,9 @@ async def test_a_second_signal_exits_at_once(env: TestEnv) -> None:
     await wait_until(
         lambda: _depth_at_least(env, env.names.work, 1), what="the event back in the queue"
     )
+    [back] = await drain_queue(env.amqp_url, env.names.work, ack=False)
+    assert json.loads(back.body)["event_id"] == str(event_id)
     assert await fetchval(env.database_url, "SELECT count(*) FROM receipts") == 0
-    assert event_id is not None
 
 
 async def test_the_soft_limit_cancels_rolls_back_and_retries(env: TestEnv) -> None:
@@ -258,10 +259,10 @@ async def test_the_hard_limit_ends_a_blocked_process_and_the_delivery_limit_ends
         service = ServiceProcess(
             env, f"run-{runs}", handler_timeout="500ms", hard_timeout="1500ms", delivery_limit=limit
         ).start()
-        started = time.monotonic()
-        code = await service.wait_exit(timeout=30)
+        # Blocked for 30s, past the soft limit that cannot cancel blocking code: only the
+        # watchdog ends the process (code 3) within the wait.
+        code = await service.wait_exit(timeout=25)
         assert code == 3
-        assert time.monotonic() - started < 15
         [critical] = [x for x in service.log_lines() if x.get("level") == "critical"]
         assert critical["event_id"] == str(blocker)
         assert critical["type"] == "test.behave"

@@ -9,7 +9,6 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from consumer.settings import Settings
 from tests.security.support import (
     REFERENCE_HANDLERS,
     Broker,
@@ -222,4 +221,3 @@ async def test_no_password_in_any_output_of_any_command(
     assert f"{user}:***@" in everything  # the URLs were shown, without their password
     assert "password authentication failed for user" in everything
     outputs.assert_clean()
-    assert isinstance(env.settings(), Settings)

@@ -17,6 +17,7 @@ from tests.support import (
     assert_applied_once,
     behave,
     drain_queue,
+    fetch,
     fetchval,
     queue_depth,
     run_cli,
@@ -225,6 +226,39 @@ async def test_a_second_signal_exits_at_once(env: TestEnv) -> None:
     assert await fetchval(env.database_url, "SELECT count(*) FROM receipts") == 0
 
 
+async def test_work_past_the_shutdown_grace_is_left_to_the_next_process(env: TestEnv) -> None:
+    # Given a service with a 1s shutdown grace applying an event whose handler takes a minute
+    # (on its first call only)
+    await env.apply_topology()
+    limits = {"handler_timeout": "120s", "hard_timeout": "150s"}
+    first = ServiceProcess(env, "first", shutdown_grace="1s", **limits).start()
+    await first.wait_ready()
+    async with env.producer() as producer:
+        event_id = await producer.send("test.behave", behave("slow", sleep_s=60, sleep_calls=1))
+    await wait_until(lambda: _calls_are(env, event_id, 1), what="the handler to start")
+
+    # When it is told to stop
+    first.signal(signal.SIGTERM)
+
+    # Then it exits 0 once the grace is over, long before the handler would have finished,
+    # saying so, and the event it was applying has no effect and no receipt
+    assert await first.wait_exit(timeout=30) == 0
+    said = [line.get("event", "") for line in first.log_lines()]
+    assert len([line for line in said if "shutdown grace expired" in line]) == 1
+    assert await _effects(env) == 0
+    assert await fetchval(env.database_url, "SELECT count(*) FROM receipts") == 0
+
+    # And the next process applies it, exactly once
+    second = await ServiceProcess(env, "second", **limits).start().wait_ready()
+    await wait_until(lambda: _effects_at_least(env, 1), what="the effect")
+    await second.wait_idle()
+    await assert_applied_once(env.database_url, [event_id])
+    calls = await fetch(
+        env.database_url, "SELECT pid FROM handler_calls WHERE event_id = $1 ORDER BY id", event_id
+    )
+    assert [row["pid"] for row in calls] == [first.pid, second.pid]
+
+
 async def test_the_soft_limit_cancels_rolls_back_and_retries(env: TestEnv) -> None:
     await env.apply_topology()
     service = ServiceProcess(env, handler_timeout="300ms", hard_timeout="5s").start()
@@ -273,6 +307,13 @@ async def test_the_hard_limit_ends_a_blocked_process_and_the_delivery_limit_ends
     listed = run_cli("consumer", "dlq", "list", "--json", env=env.env())
     [letter] = [json.loads(line) for line in listed.stdout.splitlines()]
     assert letter["reason"] == "delivery_limit"
+
+
+async def _calls_are(env: TestEnv, event_id: uuid.UUID, expected: int) -> bool:
+    calls = await fetchval(
+        env.database_url, "SELECT count(*) FROM handler_calls WHERE event_id = $1", event_id
+    )
+    return int(calls) == expected
 
 
 async def _effects(env: TestEnv) -> int:

@@ -6,12 +6,13 @@ import asyncio
 import itertools
 import json
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import aio_pika
 import asyncpg
 import pytest
+from aio_pika.abc import AbstractIncomingMessage
 
 from consumer import headers as h
 from tests.support import (
@@ -255,6 +256,43 @@ async def test_an_unconfirmed_retry_publish_returns_the_original_never_loses_it(
     assert await queue_depth(env.amqp_url, env.names.dead) == 0
 
 
+@pytest.mark.parametrize("jitter", ["0.5", None])
+async def test_jitter_gives_each_retry_copy_an_expiration_within_its_rung(
+    env: TestEnv, jitter: str | None
+) -> None:
+    # Given a one-rung ladder of 30s, long enough to catch the copies in their delay queue, and
+    # jitter of 0.5 (or none)
+    settings = {"retry_delays": "30s"} | ({"retry_jitter": jitter} if jitter else {})
+    await env.apply_topology(**settings)
+    service = await ServiceProcess(env, **settings).start().wait_ready()
+    rung = env.names.rung(timedelta(seconds=30))
+
+    # When events fail once and their retry copies wait out the rung
+    async with env.producer() as producer:
+        ids = {
+            await producer.send("test.behave", behave(f"jittered-{n}", fail_transient=1))
+            for n in range(10)
+        }
+
+    async def all_waiting() -> bool:
+        return await queue_depth(env.amqp_url, rung) == len(ids)
+
+    await wait_until(all_waiting, what="ten copies in the delay queue")
+    copies = await drain_queue(env.amqp_url, rung, ack=False)
+
+    # Then with jitter each copy carries its own expiration, between 15s and the rung's 30s;
+    # without, none does (the queue's TTL alone applies)
+    assert {uuid.UUID(json.loads(copy.body)["event_id"]) for copy in copies} == ids
+    expirations = [_expiration_s(copy) for copy in copies]
+    if jitter:
+        assert all(e is not None and 30 * (1 - 0.5) <= e <= 30 for e in expirations), expirations
+        assert len(set(expirations)) > 1, expirations  # drawn per message
+    else:
+        assert expirations == [None] * len(ids)
+    assert await service.metric("consumer_retries_published_total", rung="30s") == len(ids)
+    assert await fetchval(env.database_url, "SELECT count(*) FROM test_effects") == 0
+
+
 async def test_a_handler_that_kills_the_worker_is_dead_lettered_by_the_delivery_limit(
     env: TestEnv,
 ) -> None:
@@ -310,6 +348,13 @@ async def test_graceful_restarts_never_push_a_healthy_message_over_the_limit(env
     await assert_applied_once(env.database_url, ids)
     assert await queue_depth(env.amqp_url, env.names.dead) == 0
     assert await fetchval(env.database_url, "SELECT count(*) FROM receipts") == 400
+
+
+def _expiration_s(message: AbstractIncomingMessage) -> float | None:
+    """A message's per-message expiration in seconds (aio-pika decodes the milliseconds)."""
+    value = message.expiration
+    assert value is None or isinstance(value, float), value
+    return value
 
 
 async def _applied(env: TestEnv, event_id: uuid.UUID) -> bool:

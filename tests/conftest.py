@@ -7,6 +7,11 @@ Every test that runs the service ends with the settlement invariant (``TestEnv.a
 each service process still running and ready settled every delivery it received, none twice, and
 the broker holds nothing unacked for the test. A test that ends with deliveries held on purpose
 says so with ``@pytest.mark.holds_deliveries("why")``.
+
+Each test publishes to an ingress exchange of its own (``<name>.events``, ``env.producer()``),
+never the shared ``events``. Exactly once is counted, not inferred: no effect table has a unique
+key on ``event_id`` in the tests' databases, so a second effect is a second row, and
+``assert_applied_once`` checks every event has exactly one.
 """
 
 from __future__ import annotations
@@ -169,7 +174,7 @@ async def _services_end_settled(request: pytest.FixtureRequest) -> AsyncIterator
         if _passed(request):
             holds = _holds_deliveries(request)
             checked = await assert_services_settled(left, holds_deliveries=holds)
-            await stop_cleanly(checked, holds_deliveries=holds)
+            await stop_cleanly(checked)
     finally:
         for service in left:
             if service.running:

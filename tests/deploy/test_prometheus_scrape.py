@@ -54,6 +54,7 @@ def _config(consumer_target: str, rabbitmq_target: str) -> dict[str, Any]:
 async def _fill_work_queue_on(rabbit: RabbitWithPrometheus, env: TestEnv) -> None:
     """The service's topology under its default name (queue consumer.work), and events in it
     that nobody consumes."""
+    # The default names on a node of the test's own: no other test or service is on it.
     settings = env.settings(amqp_url=rabbit.url, name="consumer", exchange="events")
     topology = build_topology(settings, HandlerRegistry.from_modules(settings.handlers))
     connection = await aio_pika.connect(rabbit.url)

@@ -80,12 +80,12 @@ async def test_each_metric_moves_when_it_should(env: TestEnv) -> None:
     async with env.producer() as producer:
         await producer.send("test.behave", behave("held", sleep_s=2))
     await wait_until(
-        lambda: _metric_at_least(service, "consumer_in_flight", 1), what="the held event"
+        lambda: service.metric_at_least("consumer_in_flight", 1), what="the held event"
     )
     service.kill()
     second = await ServiceProcess(env, "second").start().wait_ready()
     await wait_until(
-        lambda: _metric_at_least(second, "consumer_redeliveries_total", 1), what="a redelivery"
+        lambda: second.metric_at_least("consumer_redeliveries_total", 1), what="a redelivery"
     )
 
 
@@ -124,6 +124,7 @@ async def test_health_endpoints_and_nothing_else(env: TestEnv) -> None:
         return status == 503 and body["consuming"] is False
 
     await wait_until(not_ready, what="readyz to turn false")
+    assert await service.stop() == 0  # and a service without its queue still stops cleanly
 
 
 async def test_one_log_line_per_outcome_without_payloads_or_passwords(
@@ -207,7 +208,7 @@ async def test_a_second_signal_exits_at_once(env: TestEnv) -> None:
     service = await ServiceProcess(env, shutdown_grace="60s").start().wait_ready()
     async with env.producer() as producer:
         event_id = await producer.send("test.behave", behave("long", sleep_s=30))
-    await wait_until(lambda: _metric_at_least(service, "consumer_in_flight", 1), what="in flight")
+    await wait_until(lambda: service.metric_at_least("consumer_in_flight", 1), what="in flight")
     service.signal(signal.SIGTERM)
     await asyncio.sleep(0.5)
     assert service.returncode is None  # still draining the 30s handler
@@ -326,10 +327,3 @@ async def _effects_at_least(env: TestEnv, expected: int) -> bool:
 
 async def _depth_at_least(env: TestEnv, queue: str, expected: int) -> bool:
     return await queue_depth(env.amqp_url, queue) >= expected
-
-
-async def _metric_at_least(service: ServiceProcess, name: str, expected: float) -> bool:
-    try:
-        return await service.metric(name) >= expected
-    except (aiohttp.ClientError, OSError):
-        return False

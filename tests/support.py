@@ -136,8 +136,8 @@ class TestEnv:
 
     async def assert_settled(self, *, holds_deliveries: bool = False) -> None:
         """The settlement invariant at the end of a test, for each of its service processes
-        still running and ready: every delivery received settled (in flight back to 0), none
-        twice, nothing left unacked on the broker; then a clean stop (SIGTERM, exit 0)."""
+        still running (see :func:`assert_services_settled`), and nothing of the test's left
+        unacked on the broker; then a clean stop of each (SIGTERM, exit 0)."""
         checked = await assert_services_settled(self.processes, holds_deliveries=holds_deliveries)
         if checked and not holds_deliveries:
             await assert_nothing_unacked(self.held_queues())

@@ -2,13 +2,23 @@
 
 The broker and database come from ``CONSUMER_TEST_AMQP_URL`` and ``CONSUMER_TEST_ADMIN_DSN``
 (defaults: the local services). If they are not there, the tests fail; they never skip.
+
+Every test that runs the service ends with the settlement invariant (``TestEnv.assert_settled``):
+each service process still running and ready settled every delivery it received, none twice, and
+the broker holds nothing unacked for the test. A test that ends with deliveries held on purpose
+says so with ``@pytest.mark.holds_deliveries("why")``.
+
+Each test publishes to an ingress exchange of its own (``<name>.events``, ``env.producer()``),
+never the shared ``events``. Exactly once is counted, not inferred: no effect table has a unique
+key on ``event_id`` in the tests' databases, so a second effect is a second row, and
+``assert_applied_once`` checks every event has exactly one.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import aio_pika
@@ -17,10 +27,38 @@ import pytest
 
 from consumer.migrations import migrate
 from tests.servers import ThrowawayPostgres, ThrowawayRabbit, free_port
-from tests.support import REPO, TestEnv
+from tests.support import REPO, ServiceProcess, TestEnv, assert_services_settled, stop_cleanly
 
 RUN_ID = uuid.uuid4().hex[:8]
 _counter = iter(range(1, 1_000_000))
+_CALL_PASSED = pytest.StashKey[bool]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "holds_deliveries(reason): the test ends with its service holding deliveries on purpose "
+        "(paused, blocked): the settlement invariant does not wait for them to settle",
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, None]:
+    # Teardown checks run only after a passing test: a failed one has said what went wrong.
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call":
+        item.stash[_CALL_PASSED] = report.passed
+
+
+def _passed(request: pytest.FixtureRequest) -> bool:
+    return bool(request.node.stash.get(_CALL_PASSED, False))
+
+
+def _holds_deliveries(request: pytest.FixtureRequest) -> bool:
+    return request.node.get_closest_marker("holds_deliveries") is not None
 
 
 @pytest.fixture(scope="session")
@@ -51,6 +89,15 @@ async def make_template(admin_dsn: str, name: str) -> None:
     try:
         await migrate(conn)
         await conn.execute((REPO / "tests" / "handlers" / "schema.sql").read_text())
+        # The reference tables lose their unique key on event_id, as test_effects has none: an
+        # effect applied twice shows as a second row the tests count, instead of failing its
+        # transaction and hiding as a dead letter. (No handler relies on the key.)
+        await conn.execute(
+            "ALTER TABLE stock_movements DROP CONSTRAINT stock_movements_event_id_key;"
+            "CREATE INDEX stock_movements_event ON stock_movements (event_id);"
+            "ALTER TABLE notifications DROP CONSTRAINT notifications_event_id_key;"
+            "CREATE INDEX notifications_event ON notifications (event_id);"
+        )
     finally:
         await conn.close()
 
@@ -85,9 +132,14 @@ async def clone_database(admin_dsn: str, template: str) -> str:
 
 @pytest.fixture
 async def env(
-    template_database: str, admin_dsn: str, amqp_url: str, tmp_path: Path
+    request: pytest.FixtureRequest,
+    template_database: str,
+    admin_dsn: str,
+    amqp_url: str,
+    tmp_path: Path,
 ) -> AsyncIterator[TestEnv]:
-    """A fresh database, a unique name prefix and a free HTTP port; cleaned up afterwards."""
+    """A fresh database, a unique name prefix (queues, exchanges, the ingress exchange too) and
+    a free HTTP port; after a passing test, the settlement invariant; cleaned up afterwards."""
     database = await clone_database(admin_dsn, template_database)
     test_env = TestEnv(
         name=f"t{RUN_ID}{next(_counter)}",
@@ -97,9 +149,36 @@ async def env(
         log_dir=tmp_path,
     )
     yield test_env
-    test_env.kill_processes()
-    await test_env.cleanup_broker()
-    await drop_database(admin_dsn, database)
+    try:
+        if _passed(request):
+            await test_env.assert_settled(holds_deliveries=_holds_deliveries(request))
+    finally:
+        test_env.kill_processes()
+        try:
+            if _passed(request):
+                await test_env.assert_nothing_held()
+        finally:
+            await test_env.cleanup_broker()
+            await drop_database(admin_dsn, database)
+
+
+@pytest.fixture(autouse=True)
+async def _services_end_settled(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """Service processes a test started outside the ``env`` fixture (which checks and ends its
+    own first): the same invariant for those still running, then they are ended."""
+    first = len(ServiceProcess.started)
+    yield
+    left = [service for service in ServiceProcess.started[first:] if service.running]
+    del ServiceProcess.started[first:]
+    try:
+        if _passed(request):
+            holds = _holds_deliveries(request)
+            checked = await assert_services_settled(left, holds_deliveries=holds)
+            await stop_cleanly(checked)
+    finally:
+        for service in left:
+            if service.running:
+                service.kill()
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ a fast confirmed producer, and reading queues, rows and metrics."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -11,10 +12,11 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 import aio_pika
 import aiohttp
@@ -33,6 +35,13 @@ from topology.plan import build_topology, names_for
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_HANDLERS = "consumer.handlers.inventory,consumer.handlers.notifications,tests.handlers.behave"
+
+IN_FLIGHT = "consumer_in_flight"
+# Deliveries the service tried to settle a second time: 0 unless there is a bug. (A metric the
+# service is gaining; until then it is absent, which reads as 0.)
+SETTLED_TWICE = "consumer_settled_twice_total"
+SETTLE_TIMEOUT = 15.0
+UNACKED_TIMEOUT = 10.0
 
 
 async def wait_until(
@@ -71,6 +80,9 @@ class TestEnv:
         """Environment for a service process; ``overrides`` are field names (``prefetch="5"``)."""
         values = {
             "CONSUMER_NAME": self.name,
+            # An ingress exchange of the test's own: a service on the shared `events` (a local
+            # `make run`) must never see test events, nor a test another test's.
+            "CONSUMER_EXCHANGE": f"{self.name}.events",
             "CONSUMER_DATABASE_URL": self.database_url,
             "CONSUMER_AMQP_URL": self.amqp_url,
             "CONSUMER_HTTP_PORT": str(self.http_port),
@@ -112,22 +124,57 @@ class TestEnv:
         self.topologies.append(topology)
         return topology
 
+    def producer(self, url: str | None = None) -> Producer:
+        """A producer for this test's ingress exchange, on ``url`` (else the test's broker)."""
+        return Producer(url or self.amqp_url, self.settings().exchange)
+
     def kill_processes(self) -> None:
         """End every service process the test started and left running."""
         for service in self.processes:
-            if service.process is not None and service.process.poll() is None:
+            if service.running:
                 service.kill()
 
+    async def assert_settled(self, *, holds_deliveries: bool = False) -> None:
+        """The settlement invariant at the end of a test, for each of its service processes
+        still running (see :func:`assert_services_settled`), and nothing of the test's left
+        unacked on the broker; then a clean stop of each (SIGTERM, exit 0)."""
+        checked = await assert_services_settled(self.processes, holds_deliveries=holds_deliveries)
+        if checked and not holds_deliveries:
+            await assert_nothing_unacked(self.held_queues())
+        await stop_cleanly(checked)
+
+    async def assert_nothing_held(self) -> None:
+        """After the test's services have stopped: no one holds a message of the test's."""
+        await assert_nothing_unacked(self.held_queues())
+
+    def held_queues(self) -> list[str]:
+        """The test's work and delay queues, where an unsettled delivery shows as unacked, if
+        they are on the shared node (which ``rabbitmqctl`` here reaches)."""
+        url = urlsplit(self.amqp_url)
+        if url.hostname not in ("127.0.0.1", "localhost") or (url.port or 5672) != 5672:
+            return []
+        dead = self.names.dead
+        return sorted(
+            {
+                queue.name
+                for topology in self.topologies
+                for queue in topology.queues
+                if queue.name != dead and queue.name.startswith(f"{self.name}.")
+            }
+        )
+
     async def cleanup_broker(self) -> None:
+        """Delete the queues and exchanges of the test's topologies, its ingress exchange too,
+        and never a name outside the test's own prefix (such as a shared ``events``)."""
         connection = await aio_pika.connect(self.amqp_url)
         try:
             channel = await connection.channel()
-            ingress = self.settings().exchange
             for topology in self.topologies:
                 for queue in topology.queues:
-                    await channel.queue_delete(queue.name)
+                    if queue.name.startswith(f"{self.name}."):
+                        await channel.queue_delete(queue.name)
                 for exchange in topology.exchanges:
-                    if exchange.name != ingress:
+                    if exchange.name.startswith(f"{self.name}."):
                         await channel.exchange_delete(exchange.name)
         finally:
             await connection.close()
@@ -136,8 +183,12 @@ class TestEnv:
 class ServiceProcess:
     """``python -m consumer run`` as a child process, with its JSON log captured to a file."""
 
+    started: ClassVar[list[ServiceProcess]] = []
+    """Every process started, in order: the fixtures check and end what a test left running."""
+
     def __init__(self, test_env: TestEnv, label: str = "service", **overrides: str) -> None:
         self.test_env = test_env
+        self.label = label
         self.environment = test_env.env(**overrides)
         self.port = int(self.environment["CONSUMER_HTTP_PORT"])
         self.log_path = test_env.log_dir / f"{label}.log"
@@ -154,7 +205,12 @@ class ServiceProcess:
             cwd=REPO,
         )
         log.close()
+        ServiceProcess.started.append(self)
         return self
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
 
     @property
     def pid(self) -> int:
@@ -210,6 +266,31 @@ class ServiceProcess:
     async def metric(self, name: str, **labels: str) -> float:
         return (await self.metrics()).get((name, tuple(sorted(labels.items()))), 0.0)
 
+    async def metric_is(self, name: str, value: float, **labels: str) -> bool:
+        """For polling: False (not an error) while ``/metrics`` does not answer."""
+        try:
+            return await self.metric(name, **labels) == value
+        except (aiohttp.ClientError, OSError):
+            return False
+
+    async def metric_at_least(self, name: str, value: float, **labels: str) -> bool:
+        """For polling: False (not an error) while ``/metrics`` does not answer."""
+        try:
+            return await self.metric(name, **labels) >= value
+        except (aiohttp.ClientError, OSError):
+            return False
+
+    async def wait_idle(self, timeout: float = 30) -> None:
+        """Until the service holds nothing and its work queue has nothing ready: everything
+        published so far is settled (retry copies waiting out a rung aside)."""
+        url = self.environment.get("CONSUMER_AMQP_URL", self.test_env.amqp_url)
+        work = f"{self.environment['CONSUMER_NAME']}.work"
+
+        async def idle() -> bool:
+            return await self.metric_is(IN_FLIGHT, 0) and await queue_depth(url, work) == 0
+
+        await wait_until(idle, timeout=timeout, what=f"{self.label} to be idle")
+
     def signal(self, sig: signal.Signals) -> None:
         assert self.process is not None
         self.process.send_signal(sig)
@@ -237,6 +318,9 @@ class ServiceProcess:
         except AssertionError:
             return self.kill()
 
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_text()[-chars:]
+
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
@@ -252,10 +336,107 @@ class ServiceProcess:
         return lines
 
 
+async def assert_services_settled(
+    services: Iterable[ServiceProcess], *, holds_deliveries: bool = False
+) -> list[ServiceProcess]:
+    """The settlement invariant for each of ``services`` still running at the end of a test: it
+    is ready (or is again within ``SETTLE_TIMEOUT``, after a reconnect), every delivery it
+    received is settled within ``SETTLE_TIMEOUT`` (in flight back to 0), and none was settled
+    twice. A test that ends with a service holding deliveries on purpose (paused, blocked) stops
+    it itself or says ``holds_deliveries``: then only "none twice" is checked. Returns the
+    services found ready and settled."""
+    checked = []
+    for service in services:
+        if not service.running:
+            continue
+        if holds_deliveries:
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                twice = await service.metric(SETTLED_TWICE)
+                assert twice == 0, f"{service.label}: {twice:g} deliveries settled a second time"
+            continue
+        try:
+            await wait_until(service.is_ready, timeout=SETTLE_TIMEOUT, what="ready")
+        except AssertionError:
+            if service.returncode is not None:
+                continue  # it ended on its own meanwhile: nothing of it left to settle
+            raise AssertionError(
+                f"{service.label} is still running at the end of the test but not ready: stop "
+                "it in the test, or mark the test holds_deliveries(reason)"
+            ) from None
+        checked.append(service)
+
+        async def settled(service: ServiceProcess = service) -> bool:
+            return await service.metric_is(IN_FLIGHT, 0)
+
+        try:
+            await wait_until(settled, timeout=SETTLE_TIMEOUT, what="in flight to reach 0")
+        except AssertionError:
+            left = await service.metric(IN_FLIGHT)
+            raise AssertionError(
+                f"{service.label}: {left:g} deliveries received and never settled "
+                f"({IN_FLIGHT} still {left:g} after {SETTLE_TIMEOUT:g}s)"
+            ) from None
+        twice = await service.metric(SETTLED_TWICE)
+        assert twice == 0, f"{service.label}: {twice:g} deliveries settled a second time"
+    return checked
+
+
+async def stop_cleanly(services: Iterable[ServiceProcess]) -> None:
+    """SIGTERM each of ``services`` (settled and idle): each exits 0."""
+    for service in services:
+        code = await service.stop()
+        assert code == 0, f"{service.label} exited with {code} on SIGTERM:\n{service.log_tail()}"
+
+
+async def assert_nothing_unacked(queues: Collection[str], timeout: float = UNACKED_TIMEOUT) -> None:
+    """None of ``queues`` (on the shared node) has an unacked message. Quorum queues'
+    statistics lag a few seconds behind, so this polls up to ``timeout`` before failing."""
+    if not queues:
+        return
+    unacked: dict[str, int] = {}
+
+    async def none_unacked() -> bool:
+        nonlocal unacked
+        unacked = {q: n for q, n in (await unacked_messages(queues)).items() if n}
+        return not unacked
+
+    try:
+        await wait_until(none_unacked, timeout=timeout, interval=1, what="no unacked messages")
+    except AssertionError:
+        raise AssertionError(f"unacked messages left in the test's queues: {unacked}") from None
+
+
+async def rabbitmqctl(*args: str, input_text: str | None = None) -> str:
+    """``rabbitmqctl`` on the shared node (the tests run as root, which may); its stdout."""
+    result = await asyncio.to_thread(
+        subprocess.run,
+        ["rabbitmqctl", *args],
+        capture_output=True,
+        text=True,
+        input=input_text,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, f"rabbitmqctl {args[0]}: {result.stderr.strip()}"
+    return result.stdout
+
+
+async def unacked_messages(queues: Collection[str]) -> dict[str, int]:
+    """``messages_unacknowledged`` of each of ``queues`` that exists on the shared node."""
+    listed = json.loads(
+        await rabbitmqctl("list_queues", "name", "messages_unacknowledged", "--formatter", "json")
+    )
+    return {
+        row["name"]: int(row.get("messages_unacknowledged") or 0)
+        for row in listed
+        if row["name"] in queues
+    }
+
+
 class Producer:
     """Publishes persistent events with publisher confirms, many at a time."""
 
-    def __init__(self, url: str, exchange: str = "events") -> None:
+    def __init__(self, url: str, exchange: str) -> None:
         self._url = url
         self._exchange_name = exchange
         self._connection: AbstractConnection | None = None
@@ -377,6 +558,27 @@ async def fetch(dsn: str, query: str, *args: Any) -> list[asyncpg.Record]:
         return list(await conn.fetch(query, *args))
     finally:
         await conn.close()
+
+
+async def effect_counts(dsn: str, table: str = "test_effects") -> dict[uuid.UUID, int]:
+    """Rows per event in an effect table (none of which has a unique key in the tests)."""
+    rows = await fetch(dsn, f"SELECT event_id, count(*) AS n FROM {table} GROUP BY event_id")
+    return {row["event_id"]: int(row["n"]) for row in rows}
+
+
+async def assert_applied_once(
+    dsn: str, expected: Collection[uuid.UUID], table: str = "test_effects"
+) -> None:
+    """Exactly once, counted: every event with a row in ``table`` has exactly one, and the events
+    with one are exactly ``expected``."""
+    counts = await effect_counts(dsn, table)
+    doubled = {str(event_id): n for event_id, n in counts.items() if n != 1}
+    assert not doubled, f"applied more than once in {table}: {doubled}"
+    wanted = set(expected)
+    missing = sorted(map(str, wanted - counts.keys()))
+    extra = sorted(map(str, counts.keys() - wanted))
+    assert not missing, f"{len(missing)} events never applied in {table}: {missing[:5]}"
+    assert not extra, f"{len(extra)} events applied in {table} unexpectedly: {extra[:5]}"
 
 
 def run_cli(

@@ -14,18 +14,17 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import aio_pika
 import aiohttp
 import pytest
 import yaml
 
 from tests.servers import ThrowawayRabbit, free_port
-from tests.support import REPO, TestEnv, wait_until
+from tests.support import REPO, wait_until
 
 DEPLOY = REPO / "deploy"
 PROMETHEUS_DIR = DEPLOY / "prometheus"
@@ -283,20 +282,3 @@ def consumer_metric_names() -> set[str]:
 
     metrics = Metrics(CollectorRegistry(), ["example.type"])
     return exposed_names(generate_latest(metrics.registry).decode())
-
-
-@asynccontextmanager
-async def private_ingress(env: TestEnv) -> AsyncIterator[str]:
-    """An ingress exchange of the test's own instead of the shared ``events``, so events that
-    other test runs publish on the same broker never reach this test's queues."""
-    exchange = f"{env.name}.events"
-    env.overrides["exchange"] = exchange
-    try:
-        yield exchange
-    finally:
-        connection = await aio_pika.connect(env.amqp_url)
-        try:
-            channel = await connection.channel()
-            await channel.exchange_delete(exchange)
-        finally:
-            await connection.close()

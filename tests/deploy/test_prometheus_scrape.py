@@ -25,7 +25,6 @@ from tests.deploy.support import (
     alert_rules,
     as_promql,
     dashboard_queries,
-    private_ingress,
     prometheus_server,
     referenced_metrics,
     tool,
@@ -55,6 +54,7 @@ def _config(consumer_target: str, rabbitmq_target: str) -> dict[str, Any]:
 async def _fill_work_queue_on(rabbit: RabbitWithPrometheus, env: TestEnv) -> None:
     """The service's topology under its default name (queue consumer.work), and events in it
     that nobody consumes."""
+    # The default names on a node of the test's own: no other test or service is on it.
     settings = env.settings(amqp_url=rabbit.url, name="consumer", exchange="events")
     topology = build_topology(settings, HandlerRegistry.from_modules(settings.handlers))
     connection = await aio_pika.connect(rabbit.url)
@@ -62,7 +62,7 @@ async def _fill_work_queue_on(rabbit: RabbitWithPrometheus, env: TestEnv) -> Non
         await apply_topology(connection, topology)
     finally:
         await connection.close()
-    async with Producer(rabbit.url) as producer:
+    async with Producer(rabbit.url, settings.exchange) as producer:
         for n in range(WAITING_ON_THE_NODE):
             await producer.send("test.behave", behave(f"waiting-{n}"))
 
@@ -75,11 +75,6 @@ async def _rules_evaluated(prometheus: PrometheusServer) -> list[dict[str, Any]]
 async def test_prometheus_scrapes_the_consumer_and_rabbitmq_and_evaluates_rules_and_dashboard(
     env: TestEnv, tmp_path: Path
 ) -> None:
-    async with private_ingress(env) as exchange:
-        await _scrape(env, exchange, tmp_path)
-
-
-async def _scrape(env: TestEnv, exchange: str, tmp_path: Path) -> None:
     # Given a running consumer, a RabbitMQ node with the deploy's plugins, and Prometheus
     rabbit = RabbitWithPrometheus()
     await env.apply_topology()
@@ -93,7 +88,7 @@ async def _scrape(env: TestEnv, exchange: str, tmp_path: Path) -> None:
             await prometheus.wait_ready()
 
             # When events are applied, one retried once and one dead-lettered
-            async with Producer(env.amqp_url, exchange) as producer:
+            async with env.producer() as producer:
                 for n in range(20):
                     await producer.send("test.behave", behave(f"k{n}"))
                 await producer.send("test.behave", behave("retried", fail_transient=1))
@@ -174,32 +169,31 @@ async def _scrape(env: TestEnv, exchange: str, tmp_path: Path) -> None:
 
 async def test_promtool_accepts_the_services_exposition(env: TestEnv) -> None:
     # Given a running service that has applied an event
-    async with private_ingress(env) as exchange:
-        await env.apply_topology()
-        service = await ServiceProcess(env).start().wait_ready()
-        async with Producer(env.amqp_url, exchange) as producer:
-            await producer.send("test.behave", behave("one"))
+    await env.apply_topology()
+    service = await ServiceProcess(env).start().wait_ready()
+    async with env.producer() as producer:
+        await producer.send("test.behave", behave("one"))
 
-        async def applied() -> bool:
-            return int(await fetchval(env.database_url, "SELECT count(*) FROM test_effects")) == 1
+    async def applied() -> bool:
+        return int(await fetchval(env.database_url, "SELECT count(*) FROM test_effects")) == 1
 
-        await wait_until(applied, what="the effect")
+    await wait_until(applied, what="the effect")
 
-        # When its /metrics is linted
-        async with (
-            aiohttp.ClientSession() as session,
-            session.get(f"http://127.0.0.1:{service.port}/metrics") as response,
-        ):
-            exposition = await response.text()
-        result = subprocess.run(
-            [tool("promtool"), "check", "metrics"],
-            input=exposition,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-        await service.stop()
+    # When its /metrics is linted
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{service.port}/metrics") as response,
+    ):
+        exposition = await response.text()
+    result = subprocess.run(
+        [tool("promtool"), "check", "metrics"],
+        input=exposition,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    await service.stop()
 
     # Then promtool finds nothing to say
     assert result.returncode == 0, result.stdout + result.stderr

@@ -34,6 +34,8 @@ class Behaviour(BaseModel):
     """Block the event loop this long (synchronous sleep)."""
     sleep_s: float = 0.0
     """Await this long before applying (cooperative)."""
+    sleep_calls: int = 0
+    """Sleep ``sleep_s`` only on this many first calls (0: on every call)."""
     swallow: bool = False
     """Write "insert or ignore" the wrong way: catch the unique violation without a savepoint,
     which leaves the transaction aborted, and return as if all went well."""
@@ -96,7 +98,7 @@ async def behave(event: Envelope[Behaviour], conn: asyncpg.Connection[Any]) -> N
         return
     if spec.block_s:
         time.sleep(spec.block_s)  # deliberately blocks the loop: the hard limit's test
-    if spec.sleep_s:
+    if spec.sleep_s and (not spec.sleep_calls or call <= spec.sleep_calls):
         await asyncio.sleep(spec.sleep_s)
     if call <= spec.fail_transient:
         raise TransientError(f"call {call} of {spec.fail_transient} planned failures")

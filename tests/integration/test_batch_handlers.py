@@ -8,9 +8,9 @@ from typing import Any
 
 from consumer import headers as h
 from tests.support import (
-    Producer,
     ServiceProcess,
     TestEnv,
+    assert_applied_once,
     drain_queue,
     fetch,
     fetchval,
@@ -46,7 +46,7 @@ async def test_a_backlog_goes_through_few_calls_and_each_failure_stays_alone(
         kinds[event[2]] = "dead" if roll < 0.1 else "applied"
         events.append(event)
     duplicates = rng.sample([event for event in events if kinds[event[2]] == "applied"], 60)
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         await producer.send_many([*events, *duplicates])
 
     # When the service starts on it
@@ -59,8 +59,11 @@ async def test_a_backlog_goes_through_few_calls_and_each_failure_stays_alone(
         return await _effects(env) == applied and letters >= dead
 
     await wait_until(done, timeout=120, what="the backlog")
+    await service.wait_idle()
 
     # Then every good event is applied once, by far fewer calls than events
+    good = [event_id for event_id, kind in kinds.items() if kind == "applied"]
+    await assert_applied_once(env.database_url, good)
     assert await fetchval(env.database_url, "SELECT count(*) FROM receipts") == applied
     calls = await fetch(env.database_url, "SELECT size FROM batch_calls")
     assert max(row["size"] for row in calls) > 10
@@ -82,8 +85,6 @@ async def test_a_backlog_goes_through_few_calls_and_each_failure_stays_alone(
     assert await service.metric(
         "consumer_messages_total", type="test.behave_many", outcome="duplicate"
     ) == len(duplicates)
-    assert await service.stop() == 0
-    assert await queue_depth(env.amqp_url, env.names.work) == 0
 
 
 async def test_a_call_that_raises_is_retried_event_by_event_at_no_cost(env: TestEnv) -> None:
@@ -91,12 +92,14 @@ async def test_a_call_that_raises_is_retried_event_by_event_at_no_cost(env: Test
     await env.apply_topology()
     events = [_many(f"k{n}") for n in range(40)]
     events.insert(20, _many("spoiler", spoil_batch=True))
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         await producer.send_many(events)
 
     # When the service applies it in batches
     service = await ServiceProcess(env, batch_size="50", db_pool_size="1").start().wait_ready()
     await wait_until(lambda: _effects_are(env, len(events)), timeout=60, what="every event applied")
+    await service.wait_idle()
+    await assert_applied_once(env.database_url, [event_id for _, _, event_id in events])
 
     # Then the spoiled call blamed no event: each went again alone and was applied, no retry spent
     sizes = [row["size"] for row in await fetch(env.database_url, "SELECT size FROM batch_calls")]
@@ -104,7 +107,6 @@ async def test_a_call_that_raises_is_retried_event_by_event_at_no_cost(env: Test
     assert sizes.count(1) >= 2
     assert await queue_depth(env.amqp_url, env.names.dead) == 0
     assert await service.metric("consumer_retries_published_total", rung="200ms") == 0
-    assert await service.stop() == 0
 
 
 async def test_a_call_past_its_time_limit_is_retried_event_by_event(env: TestEnv) -> None:
@@ -112,11 +114,11 @@ async def test_a_call_past_its_time_limit_is_retried_event_by_event(env: TestEnv
     await env.apply_topology()
     events = [_many(f"k{n}") for n in range(10)]
     events.append(_many("slow", sleep_s=3))
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         await producer.send_many(events)
 
     # When the service applies them
-    service = await ServiceProcess(env, batch_size="50", db_pool_size="1").start().wait_ready()
+    await ServiceProcess(env, batch_size="50", db_pool_size="1").start().wait_ready()
 
     # Then the ten quick ones are applied after the timed-out call, each alone, and the slow one
     # (which times out alone too) climbs the retry ladder and is dead-lettered in the end
@@ -127,7 +129,7 @@ async def test_a_call_past_its_time_limit_is_retried_event_by_event(env: TestEnv
     [letter] = await drain_queue(env.amqp_url, env.names.dead, ack=False)
     assert letter.headers[h.ERROR_CLASS] == "HandlerTimeout"
     assert letter.headers[h.REASON] == "retries_exhausted"
-    assert await service.stop() == 0
+    await assert_applied_once(env.database_url, [event_id for _, _, event_id in events[:10]])
 
 
 async def test_a_batch_handler_that_miscounts_is_a_permanent_failure_with_its_reason(
@@ -135,8 +137,8 @@ async def test_a_batch_handler_that_miscounts_is_a_permanent_failure_with_its_re
 ) -> None:
     # Given an event that makes its batch handler return too few results
     await env.apply_topology()
-    service = await ServiceProcess(env).start().wait_ready()
-    async with Producer(env.amqp_url) as producer:
+    await ServiceProcess(env).start().wait_ready()
+    async with env.producer() as producer:
         await producer.send("test.behave_many", {"key": "miscounted", "miscount": True})
 
     # Then it is dead-lettered once, with no effect, naming the handler's mistake
@@ -146,7 +148,6 @@ async def test_a_batch_handler_that_miscounts_is_a_permanent_failure_with_its_re
     assert "returned 0 results for 1 events" in str(letter.headers[h.ERROR_MESSAGE])
     assert await _effects(env) == 0
     assert await fetchval(env.database_url, "SELECT count(*) FROM receipts") == 0
-    assert await service.stop() == 0
 
 
 async def test_reserves_in_one_batch_are_decided_in_order_as_one_at_a_time(env: TestEnv) -> None:
@@ -160,12 +161,12 @@ async def test_reserves_in_one_batch_are_decided_in_order_as_one_at_a_time(env: 
         ("inventory.reserve", {"order_id": "o-3", "sku": "A", "qty": 1}, uuid.uuid4()),
         ("inventory.reserve", {"order_id": "o-4", "sku": "nope", "qty": 1}, uuid.uuid4()),
     ]
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         for event in sends:  # one at a time: the order of the queue is the order of the batch
             await producer.send(event[0], event[1], event_id=event[2])
 
     # When one worker applies them
-    service = await ServiceProcess(env, batch_size="50", db_pool_size="1").start().wait_ready()
+    await ServiceProcess(env, batch_size="50", db_pool_size="1").start().wait_ready()
     await wait_until(lambda: _depth_is(env, env.names.dead, 2), timeout=30, what="2 dead letters")
 
     # Then the restock came first, the 3 did not fit and took nothing, the 1 still fitted
@@ -184,8 +185,9 @@ async def test_reserves_in_one_batch_are_decided_in_order_as_one_at_a_time(env: 
         "insufficient stock for 'A': 1 available, 3 asked",
         "unknown SKU 'nope'",
     ]
+    applied = [sends[0][2], sends[1][2], sends[3][2]]  # the restock, the 4 and the 1
+    await assert_applied_once(env.database_url, applied, "stock_movements")
     assert await fetchval(env.database_url, "SELECT count(*) FROM receipts") == 3
-    assert await service.stop() == 0
 
 
 async def _effects_are(env: TestEnv, count: int) -> bool:

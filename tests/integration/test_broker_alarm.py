@@ -50,7 +50,6 @@ async def test_a_memory_alarm_blocks_retry_and_dead_letter_copies_not_acks(
 ) -> None:
     # Given events waiting in the queue: most apply, some fail for good, some fail once
     env = dataclasses.replace(env, amqp_url=rabbit.url, topologies=[])
-    env.overrides["exchange"] = f"{env.name}.events"
     settings = {"publish_timeout": "1s"}
     await env.apply_topology(**settings)
     good = [("test.behave", behave(f"g{n}"), uuid.uuid4()) for n in range(100)]

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import random
 import uuid
 
 import pytest
 
 from tests.support import (
-    Producer,
     ServiceProcess,
     TestEnv,
+    assert_applied_once,
     behave,
     fetchval,
     queue_depth,
@@ -27,8 +26,8 @@ async def test_a_thousand_reserves_with_duplicates_apply_exactly_once(
     await env.apply_topology()
     service = ServiceProcess(env, batch_size=batch_size, prefetch="100").start()
     await service.wait_ready()
-    async with Producer(env.amqp_url) as producer:
-        await producer.send("inventory.restock", {"sku": "SKU-1", "qty": 1500})
+    async with env.producer() as producer:
+        restock = await producer.send("inventory.restock", {"sku": "SKU-1", "qty": 1500})
         await wait_until(
             lambda: _stock(env, "SKU-1", lambda available: available == 1500), what="the restock"
         )
@@ -54,7 +53,8 @@ async def test_a_thousand_reserves_with_duplicates_apply_exactly_once(
     assert (
         await fetchval(env.database_url, "SELECT available FROM stock WHERE sku = 'SKU-1'") == 500
     )
-    assert await fetchval(env.database_url, "SELECT count(*) FROM stock_movements") == 1001
+    reserves = [event_id for _, _, event_id in events]
+    await assert_applied_once(env.database_url, [restock, *reserves], "stock_movements")
     assert await fetchval(env.database_url, "SELECT count(*) FROM receipts") == 1001
     assert (
         await service.metric(
@@ -70,7 +70,6 @@ async def test_a_thousand_reserves_with_duplicates_apply_exactly_once(
     )
     assert await queue_depth(env.amqp_url, env.names.work) == 0
     assert await queue_depth(env.amqp_url, env.names.dead) == 0
-    assert await service.stop() == 0
 
 
 @pytest.mark.parametrize("batch_size", ["1", "25"])
@@ -79,9 +78,11 @@ async def test_sigkill_mid_stream_then_restart_applies_every_event_once(
 ) -> None:
     # Given 2,000 events waiting
     await env.apply_topology()
-    async with Producer(env.amqp_url) as producer:
+    ids = [uuid.uuid4() for _ in range(2000)]
+    async with env.producer() as producer:
         await producer.send_many(
-            ("test.behave", behave(f"k{n}", sleep_s=0.002), uuid.uuid4()) for n in range(2000)
+            ("test.behave", behave(f"k{n}", sleep_s=0.002), event_id)
+            for n, event_id in enumerate(ids)
         )
     # When the consumer is killed with SIGKILL part-way through, then started again
     first = ServiceProcess(env, "first", batch_size=batch_size).start()
@@ -97,8 +98,8 @@ async def test_sigkill_mid_stream_then_restart_applies_every_event_once(
     await wait_until(
         lambda: _effects(env, lambda count: count >= 2000), timeout=120, what="2,000 effects"
     )
-    await asyncio.sleep(0.5)
-    assert await fetchval(env.database_url, "SELECT count(*) FROM test_effects") == 2000
+    await second.wait_idle()
+    await assert_applied_once(env.database_url, ids)
     assert await fetchval(env.database_url, "SELECT count(*) FROM receipts") == 2000
     assert (
         await fetchval(
@@ -107,7 +108,6 @@ async def test_sigkill_mid_stream_then_restart_applies_every_event_once(
         == 2000
     )
     assert await queue_depth(env.amqp_url, env.names.dead) == 0
-    assert await second.stop() == 0
     assert await queue_depth(env.amqp_url, env.names.work) == 0
 
 
@@ -116,7 +116,7 @@ async def test_malformed_body_and_unknown_type_are_dead_lettered_with_no_effect(
 ) -> None:
     await env.apply_topology()
     service = await ServiceProcess(env).start().wait_ready()
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         # Not JSON at all, and a valid envelope of a type no handler is registered for (routed
         # here only because a producer used a bound routing key with the wrong type inside).
         await producer.send_raw(b"{not json", "inventory.reserve")
@@ -135,7 +135,6 @@ async def test_malformed_body_and_unknown_type_are_dead_lettered_with_no_effect(
     assert await service.metric("consumer_messages_total", type="unknown", outcome="poison") == 2
     assert await service.metric("consumer_dead_letters_total", reason="not_json") == 1
     assert await service.metric("consumer_dead_letters_total", reason="unknown_type") == 1
-    assert await service.stop() == 0
 
 
 async def _stock(env: TestEnv, sku: str, check: object) -> bool:

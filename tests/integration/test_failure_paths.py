@@ -6,19 +6,20 @@ import asyncio
 import itertools
 import json
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import aio_pika
 import asyncpg
 import pytest
+from aio_pika.abc import AbstractIncomingMessage
 
 from consumer import headers as h
 from consumer.crashes import CRASH_STRIKES
 from tests.support import (
-    Producer,
     ServiceProcess,
     TestEnv,
+    assert_applied_once,
     behave,
     drain_queue,
     fetch,
@@ -67,7 +68,7 @@ async def service(env: TestEnv) -> ServiceProcess:
 async def test_two_transient_failures_then_success_is_applied_once_after_two_retries(
     env: TestEnv, service: ServiceProcess
 ) -> None:
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         event_id = await producer.send("test.behave", behave("flaky", fail_transient=2))
 
     await wait_until(lambda: _applied(env, event_id), what="the effect")
@@ -95,7 +96,7 @@ async def test_two_transient_failures_then_success_is_applied_once_after_two_ret
 async def test_always_transient_ends_in_the_dlq_after_exactly_len_rungs_retries(
     env: TestEnv, service: ServiceProcess
 ) -> None:
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         event_id = await producer.send("test.behave", behave("down", fail_transient=1000))
 
     await wait_until(lambda: dead_count(env, 1), timeout=30, what="the dead letter")
@@ -109,7 +110,7 @@ async def test_always_transient_ends_in_the_dlq_after_exactly_len_rungs_retries(
     assert headers[h.ATTEMPT] == len(RUNGS)
     assert headers[h.ERROR_CLASS] == "TransientError"
     assert "planned failures" in str(headers[h.ERROR_MESSAGE])
-    assert headers[h.ORIGINAL_EXCHANGE] == "events"
+    assert headers[h.ORIGINAL_EXCHANGE] == env.names.ingress
     assert headers[h.ORIGINAL_ROUTING_KEY] == "test.behave"
     assert headers[h.SERVICE] == env.name
     assert str(headers[h.FIRST_FAILURE_AT]) < str(headers[h.LAST_FAILURE_AT])
@@ -125,7 +126,7 @@ async def test_retried_dead_replayed_retried_again_then_applied_is_not_dropped(
     # Fails four times: the first delivery and all three retries, so it is dead-lettered having
     # passed through every rung. After the replay it fails once more (back through the 200ms
     # rung it already visited: x-death must not follow it) and then succeeds.
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         event_id = await producer.send("test.behave", behave("phoenix", fail_transient=5))
     await wait_until(lambda: dead_count(env, 1), timeout=30, what="the dead letter")
 
@@ -176,7 +177,7 @@ async def test_poison_is_nacked_to_the_dlq_with_its_reason_counted(
         if reason == "body_too_large":
             envelope["payload"] = {"key": "x" * 4000}
         body = json.dumps(envelope).encode()
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         await producer.send_raw(body, routing_key, content_type=content_type)
         good = await producer.send("test.behave", behave("after the poison"))
 
@@ -208,7 +209,7 @@ async def test_poison_is_nacked_to_the_dlq_with_its_reason_counted(
 async def test_permanent_failures_are_dead_lettered_at_once_with_reason_headers(
     env: TestEnv, service: ServiceProcess, spec: dict[str, Any], error_class: str
 ) -> None:
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         event_id = await producer.send("test.behave", behave("never", **spec))
 
     await wait_until(lambda: dead_count(env, 1), what="the dead letter")
@@ -236,7 +237,7 @@ async def test_an_unconfirmed_retry_publish_returns_the_original_never_loses_it(
     await queue.unbind(binding.exchange, binding.routing_key, arguments=dict(binding.arguments))
 
     # When an event fails transiently, its retry copy cannot be routed
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         event_id = await producer.send("test.behave", behave("unroutable", fail_transient=4))
 
     async def publish_failed() -> bool:
@@ -256,13 +257,50 @@ async def test_an_unconfirmed_retry_publish_returns_the_original_never_loses_it(
     assert await queue_depth(env.amqp_url, env.names.dead) == 0
 
 
+@pytest.mark.parametrize("jitter", ["0.5", None])
+async def test_jitter_gives_each_retry_copy_an_expiration_within_its_rung(
+    env: TestEnv, jitter: str | None
+) -> None:
+    # Given a one-rung ladder of 30s, long enough to catch the copies in their delay queue, and
+    # jitter of 0.5 (or none)
+    settings = {"retry_delays": "30s"} | ({"retry_jitter": jitter} if jitter else {})
+    await env.apply_topology(**settings)
+    service = await ServiceProcess(env, **settings).start().wait_ready()
+    rung = env.names.rung(timedelta(seconds=30))
+
+    # When events fail once and their retry copies wait out the rung
+    async with env.producer() as producer:
+        ids = {
+            await producer.send("test.behave", behave(f"jittered-{n}", fail_transient=1))
+            for n in range(10)
+        }
+
+    async def all_waiting() -> bool:
+        return await queue_depth(env.amqp_url, rung) == len(ids)
+
+    await wait_until(all_waiting, what="ten copies in the delay queue")
+    copies = await drain_queue(env.amqp_url, rung, ack=False)
+
+    # Then with jitter each copy carries its own expiration, between 15s and the rung's 30s;
+    # without, none does (the queue's TTL alone applies)
+    assert {uuid.UUID(json.loads(copy.body)["event_id"]) for copy in copies} == ids
+    expirations = [_expiration_s(copy) for copy in copies]
+    if jitter:
+        assert all(e is not None and 30 * (1 - 0.5) <= e <= 30 for e in expirations), expirations
+        assert len(set(expirations)) > 1, expirations  # drawn per message
+    else:
+        assert expirations == [None] * len(ids)
+    assert await service.metric("consumer_retries_published_total", rung="30s") == len(ids)
+    assert await fetchval(env.database_url, "SELECT count(*) FROM test_effects") == 0
+
+
 async def test_a_handler_that_kills_its_process_is_named_and_dead_lettered_alone(
     env: TestEnv,
 ) -> None:
     # Given an event whose handler ends the process (a segfault, an OOM kill), among innocent
     # events published around it
     await env.apply_topology()
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         before = [uuid.uuid4() for _ in range(30)]
         await producer.send_many(("test.behave", behave(f"b{n}"), i) for n, i in enumerate(before))
         crasher = await producer.send("test.behave", behave("segfault", crash=True))
@@ -300,14 +338,13 @@ async def test_a_handler_that_kills_its_process_is_named_and_dead_lettered_alone
     assert await effects(env, crasher) == 0
     left = await fetchval(env.database_url, "SELECT count(*) FROM consumer_in_progress")
     assert left == 0
-    assert await service.stop() == 0
 
 
 async def test_graceful_restarts_never_push_a_healthy_message_over_the_limit(env: TestEnv) -> None:
     # Each SIGTERM returns the prefetched, unstarted messages once; with a limit of 3, two
     # restarts must not dead-letter anything.
     await env.apply_topology(delivery_limit="3")
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         ids = [uuid.uuid4() for _ in range(400)]
         await producer.send_many(
             ("test.behave", behave(f"k{n}", sleep_s=0.02), i) for n, i in enumerate(ids)
@@ -325,9 +362,17 @@ async def test_graceful_restarts_never_push_a_healthy_message_over_the_limit(env
         timeout=60,
         what="all effects",
     )
+    await final.wait_idle()
+    await assert_applied_once(env.database_url, ids)
     assert await queue_depth(env.amqp_url, env.names.dead) == 0
     assert await fetchval(env.database_url, "SELECT count(*) FROM receipts") == 400
-    assert await final.stop() == 0
+
+
+def _expiration_s(message: AbstractIncomingMessage) -> float | None:
+    """A message's per-message expiration in seconds (aio-pika decodes the milliseconds)."""
+    value = message.expiration
+    assert value is None or isinstance(value, float), value
+    return value
 
 
 async def _applied(env: TestEnv, event_id: uuid.UUID) -> bool:
@@ -354,7 +399,7 @@ async def test_a_missing_grant_stops_the_service_instead_of_dead_lettering(
         await env.apply_topology()
         service = ServiceProcess(env, database_url=limited).start()
         await service.wait_ready()
-        async with Producer(env.amqp_url) as producer:
+        async with env.producer() as producer:
             event_id = await producer.send("test.behave", behave("forbidden"))
 
         # When the handler hits the missing grant, the service stops with one clear line

@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import json
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aio_pika
@@ -23,7 +22,6 @@ from consumer.retry import MAX_CONNECTION_LOSSES
 from tests.conftest import make_template
 from tests.servers import ThrowawayPostgres
 from tests.support import (
-    Producer,
     ServiceProcess,
     TestEnv,
     behave,
@@ -35,23 +33,6 @@ from tests.support import (
 )
 
 Event = tuple[str, dict[str, Any], uuid.UUID]
-
-
-@pytest.fixture
-async def own(env: TestEnv) -> AsyncIterator[TestEnv]:
-    """The test's env, publishing to an ingress exchange of its own."""
-    env.overrides["exchange"] = f"{env.name}.events"
-    yield env
-    connection = await aio_pika.connect(env.amqp_url)
-    try:
-        channel = await connection.channel()
-        await channel.exchange_delete(f"{env.name}.events")
-    finally:
-        await connection.close()
-
-
-def producer(env: TestEnv) -> Producer:
-    return Producer(env.amqp_url, env.settings().exchange)
 
 
 def plain(key: str, **spec: Any) -> Event:
@@ -97,12 +78,11 @@ async def all_settled(service: ServiceProcess) -> None:
 
 @pytest.mark.parametrize("batch_size", ["50", "1"])
 async def test_a_swallowed_database_error_fails_only_its_own_event(
-    own: TestEnv, batch_size: str
+    env: TestEnv, batch_size: str
 ) -> None:
     # Given handlers that write "insert or ignore" the wrong way (catching the unique violation
     # with no savepoint, which aborts the transaction), in the middle of batches of innocent
     # events, for a plain handler and a batch handler
-    env = own
     settings = {"batch_size": batch_size, "db_pool_size": "1"}
     await env.apply_topology(**settings)
     events = [plain(f"i{n}") for n in range(120)] + [many(f"m{n}") for n in range(40)]
@@ -110,7 +90,7 @@ async def test_a_swallowed_database_error_fails_only_its_own_event(
     culprits += [many("s4", swallow=True), many("s5", swallow=True)]
     for position, culprit in zip((10, 60, 100, 130, 150), culprits, strict=True):
         events.insert(position, culprit)
-    async with producer(env) as sender:
+    async with env.producer() as sender:
         await sender.send_many(events)
 
     # When the service applies them
@@ -142,18 +122,17 @@ async def _effects_at_least(env: TestEnv, expected: int) -> bool:
 
 @pytest.mark.parametrize("batch_size", ["50", "1"])
 async def test_a_handler_that_commits_or_rolls_back_fails_only_its_own_event(
-    own: TestEnv, batch_size: str
+    env: TestEnv, batch_size: str
 ) -> None:
     # Given handlers that end the service's transaction themselves, among innocent events: a
     # COMMIT would commit the receipts of batch-mates whose handlers have not run yet
-    env = own
     settings = {"batch_size": batch_size, "db_pool_size": "1"}
     await env.apply_topology(**settings)
     events = [plain(f"i{n}") for n in range(40)]
     culprits = [plain("c", end_transaction="commit"), plain("r", end_transaction="rollback")]
     events.insert(10, culprits[0])
     events.insert(30, culprits[1])
-    async with producer(env) as sender:
+    async with env.producer() as sender:
         await sender.send_many(events)
 
     service = await ServiceProcess(env, **settings).start().wait_ready()
@@ -175,16 +154,15 @@ async def test_a_handler_that_commits_or_rolls_back_fails_only_its_own_event(
 
 
 async def test_an_exception_a_validator_raises_is_poison_and_every_delivery_is_settled(
-    own: TestEnv,
+    env: TestEnv,
 ) -> None:
     # Given a payload validator that raises AttributeError for some payloads (pydantic lets
     # anything but ValueError and AssertionError through), in front of valid events
-    env = own
     await env.apply_topology()
     service = await ServiceProcess(env).start().wait_ready()
     bad = uuid.uuid4()
     valid = [("test.odd", {"key": f"v{n}", "name": f"n{n}"}, uuid.uuid4()) for n in range(200)]
-    async with producer(env) as sender:
+    async with env.producer() as sender:
         await sender.send_many([("test.odd", {"key": "bad", "name": 5}, bad), *valid])
 
     # Then it is dead-lettered as poison with the exception's class, and everything after it is
@@ -202,16 +180,15 @@ async def test_an_exception_a_validator_raises_is_poison_and_every_delivery_is_s
 
 
 async def test_an_event_that_breaks_its_connection_each_time_is_dead_lettered(
-    own: TestEnv,
+    env: TestEnv,
 ) -> None:
     # Given a handler that kills its own database backend on every call, among innocent events
-    env = own
     settings = {"db_pool_size": "1"}
     await env.apply_topology(**settings)
     events = [plain(f"i{n}") for n in range(40)]
     killer = plain("killer", kill_connection=True)
     events.insert(20, killer)
-    async with producer(env) as sender:
+    async with env.producer() as sender:
         await sender.send_many(events)
 
     service = await ServiceProcess(env, **settings).start().wait_ready()
@@ -236,16 +213,15 @@ async def test_an_event_that_breaks_its_connection_each_time_is_dead_lettered(
 
 
 async def test_a_duplicate_waiting_for_its_first_copy_is_contention_not_an_outage(
-    own: TestEnv,
+    env: TestEnv,
 ) -> None:
     # Given an event in a slow handler, and its duplicate arriving meanwhile, with the
     # database-stall guard much shorter than the handler
-    env = own
     settings = {"db_stall_timeout": "1s", "handler_timeout": "10s", "hard_timeout": "15s"}
     await env.apply_topology(**settings)
     service = await ServiceProcess(env, **settings).start().wait_ready()
     slow = plain("slow", sleep_s=4)
-    async with producer(env) as sender:
+    async with env.producer() as sender:
         await sender.send_many([slow])
 
         async def first_copy_started() -> bool:
@@ -280,15 +256,14 @@ async def _outcome_count(service: ServiceProcess, outcome: str, expected: int) -
 
 
 async def test_two_copies_in_one_batch_whose_first_fails_leave_one_retry_copy(
-    own: TestEnv,
+    env: TestEnv,
 ) -> None:
     # Given an event that fails twice, published twice back to back, so that both copies land
     # in one batch
-    env = own
     settings = {"db_pool_size": "1"}
     await env.apply_topology(**settings)
     flaky = plain("flaky", fail_transient=2)
-    async with producer(env) as sender:
+    async with env.producer() as sender:
         await sender.send_many([flaky, flaky, *[plain(f"i{n}") for n in range(10)]])
 
     service = await ServiceProcess(env, **settings).start().wait_ready()
@@ -308,9 +283,8 @@ async def test_two_copies_in_one_batch_whose_first_fails_leave_one_retry_copy(
     assert await service.stop() == 0
 
 
-async def test_readiness_answers_a_crowd_without_a_crowd_of_backends(own: TestEnv) -> None:
+async def test_readiness_answers_a_crowd_without_a_crowd_of_backends(env: TestEnv) -> None:
     # Given a ready service
-    env = own
     await env.apply_topology()
     service = await ServiceProcess(env).start().wait_ready()
     database = env.database_url.rsplit("/", 1)[1]
@@ -356,12 +330,11 @@ async def test_pauses_never_hold_more_than_the_prefetch(
     # Given a service on a database that goes away five times while events are in flight
     await make_template(postgres.admin_dsn, "consumer")
     env = dataclasses.replace(env, database_url=postgres.dsn("consumer"))
-    env.overrides["exchange"] = f"{env.name}.events"
     settings = {"prefetch": "10", "db_pool_size": "2", "batch_size": "5"}
     await env.apply_topology(**settings)
     service = await ServiceProcess(env, **settings).start().wait_ready()
     events = [plain(f"e{n}", sleep_s=0.05) for n in range(300)]
-    async with producer(env) as sender:
+    async with env.producer() as sender:
         await sender.send_many(events)
     peak = 0
 
@@ -390,12 +363,6 @@ async def test_pauses_never_hold_more_than_the_prefetch(
     assert await effects_by_event(env) == dict.fromkeys([e for *_, e in events], 1)
     await all_settled(service)
     assert await service.stop() == 0
-    connection = await aio_pika.connect(env.amqp_url)
-    try:
-        channel = await connection.channel()
-        await channel.exchange_delete(f"{env.name}.events")
-    finally:
-        await connection.close()
 
 
 async def _metric_is(service: ServiceProcess, name: str, value: float) -> bool:

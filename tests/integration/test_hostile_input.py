@@ -8,9 +8,9 @@ import uuid
 from typing import Any
 
 from tests.support import (
-    Producer,
     ServiceProcess,
     TestEnv,
+    assert_applied_once,
     fetch,
     fetchval,
     queue_depth,
@@ -95,7 +95,7 @@ async def test_five_thousand_hostile_bodies_all_dead_lettered_and_valid_events_a
             valid.append(valid_envelope("notification.requested", payload))
 
     # When they arrive mixed together
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         pending = list(hostile)
         for envelope in valid:
             for _ in range(25):
@@ -111,6 +111,7 @@ async def test_five_thousand_hostile_bodies_all_dead_lettered_and_valid_events_a
         ) >= len(valid)
 
     await wait_until(all_settled, timeout=180, what="every message settled")
+    await service.wait_idle()
 
     # Then the service is still the same process, every hostile body is dead-lettered, and
     # exactly the valid events have receipts and effects, their strings stored verbatim
@@ -121,6 +122,15 @@ async def test_five_thousand_hostile_bodies_all_dead_lettered_and_valid_events_a
         str(r["event_id"]) for r in await fetch(env.database_url, "SELECT event_id FROM receipts")
     }
     assert receipts == {envelope["event_id"] for envelope in valid}
+    by_type = {
+        table: [uuid.UUID(e["event_id"]) for e in valid if e["type"] == event_type]
+        for table, event_type in (
+            ("test_effects", "test.behave"),
+            ("notifications", "notification.requested"),
+        )
+    }
+    for table, ids in by_type.items():
+        await assert_applied_once(env.database_url, ids, table)
     effects = await fetch(env.database_url, "SELECT event_id, key FROM test_effects")
     notifications = await fetch(
         env.database_url, "SELECT event_id, recipient, params FROM notifications"
@@ -138,4 +148,3 @@ async def test_five_thousand_hostile_bodies_all_dead_lettered_and_valid_events_a
     for event_type in ("unknown", "test.behave", "inventory.reserve"):
         poison += await service.metric("consumer_messages_total", type=event_type, outcome="poison")
     assert poison == len(hostile)
-    assert await service.stop() == 0

@@ -9,19 +9,17 @@ import json
 import struct
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import aio_pika
-import pytest
 from aio_pika.abc import DeliveryMode
 from pamqp import encode
 
 from consumer import headers as h
 from consumer.publish import envelope_body
 from tests.support import (
-    Producer,
     ServiceProcess,
     TestEnv,
     behave,
@@ -31,18 +29,6 @@ from tests.support import (
     run_cli,
     wait_until,
 )
-
-
-@pytest.fixture
-async def own(env: TestEnv) -> AsyncIterator[TestEnv]:
-    env.overrides["exchange"] = f"{env.name}.events"
-    yield env
-    connection = await aio_pika.connect(env.amqp_url)
-    try:
-        channel = await connection.channel()
-        await channel.exchange_delete(f"{env.name}.events")
-    finally:
-        await connection.close()
 
 
 class _NotUtf8(str):
@@ -129,12 +115,11 @@ def dlq(env: TestEnv, *args: str) -> str:
     return result.stdout
 
 
-async def test_headers_a_producer_can_send_cost_only_their_own_message(own: TestEnv) -> None:
+async def test_headers_a_producer_can_send_cost_only_their_own_message(env: TestEnv) -> None:
     # Given, in front of 50 valid events, messages whose headers a client decoder chokes on or
     # cannot send on: a table nested 3,000 deep, an attempt count of 5,000 digits, a string that
     # is not UTF-8 and a double too large for a float (these three on events that fail, so that
     # their headers must travel on to the dead-letter queue)
-    env = own
     await env.apply_topology()
     service = await ServiceProcess(env).start().wait_ready()
     deep = await publish(env, "test.behave", behave("deep"), {"x-deep": nested(3000)})
@@ -148,7 +133,7 @@ async def test_headers_a_producer_can_send_cost_only_their_own_message(own: Test
         env, "test.behave", behave("huge", permanent=True), {"big": _Double(1e300)}
     )
     valid = [uuid.uuid4() for _ in range(50)]
-    async with Producer(env.amqp_url, env.settings().exchange) as producer:
+    async with env.producer() as producer:
         await producer.send_many(("test.behave", behave(f"v{n}"), i) for n, i in enumerate(valid))
 
     # Then every valid event is applied once, and each hostile message is dead-lettered alone
@@ -169,10 +154,9 @@ async def test_headers_a_producer_can_send_cost_only_their_own_message(own: Test
     assert await service.stop() == 0
 
 
-async def test_a_producer_cannot_set_the_services_own_headers(own: TestEnv) -> None:
+async def test_a_producer_cannot_set_the_services_own_headers(env: TestEnv) -> None:
     # Given a queue elsewhere that a forged routing key would reach, and an event that fails for
     # good carrying forged consumer-* headers
-    env = own
     await env.apply_topology()
     connection = await aio_pika.connect(env.amqp_url)
     channel = await connection.channel()
@@ -209,13 +193,12 @@ async def test_a_producer_cannot_set_the_services_own_headers(own: TestEnv) -> N
     assert await service.stop() == 0
 
 
-async def test_the_dead_letter_tools_print_a_producers_bytes_escaped(own: TestEnv) -> None:
+async def test_the_dead_letter_tools_print_a_producers_bytes_escaped(env: TestEnv) -> None:
     # Given poison whose id, routing key and body carry terminal escape sequences and newlines
-    env = own
     await env.apply_topology()
     service = await ServiceProcess(env).start().wait_ready()
     nasty_id = "id\x1b]0;owned\x07\n\x1b[2Jforged line\u202e"
-    async with Producer(env.amqp_url, env.settings().exchange) as producer:
+    async with env.producer() as producer:
         await producer.send_raw(
             b'\x1b[2J\x1b]0;title\x07{"not": json\n\x1b[31mred', "test.behave", headers={}
         )

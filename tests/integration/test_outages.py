@@ -10,10 +10,19 @@ import pytest
 
 from tests.conftest import make_template
 from tests.servers import ThrowawayPostgres, ThrowawayRabbit
-from tests.support import Producer, ServiceProcess, TestEnv, fetchval, queue_depth, wait_until
+from tests.support import (
+    ServiceProcess,
+    TestEnv,
+    assert_applied_once,
+    fetchval,
+    queue_depth,
+    wait_until,
+)
+
+Event = tuple[str, dict[str, object], uuid.UUID]
 
 
-def restocks(count: int) -> list[tuple[str, dict[str, object], uuid.UUID]]:
+def restocks(count: int) -> list[Event]:
     return [("inventory.restock", {"sku": "SKU", "qty": 1}, uuid.uuid4()) for _ in range(count)]
 
 
@@ -21,14 +30,15 @@ async def movements(dsn: str) -> int:
     return int(await fetchval(dsn, "SELECT count(*) FROM stock_movements"))
 
 
-async def assert_exactly_once(dsn: str, count: int) -> None:
-    assert await movements(dsn) == count
-    assert await fetchval(dsn, "SELECT count(*) FROM receipts") == count
-    assert await fetchval(dsn, "SELECT available FROM stock WHERE sku = 'SKU'") == count
+async def assert_exactly_once(dsn: str, events: list[Event]) -> None:
+    await assert_applied_once(dsn, [event_id for _, _, event_id in events], "stock_movements")
+    assert await fetchval(dsn, "SELECT count(*) FROM receipts") == len(events)
+    assert await fetchval(dsn, "SELECT available FROM stock WHERE sku = 'SKU'") == len(events)
 
 
 @pytest.fixture
-def broker_env(env: TestEnv, rabbit: ThrowawayRabbit) -> TestEnv:
+def broker_env(rabbit: ThrowawayRabbit, env: TestEnv) -> TestEnv:
+    # The node first: it outlives env's teardown, which checks the service still running on it.
     return dataclasses.replace(env, amqp_url=rabbit.url, topologies=[])
 
 
@@ -37,8 +47,9 @@ async def test_connection_closes_and_a_broker_restart_lose_and_double_nothing(
 ) -> None:
     env = broker_env
     await env.apply_topology()
-    async with Producer(env.amqp_url) as producer:
-        await producer.send_many(restocks(3000))
+    events = restocks(3000)
+    async with env.producer() as producer:
+        await producer.send_many(events)
     service = await ServiceProcess(env).start().wait_ready()
 
     await wait_until(lambda: _at_least(env, 300), timeout=60, what="300 applied")
@@ -57,16 +68,15 @@ async def test_connection_closes_and_a_broker_restart_lose_and_double_nothing(
 
     await wait_until(lambda: _at_least(env, 3000), timeout=120, what="all 3,000 applied")
     await service.wait_ready(timeout=30)
-    await asyncio.sleep(1)
-    await assert_exactly_once(env.database_url, 3000)
+    await service.wait_idle()
+    await assert_exactly_once(env.database_url, events)
     assert await queue_depth(env.amqp_url, env.names.dead) == 0
     assert await queue_depth(env.amqp_url, env.names.work) == 0
     assert await service.metric("consumer_broker_connected") == 1
-    assert await service.stop() == 0
 
 
 async def test_a_database_outage_longer_than_the_ladder_pauses_and_dead_letters_nothing(
-    env: TestEnv, postgres: ThrowawayPostgres
+    postgres: ThrowawayPostgres, env: TestEnv
 ) -> None:
     await make_template(postgres.admin_dsn, "consumer")
     dsn = postgres.dsn("consumer")
@@ -76,7 +86,7 @@ async def test_a_database_outage_longer_than_the_ladder_pauses_and_dead_letters_
     events = restocks(600)
 
     async def publish_steadily() -> None:
-        async with Producer(env.amqp_url) as producer:
+        async with env.producer() as producer:
             for start in range(0, len(events), 20):
                 await producer.send_many(events[start : start + 20])
                 await asyncio.sleep(0.1)  # about 200 events a second, for three seconds
@@ -100,8 +110,8 @@ async def test_a_database_outage_longer_than_the_ladder_pauses_and_dead_letters_
 
     await wait_until(lambda: _at_least(env, 600), timeout=90, what="all 600 applied")
     await service.wait_ready(timeout=30)
-    await asyncio.sleep(0.5)
-    await assert_exactly_once(dsn, 600)
+    await service.wait_idle()
+    await assert_exactly_once(dsn, events)
     assert await queue_depth(env.amqp_url, env.names.dead) == 0
     assert await service.metric("consumer_paused") == 0
     assert await service.metric("consumer_retries_published_total", rung="200ms") == 0
@@ -109,7 +119,6 @@ async def test_a_database_outage_longer_than_the_ladder_pauses_and_dead_letters_
         assert await service.metric("consumer_dead_letters_total", reason=reason) == 0
     paused_lines = [x for x in service.log_lines() if x.get("event") == "paused"]
     assert paused_lines, "the pause is logged"
-    assert await service.stop() == 0
 
 
 async def _at_least(env: TestEnv, expected: int) -> bool:
@@ -120,7 +129,7 @@ async def _at_least(env: TestEnv, expected: int) -> bool:
 
 
 async def test_a_frozen_database_pauses_instead_of_spending_retries(
-    env: TestEnv, postgres: ThrowawayPostgres
+    postgres: ThrowawayPostgres, env: TestEnv
 ) -> None:
     await make_template(postgres.admin_dsn, "consumer")
     dsn = postgres.dsn("consumer")
@@ -129,7 +138,7 @@ async def test_a_frozen_database_pauses_instead_of_spending_retries(
     await env.apply_topology(**settings)
     service = await ServiceProcess(env, **settings).start().wait_ready()
     events = restocks(400)
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         await producer.send_many(events[:100])
         await wait_until(lambda: _at_least(env, 100), timeout=30, what="100 applied")
         # Frozen, not down: connections hang instead of failing, past the handler's time limit.
@@ -144,9 +153,8 @@ async def test_a_frozen_database_pauses_instead_of_spending_retries(
         postgres.thaw()
 
     await wait_until(lambda: _at_least(env, 400), timeout=120, what="all 400 applied")
-    await asyncio.sleep(0.5)
-    await assert_exactly_once(dsn, 400)
+    await service.wait_idle()
+    await assert_exactly_once(dsn, events)
     assert await queue_depth(env.amqp_url, env.names.dead) == 0
     for reason in ("permanent_failure", "retries_exhausted"):
         assert await service.metric("consumer_dead_letters_total", reason=reason) == 0
-    assert await service.stop() == 0

@@ -4,27 +4,19 @@ dies. Injected by tests/handlers/sabotage.py, a handler module that patches the 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 
-import aio_pika
 import pytest
 
-from tests.support import TEST_HANDLERS, Producer, ServiceProcess, TestEnv, fetchval, wait_until
+from tests.support import TEST_HANDLERS, ServiceProcess, TestEnv, fetchval, wait_until
 
 HANDLERS = f"{TEST_HANDLERS},tests.handlers.sabotage"
 
 
 @pytest.fixture
-async def own(env: TestEnv) -> AsyncIterator[TestEnv]:
-    env.overrides["exchange"] = f"{env.name}.events"
+def own(env: TestEnv) -> TestEnv:
+    """The test's env, with the sabotage module among its handlers."""
     env.overrides["handlers"] = HANDLERS
-    yield env
-    connection = await aio_pika.connect(env.amqp_url)
-    try:
-        channel = await connection.channel()
-        await channel.exchange_delete(f"{env.name}.events")
-    finally:
-        await connection.close()
+    return env
 
 
 def sabotaged(env: TestEnv, label: str, what: str) -> ServiceProcess:
@@ -51,7 +43,7 @@ async def test_a_channel_closing_under_basic_consume_is_a_reconnect_not_a_crash(
 
     # Then it reconnects and goes on, instead of crashing
     await service.wait_ready()
-    async with Producer(env.amqp_url, env.settings().exchange) as producer:
+    async with env.producer() as producer:
         event_id = await producer.send("test.sabotage", {"key": "after"})
 
     async def applied() -> bool:
@@ -70,7 +62,7 @@ async def test_a_worker_that_dies_stops_the_service_with_one_line_and_nothing_is
     env = own
     await env.apply_topology()
     service = await sabotaged(env, "sabotaged", "report").start().wait_ready()
-    async with Producer(env.amqp_url, env.settings().exchange) as producer:
+    async with env.producer() as producer:
         event_id = await producer.send("test.sabotage", {"key": "k"})
 
     # Then the process exits non-zero, saying which worker died of what, instead of running on

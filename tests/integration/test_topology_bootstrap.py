@@ -34,7 +34,7 @@ async def test_dry_run_prints_the_plan_without_touching_the_broker(env: TestEnv)
     lines = result.stdout.splitlines()
     assert f"queue {env.names.work} (quorum;" in "\n".join(lines)
     assert any(line.startswith(f"queue {env.names.service}.retry.200ms") for line in lines)
-    assert f"bind events -> {env.names.work} with routing key 'test.behave'" in lines
+    assert f"bind {env.names.ingress} -> {env.names.work} with routing key 'test.behave'" in lines
     assert not await queue_exists(env.amqp_url, env.names.work)
 
 

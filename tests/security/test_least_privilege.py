@@ -25,7 +25,6 @@ from tests.security.support import (
 from tests.servers import free_port
 from tests.support import (
     REPO,
-    Producer,
     ServiceProcess,
     TestEnv,
     behave,
@@ -117,7 +116,7 @@ async def test_the_service_runs_end_to_end_under_the_least_privileged_accounts(
 
     # When events arrive that succeed, retry once, and fail for good (the restock first: no
     # order between events is promised)
-    async with Producer(world.bootstrap_url) as producer:
+    async with world.consumer.producer(world.bootstrap_url) as producer:
         await producer.send("inventory.restock", {"sku": "LP-1", "qty": 5})
 
         async def stocked() -> bool:
@@ -241,7 +240,7 @@ async def test_a_consumer_user_without_write_on_the_retry_exchange_says_so(
     service = await ServiceProcess(world.consumer).start().wait_ready()
 
     # When an event fails transiently and its retry copy is published
-    async with Producer(world.bootstrap_url) as producer:
+    async with world.consumer.producer(world.bootstrap_url) as producer:
         await producer.send("test.behave", behave("denied", fail_transient=1))
 
     # Then the broker's refusal is logged, naming the exchange, the vhost and the user
@@ -266,7 +265,7 @@ async def test_a_role_without_insert_on_receipts_stops_the_service_with_one_line
     service = await ServiceProcess(world.consumer).start().wait_ready()
 
     # When an event arrives
-    async with Producer(world.bootstrap_url) as producer:
+    async with world.consumer.producer(world.bootstrap_url) as producer:
         event_id = await producer.send("inventory.restock", {"sku": "LP-2", "qty": 1})
 
     # Then the service stops (exit 1) with one line naming the table and what was denied

@@ -9,7 +9,6 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from consumer.settings import Settings
 from tests.security.support import (
     REFERENCE_HANDLERS,
     Broker,
@@ -18,7 +17,7 @@ from tests.security.support import (
     write_secret,
 )
 from tests.servers import free_port
-from tests.support import Producer, ServiceProcess, TestEnv, fetchval, run_cli, wait_until
+from tests.support import ServiceProcess, TestEnv, fetchval, run_cli, wait_until
 
 MARKER = uuid.uuid4().hex[:12]
 # An "@" in a password is written %40 in a URL: look for both spellings, and the marker alone.
@@ -130,7 +129,7 @@ async def test_no_password_in_any_output_of_any_command(
         path = write_secret(secret_dir, setting.lower(), value)
         service.environment[f"CONSUMER_{setting}_FILE"] = str(path)
     await service.start().wait_ready()
-    async with Producer(amqp_url) as producer:
+    async with env.producer() as producer:
         await producer.send("inventory.restock", {"sku": "LEAK-1", "qty": 2})
         dead = await producer.send("inventory.reserve", {"order_id": "o", "sku": "NONE", "qty": 1})
     outputs.cli(
@@ -247,4 +246,3 @@ async def test_no_password_in_any_output_of_any_command(
     assert f"{user}:***@" in everything  # the URLs were shown, without their password
     assert "password authentication failed for user" in everything
     outputs.assert_clean()
-    assert isinstance(env.settings(), Settings)

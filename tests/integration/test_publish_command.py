@@ -1,0 +1,63 @@
+"""``python -m consumer publish``: one event by hand, as producers should send it."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from tests.support import (
+    ServiceProcess,
+    TestEnv,
+    assert_applied_once,
+    drain_queue,
+    fetchval,
+    run_cli,
+    wait_until,
+)
+
+
+def publish(env: TestEnv, event_type: str, payload: dict[str, object], event_id: uuid.UUID) -> str:
+    result = run_cli(
+        "consumer",
+        *("publish", "--type", event_type, "--payload", json.dumps(payload)),
+        *("--event-id", str(event_id)),
+        env=env.env(),
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+async def test_publish_with_an_event_id_sends_that_id_and_twice_applies_once(env: TestEnv) -> None:
+    # Given the topology, and no service running yet
+    await env.apply_topology()
+    event_id = uuid.uuid4()
+
+    # When one event is published by hand with its id, twice (a retrying producer)
+    printed = [publish(env, "test.behave", {"key": "by-hand"}, event_id) for _ in range(2)]
+
+    # Then both messages carry that id, persistent, as JSON, routed by their type
+    assert printed == [str(event_id)] * 2
+    messages = await drain_queue(env.amqp_url, env.names.work, ack=False)
+    assert len(messages) == 2
+    for message in messages:
+        envelope = json.loads(message.body)
+        assert envelope["event_id"] == str(event_id)
+        assert envelope["type"] == "test.behave"
+        assert envelope["payload"] == {"key": "by-hand"}
+        assert message.routing_key == "test.behave"
+        assert message.content_type == "application/json"
+        assert message.delivery_mode == 2
+
+    # And the service applies it once: the second copy is a duplicate
+    service = await ServiceProcess(env).start().wait_ready()
+
+    async def both_settled() -> bool:
+        counted = [
+            await service.metric("consumer_messages_total", type="test.behave", outcome=outcome)
+            for outcome in ("processed", "duplicate")
+        ]
+        return counted == [1, 1]
+
+    await wait_until(both_settled, what="one copy processed and one duplicate")
+    await assert_applied_once(env.database_url, [event_id])
+    assert await fetchval(env.database_url, "SELECT count(*) FROM receipts") == 1

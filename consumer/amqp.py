@@ -23,6 +23,10 @@ from consumer.tls import amqp_ssl_context, describe_tls_error, find_tls_error
 logging.getLogger("aiormq").addHandler(logging.NullHandler())
 
 
+CONNECT_TIMEOUT = 10.0
+"""Seconds to open a connection: TCP, TLS and the AMQP handshake (not a publish's confirm)."""
+
+
 class BrokerUnreachable(ConnectionError):
     """RabbitMQ refused or did not answer; the message names the URL without its password."""
 
@@ -54,7 +58,7 @@ async def connect(settings: Settings, role: str) -> AbstractConnection:
         return await aio_pika.connect(
             settings.amqp_url.get_secret_value(),
             client_properties={"connection_name": connection_name(settings, role)},
-            timeout=settings.publish_timeout.total_seconds(),
+            timeout=CONNECT_TIMEOUT,
             ssl_context=context,
         )
     except (OSError, aiormq.exceptions.AMQPError, TimeoutError) as error:

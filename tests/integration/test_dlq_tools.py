@@ -247,8 +247,8 @@ async def _stock(env: TestEnv, expected: int) -> bool:
 
 
 def _replayed(out: str) -> list[str]:
-    """The ids ``dlq replay`` says it replayed (``replayed <id> <type> -> <routing key>``)."""
-    return re.findall(r"^replayed (\S+) \S+ -> ", out, flags=re.MULTILINE)
+    """The ids ``dlq replay`` says it replayed (``replayed <id> -> <event type>``)."""
+    return re.findall(r"^replayed (\S+) -> ", out, flags=re.MULTILINE)
 
 
 async def _effects_are(env: TestEnv, expected: int) -> bool:

@@ -203,8 +203,6 @@ async def _dead_lettered(service: ServiceProcess) -> bool:
     return await service.metric("consumer_dead_letters_total", reason="permanent_failure") == 1
 
 
-# Needs the service's new connection handling: today CONSUMER_PUBLISH_TIMEOUT is also the timeout
-# for opening the connection, so at 1ms the service never connects (and is never ready).
 async def test_a_confirm_that_never_comes_in_time_returns_the_original_never_loses_it(
     env: TestEnv,
 ) -> None:

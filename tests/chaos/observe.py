@@ -1,4 +1,9 @@
-"""Reading a scenario's end state from the database and the broker, never from the consumers."""
+"""Reading a scenario's end state from the database and the broker, never from the consumers.
+
+Messages are read through the service's hardened frame decoder (:func:`consumer.wire.install`), as
+``dlq`` reads them: a hostile producer's header (nested 3,000 deep, not UTF-8) in the dead-letter
+queue would otherwise end the runner's connection.
+"""
 
 from __future__ import annotations
 
@@ -14,11 +19,14 @@ from typing import Any
 import aio_pika
 import asyncpg
 
+from consumer import wire
 from tests.support import REPO
 
 FIRST_DEATH_REASON = "x-first-death-reason"
 DEAD_REASON = "consumer-dead-reason"
 ERROR_CLASS = "consumer-error-class"
+ATTEMPT = "consumer-attempt"
+ROUTING_KEY = "consumer-original-routing-key"
 
 
 def _text(value: object) -> str | None:
@@ -39,9 +47,14 @@ class DeadCopy:
     first_death_reason: str | None
     """``x-first-death-reason``: set by the broker (``rejected`` for poison, ``delivery_limit``)."""
     deaths: str = ""
+    """The broker's ``x-death``, newest first: ``queue:reason xcount`` for each."""
     error_class: str | None = None
     """``consumer-error-class``: the exception the service dead-lettered it for."""
-    """The broker's ``x-death``, newest first: ``queue:reason xcount`` for each."""
+    routing_key: str | None = None
+    """``consumer-original-routing-key``: where a replay of it would go."""
+    attempt: object = None
+    """``consumer-attempt`` as it came (an int where the service wrote it)."""
+    header_names: frozenset[str] = frozenset()
 
 
 def _deaths(headers: dict[str, Any]) -> str:
@@ -141,6 +154,7 @@ async def list_dead_letters(environment: dict[str, str], state: EndState) -> Non
 
 async def take_dead_letters(url: str, queue: str, state: EndState) -> None:
     """Every message in the dead-letter queue, removed (the queue is deleted afterwards)."""
+    wire.install()
     connection = await aio_pika.connect(url, timeout=10)
     try:
         channel = await connection.channel()
@@ -154,6 +168,9 @@ async def take_dead_letters(url: str, queue: str, state: EndState) -> None:
                     first_death_reason=_text(headers.get(FIRST_DEATH_REASON)),
                     deaths=_deaths(headers),
                     error_class=_text(headers.get(ERROR_CLASS)),
+                    routing_key=_text(headers.get(ROUTING_KEY)),
+                    attempt=headers.get(ATTEMPT),
+                    header_names=frozenset(headers),
                 )
             )
     finally:
@@ -162,6 +179,7 @@ async def take_dead_letters(url: str, queue: str, state: EndState) -> None:
 
 async def sample_messages(url: str, queue: str, state: EndState, limit: int = 50) -> None:
     """Describe up to ``limit`` messages left in ``queue`` (read, then returned)."""
+    wire.install()
     connection = await aio_pika.connect(url, timeout=10)
     try:
         channel = await connection.channel()

@@ -4,6 +4,8 @@ A publish that is not confirmed (the connection died, the broker nacked, no answ
 again on a new connection with a message id of its own (:func:`~tests.chaos.workload.attempt_id`).
 The unconfirmed attempt may or may not have reached the broker: the log says which attempts are
 *confirmed* and which are *uncertain*, and the checks expect 0 or 1 copies of an uncertain one.
+An event of a hostile producer's kind goes out with that producer's headers and message id
+(:mod:`.hostile`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange, DeliveryMode
 
+from tests.chaos import hostile
 from tests.chaos.workload import Publication, attempt_id
 
 PUBLISH_TIMEOUT = 10.0
@@ -105,13 +108,16 @@ class ResilientProducer:
         self, exchange: AbstractExchange, publication: Publication, attempt: int
     ) -> None:
         event = publication.event
+        message = aio_pika.Message(
+            event.body,
+            content_type="application/json",
+            delivery_mode=DeliveryMode.PERSISTENT,
+            headers=hostile.headers(event.wire),
+        )
+        # Set after construction: the constructor makes it a plain str, losing hostile bytes.
+        message.message_id = hostile.message_id(event.wire, attempt_id(publication, attempt))
         await exchange.publish(
-            aio_pika.Message(
-                event.body,
-                content_type="application/json",
-                delivery_mode=DeliveryMode.PERSISTENT,
-                message_id=attempt_id(publication, attempt),
-            ),
+            message,
             event.routing_key,
             mandatory=True,
             timeout=PUBLISH_TIMEOUT,
@@ -130,21 +136,25 @@ class ResilientProducer:
         started = time.monotonic()
         chunk = max(1, min(self._window, round(rate * TICK)))
         position = 0
+        hostile_wire = any(publication.event.wire is not None for publication in publications)
+        # The whole stream: the encoder is patched per process, and publishes overlap.
+        encoding = hostile.hostile_encoding() if hostile_wire else contextlib.nullcontext()
         try:
-            while position < len(publications):
-                if gates is not None:
-                    held = time.monotonic()
-                    await gates.before(position)
-                    started += time.monotonic() - held  # the pace resumes where it stopped
-                batch = publications[position : position + chunk]
-                if not await self._publish_confirmed(batch, deadline):
-                    self.log.unsent.extend(publications[position:])
-                    break
-                position += len(batch)
-                self.log.published = position
-                pause = started + position / rate - time.monotonic()
-                if pause > 0:
-                    await asyncio.sleep(pause)
+            with encoding:
+                while position < len(publications):
+                    if gates is not None:
+                        held = time.monotonic()
+                        await gates.before(position)
+                        started += time.monotonic() - held  # the pace resumes where it stopped
+                    batch = publications[position : position + chunk]
+                    if not await self._publish_confirmed(batch, deadline):
+                        self.log.unsent.extend(publications[position:])
+                        break
+                    position += len(batch)
+                    self.log.published = position
+                    pause = started + position / rate - time.monotonic()
+                    if pause > 0:
+                        await asyncio.sleep(pause)
         finally:
             await self.close()
         return self.log

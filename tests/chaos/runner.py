@@ -157,8 +157,8 @@ async def run(
     """Run the profile's scenarios (or ``only`` those); save and return the report."""
     started = time.monotonic()
     deadline = started + profile.budget
-    if events is not None:
-        profile = Profile(**{**profile.__dict__, "events": events})
+    if events is not None:  # every scenario's
+        profile = Profile(**{**profile.__dict__, "events": events, "hostile_events": None})
     scenarios = chosen(profile, only)
     overrides = {**CONSUMER_SETTINGS, **(settings or {})}
     run_id = uuid.uuid4().hex[:6]
@@ -274,7 +274,8 @@ async def run_scenario(
         consumers=scenario.consumers,
         self_exits=scenario.self_exits,
     )
-    workload = plan_workload(profile.events, seed=seed, faults=scenario.mix_in)
+    events = scenario.events or profile.events
+    workload = plan_workload(events, seed=seed, faults=scenario.mix_in)
     progress = asyncio.create_task(world.progress.run(), name="progress")
     publishing: asyncio.Task[PublishLog] | None = None
     supervisor: asyncio.Task[None] | None = None
@@ -282,12 +283,10 @@ async def run_scenario(
         await _admin(postgres.admin_dsn, f'CREATE DATABASE "{database}" TEMPLATE "{template}"')
         await env.apply_topology()
         await world.start(*range(scenario.consumers))
-        if scenario.self_exits:
+        if scenario.self_exits or scenario.supervised:
             supervisor = asyncio.create_task(world.supervise(), name="supervisor")
         # Publishing takes events / rate; faults and a slow machine can stretch it, within bounds.
-        publish_deadline = min(
-            run_deadline + 60, time.monotonic() + profile.events / profile.rate * 3 + 90
-        )
+        publish_deadline = min(run_deadline + 60, time.monotonic() + events / profile.rate * 3 + 90)
         producer = ResilientProducer(env.amqp_url, env.settings().exchange)
         total = len(workload.publications)
         gates = Gates(
@@ -323,6 +322,8 @@ async def run_scenario(
         verdict.violations += failures
         verdict.violations += world.unexpected_exits
         verdict.figures.restarts = world.restarts
+        if scenario.keeps_broker_links:
+            verdict.violations += _broken_links(world)
         if scenario.never_pauses and (pauses := world.pauses()):
             verdict.violations.append(
                 f"the consumers paused: {len(pauses)} log lines say pausing "
@@ -346,6 +347,15 @@ async def run_scenario(
         with contextlib.suppress(Exception):
             await _admin(postgres.admin_dsn, f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         result.seconds = time.monotonic() - started
+
+
+def _broken_links(world: World) -> list[str]:
+    """Where no fault touches the broker: every lost connection and every redelivery."""
+    losses = world.broker_losses()
+    found = [f"a consumer lost RabbitMQ {count}x: {error}" for error, count in losses.items()]
+    if redelivered := world.redeliveries():
+        found.append(f"deliveries came back redelivered: {redelivered}")
+    return found
 
 
 async def _inject(

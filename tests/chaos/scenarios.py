@@ -1,5 +1,5 @@
 """The scenarios (one fault each, then all together; handler faults one by one and together; a
-broker resource alarm) and the two profiles that size them."""
+broker resource alarm; hostile producers) and the two profiles that size them."""
 
 from __future__ import annotations
 
@@ -53,6 +53,11 @@ class Profile:
     crashes: int
     slow_duplicates: int
     alarms: int
+    hostile: int
+    """``hostile-producers``: so many ``headers_too_deep``, ``too_complex`` and ``forged_headers``
+    messages, and twice as many of each ``hostile_headers*`` kind."""
+    hostile_events: int | None
+    """Publications of ``hostile-producers`` (None: :attr:`events`)."""
     named_only: frozenset[str]
     """Scenarios run only when named (``--scenario``)."""
     freeze_s: float = 4.0
@@ -82,11 +87,13 @@ PROFILES = {
         crashes=2,
         slow_duplicates=10,
         alarms=1,
+        hostile=4,
+        hostile_events=600,
         # The handler faults run together here (`handler-faults`); each alone when named.
         named_only=frozenset({"swallow", "blocking", "crashing", "odd-payload", "kill-connection"}),
         alarm_s=3.0,
         settle_timeout=60,
-        budget=335,
+        budget=350,
     ),
     "long": Profile(
         name="long",
@@ -106,6 +113,8 @@ PROFILES = {
         crashes=5,
         slow_duplicates=60,
         alarms=4,
+        hostile=100,
+        hostile_events=None,
         named_only=frozenset({"handler-faults"}),
         settle_timeout=300,
         budget=3 * 3600,
@@ -127,6 +136,14 @@ class Scenario:
     supervisor would, and the exit is reported, not a violation (any other exit is one)."""
     never_pauses: bool = False
     """A consumer log line saying ``pausing`` is a violation."""
+    supervised: bool = False
+    """Restart a consumer that exits by itself all along, as a supervisor would, even where no
+    exit is expected (such an exit is still a violation unless its code is in ``self_exits``)."""
+    keeps_broker_links: bool = False
+    """No fault touches the broker here: a consumer that loses its RabbitMQ connection (a
+    ``lost RabbitMQ`` log line) or sees a delivery come back redelivered is a violation."""
+    events: int | None = None
+    """Publications, where not the profile's."""
 
     @property
     def cuts_broker_links(self) -> bool:
@@ -247,6 +264,22 @@ def scenarios_for(profile: Profile) -> list[Scenario]:
             settings={"db_stall_timeout": STALL_TIMEOUT},
             mix_in={Kind.SLOW_DUPLICATE: p.slow_duplicates},
             never_pauses=True,
+        ),
+        Scenario(
+            "hostile-producers",
+            f"hostile producers, 2 consumers supervised: {p.hostile} deep headers, {p.hostile} "
+            f"too complex, {p.hostile} forged, {4 * p.hostile} headers or ids to make safe",
+            consumers=2,
+            mix_in={
+                Kind.HEADERS_TOO_DEEP: p.hostile,
+                Kind.TOO_COMPLEX: p.hostile,
+                Kind.HOSTILE_HEADERS: 2 * p.hostile,
+                Kind.HOSTILE_HEADERS_PERMANENT: 2 * p.hostile,
+                Kind.FORGED_HEADERS: p.hostile,
+            },
+            supervised=True,
+            keeps_broker_links=True,
+            events=p.hostile_events,
         ),
         Scenario(
             "broker-alarm",

@@ -1,7 +1,8 @@
 """The chaos suite's short profile inside the normal test run (``python -m tests.chaos`` runs it
 alone, ``make chaos`` the long one): real consumer processes, each fault on its own and all
-together, the handler faults together, a slow duplicate and a broker alarm, on throwaway servers,
-2,000 events per scenario; exactly-once checked from the database and the queues."""
+together, the handler faults together, a slow duplicate, a broker alarm and hostile producers, on
+throwaway servers, 2,000 events per scenario (600 with the hostile producers); exactly-once checked
+from the database and the queues."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from tests.chaos.scenarios import PROFILES
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(440)
+@pytest.mark.timeout(455)
 async def test_short_profile_applies_every_event_once_and_dead_letters_the_rest(
     tmp_path: Path,
 ) -> None:

@@ -8,6 +8,7 @@ from tests.chaos.scenarios import CONSUMER_SETTINGS, PROFILES, chosen, scenarios
 from tests.chaos.workload import (
     BLOCK_S,
     HANDLER_FAULTS,
+    HOSTILE,
     MAX_QTY,
     MIX,
     SEED_STOCK,
@@ -43,18 +44,37 @@ def test_the_short_profile_runs_the_handler_faults_together_and_the_long_one_eac
 
     assert short == every - PROFILES["short"].named_only
     assert long == every - {"handler-faults"}
-    assert {"handler-faults", "slow-duplicate", "broker-alarm"} <= short
+    assert {"handler-faults", "slow-duplicate", "broker-alarm", "hostile-producers"} <= short
     together = next(s for s in scenarios_for(PROFILES["short"]) if s.slug == "handler-faults")
-    alone = set().union(*(set(s.mix_in) for s in scenarios_for(PROFILES["short"]))) - {
-        Kind.SLOW_DUPLICATE
-    }
+    alone = set().union(*(set(s.mix_in) for s in scenarios_for(PROFILES["short"])))
+    alone = alone & HANDLER_FAULTS - {Kind.SLOW_DUPLICATE}
     assert set(together.mix_in) == alone
     assert alone | {Kind.SLOW_DUPLICATE} == HANDLER_FAULTS
+
+
+def test_hostile_producers_mix_in_every_hostile_kind_under_a_supervisor() -> None:
+    sizes = {}
+    for name, profile in PROFILES.items():
+        [hostile] = [s for s in scenarios_for(profile) if set(s.mix_in) & HOSTILE]
+        assert hostile.slug == "hostile-producers"
+        assert set(hostile.mix_in) == HOSTILE
+        # Each of the four headers made safe, both applied and dead-lettered
+        assert hostile.mix_in[Kind.HOSTILE_HEADERS] >= 4
+        assert hostile.mix_in[Kind.HOSTILE_HEADERS_PERMANENT] >= 4
+        assert hostile.supervised
+        assert hostile.keeps_broker_links
+        assert not hostile.faults
+        assert not hostile.self_exits
+        sizes[name] = hostile.events
+    # Few events in the short profile (it runs in `make test`), the profile's in the long one
+    assert sizes["short"] is not None
+    assert sizes["short"] < PROFILES["short"].events
+    assert sizes["long"] is None
 
 
 def test_every_scenario_workload_fits_in_both_profiles() -> None:
     for profile in PROFILES.values():
         for scenario in scenarios_for(profile):
-            check_faults(profile.events, scenario.mix_in)
+            check_faults(scenario.events or profile.events, scenario.mix_in)
         # Every reserve fits in the seeded stock of its SKU, whatever the order.
         assert profile.events * MIX[Kind.RESERVE] * MAX_QTY < SEED_STOCK

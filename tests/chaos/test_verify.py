@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections import Counter
 
+import pytest
+
+from consumer.envelope import EnvelopeLimits, EnvelopeParser, Poison, PoisonReason
+from tests.chaos.hostile import KEPT_HEADER, READ_TAIL, SAFE_ONCE_READ, Wire
 from tests.chaos.observe import DeadCopy, EndState
 from tests.chaos.producer import Attempt, PublishLog
 from tests.chaos.verify import check
 from tests.chaos.workload import (
     DUPLICATE_SHARE,
     HANDLER_FAULTS,
+    HOSTILE,
     MIX,
     Kind,
     PlannedEvent,
@@ -27,6 +33,13 @@ EVERY_FAULT = {
     Kind.ODD_POISON: 5,
     Kind.SLOW_DUPLICATE: 4,
 }
+EVERY_HOSTILE = {
+    Kind.HEADERS_TOO_DEEP: 4,
+    Kind.TOO_COMPLEX: 4,
+    Kind.HOSTILE_HEADERS: 8,
+    Kind.HOSTILE_HEADERS_PERMANENT: 8,
+    Kind.FORGED_HEADERS: 4,
+}
 
 
 def perfect(workload: Workload) -> tuple[PublishLog, EndState]:
@@ -38,14 +51,7 @@ def perfect(workload: Workload) -> tuple[PublishLog, EndState]:
         event = publication.event
         if event.kind.applies:
             continue
-        state.dead.append(
-            DeadCopy(
-                publication.message_id,
-                event.kind.header_reason,
-                "rejected" if event.kind.poison else None,
-                error_class=event.kind.error_class,
-            )
-        )
+        state.dead.append(dead_copy(publication.message_id, event))
         state.listed.append(
             {"id": str(event.event_id or publication.message_id), "reason": event.kind.dead_reason}
         )
@@ -57,6 +63,24 @@ def perfect(workload: Workload) -> tuple[PublishLog, EndState]:
         rows(state, event)[event.event_id] = 1
     state.stock = workload.stock()
     return log, state
+
+
+def dead_copy(message_id: str, event: PlannedEvent) -> DeadCopy:
+    """The dead copy the service and the broker leave of ``event``, as the runner reads it."""
+    if event.kind.poison:
+        return DeadCopy(message_id, None, "rejected")
+    names = {"consumer-dead-reason", "consumer-attempt", "consumer-original-routing-key"}
+    if event.wire in KEPT_HEADER:
+        names.add(KEPT_HEADER[event.wire])
+    return DeadCopy(
+        message_id + (READ_TAIL if event.wire is Wire.NOT_UTF8_MESSAGE_ID else ""),
+        event.kind.header_reason,
+        None,
+        error_class=event.kind.error_class,
+        routing_key=event.routing_key,
+        attempt=0,
+        header_names=frozenset(names),
+    )
 
 
 def rows(state: EndState, event: PlannedEvent) -> Counter[uuid.UUID]:
@@ -304,3 +328,145 @@ def test_reserves_and_notifications_are_counted_exactly() -> None:
     assert verdict.figures.duplicated == 2
     assert any(v.startswith("DUPLICATED effects: 2") for v in verdict.violations)
     assert any(v.startswith("stock that is not the seed") for v in verdict.violations)
+
+
+def test_hostile_messages_are_mixed_in_by_number_each_header_in_turn() -> None:
+    workload = plan_workload(600, seed=4, faults=EVERY_HOSTILE)
+
+    kinds = Counter(event.kind for event in workload.events)
+    assert {kind: kinds[kind] for kind in HOSTILE} == EVERY_HOSTILE
+    for kind in (Kind.HOSTILE_HEADERS, Kind.HOSTILE_HEADERS_PERMANENT):
+        wires = Counter(event.wire for event in workload.of_kind(kind))
+        assert wires == dict.fromkeys(SAFE_ONCE_READ, 2), kind
+    assert {e.wire for e in workload.of_kind(Kind.HEADERS_TOO_DEEP)} == {Wire.DEEP_HEADERS}
+    assert {e.wire for e in workload.of_kind(Kind.FORGED_HEADERS)} == {Wire.FORGED}
+    assert all(
+        e.wire is None for e in workload.events if e.kind not in HOSTILE - {Kind.TOO_COMPLEX}
+    )
+
+
+def test_hostile_bodies_are_what_the_service_judges_them_by() -> None:
+    # Given the service's parser at its defaults
+    parser = EnvelopeParser(EnvelopeLimits())
+    workload = plan_workload(600, seed=4, faults=EVERY_HOSTILE)
+
+    # Then a too_complex body is within the size limit and poison only for its containers
+    for event in workload.of_kind(Kind.TOO_COMPLEX):
+        assert len(event.body) < EnvelopeLimits().max_bytes
+        with pytest.raises(Poison) as judged:
+            parser.decode(event.body)
+        assert judged.value.reason is PoisonReason.TOO_COMPLEX
+    # And every other hostile message's body is a valid envelope: only its wire is hostile
+    for event in workload.of_kind(*(HOSTILE - {Kind.TOO_COMPLEX})):
+        assert parser.parse(event.body).event_id == event.event_id
+
+
+def test_a_faultless_end_state_with_every_hostile_message_passes_every_check() -> None:
+    workload = plan_workload(600, seed=4, faults=EVERY_HOSTILE)
+    log, state = perfect(workload)
+
+    verdict = check(workload, log, state, extra_dead_allowed=False)
+
+    assert verdict.ok, verdict.violations
+    assert verdict.figures.applied == workload.to_apply
+    assert verdict.figures.dead_lettered == verdict.figures.dead_expected
+    # A message id that was not UTF-8 came back with replacement characters, and counted
+    assert any(READ_TAIL in (copy.message_id or "") for copy in state.dead)
+
+
+def test_forged_headers_left_on_a_dead_letter_are_caught() -> None:
+    # Given the service trusting a producer's consumer-* headers on a forged event
+    workload = plan_workload(600, seed=4, faults=EVERY_HOSTILE)
+    log, state = perfect(workload)
+    forged = next(workload.of_kind(Kind.FORGED_HEADERS))
+    index = dead_copy_of(state, forged)
+    state.dead[index] = DeadCopy(
+        state.dead[index].message_id,
+        "all is well",
+        None,
+        error_class="Forged",
+        routing_key="payments.refund",
+        attempt=0,
+    )
+
+    verdict = check(workload, log, state, extra_dead_allowed=False)
+
+    assert any(
+        v.startswith("dead copies with the wrong reason headers: 1") for v in verdict.violations
+    )
+    assert any(
+        v.startswith("dead copies without the service's own headers: 1") and "payments.refund" in v
+        for v in verdict.violations
+    )
+
+
+def test_a_producers_attempt_count_or_a_header_lost_on_the_dead_letter_is_caught() -> None:
+    workload = plan_workload(600, seed=4, faults=EVERY_HOSTILE)
+    log, state = perfect(workload)
+    permanent = list(workload.of_kind(Kind.HOSTILE_HEADERS_PERMANENT))
+    digits = next(e for e in permanent if e.wire is Wire.LONG_ATTEMPT)
+    double = next(e for e in permanent if e.wire is Wire.HUGE_DOUBLE)
+    # The producer's 5,000 digits taken for the attempt count (capped by the service)
+    index = dead_copy_of(state, digits)
+    state.dead[index] = dataclasses.replace(state.dead[index], attempt=10_000)
+    # The header that had to be made safe dropped instead
+    index = dead_copy_of(state, double)
+    state.dead[index] = dataclasses.replace(state.dead[index], header_names=frozenset())
+
+    verdict = check(workload, log, state, extra_dead_allowed=False)
+
+    [violation] = [v for v in verdict.violations if "service's own headers" in v]
+    assert violation.startswith("dead copies without the service's own headers: 2")
+    assert "attempt '10000'" in violation
+    assert "'big' header dropped" in violation
+
+
+def test_hostile_messages_ending_elsewhere_than_promised_are_caught() -> None:
+    # Given the hostile messages of a service that mishandles each in its own way
+    workload = plan_workload(600, seed=4, faults=EVERY_HOSTILE)
+    log, state = perfect(workload)
+    deep = next(workload.of_kind(Kind.HEADERS_TOO_DEEP))
+    flaky = next(
+        e
+        for e in workload.of_kind(Kind.HOSTILE_HEADERS)
+        if e.wire is Wire.LONG_ATTEMPT and len(workload.publications_of(e)) == 1
+    )
+    renamed = next(
+        e
+        for e in workload.of_kind(Kind.HOSTILE_HEADERS_PERMANENT)
+        if e.wire is Wire.NOT_UTF8_MESSAGE_ID and len(workload.publications_of(e)) == 1
+    )
+    assert flaky.event_id is not None
+    # A deep-headers event the broker dead-lettered after the connection broke five times
+    index = dead_copy_of(state, deep)
+    state.dead[index] = DeadCopy(f"{deep.key}.0", None, "delivery_limit")
+    state.listed = [
+        row | {"reason": "delivery_limit"} if row["id"] == str(deep.event_id) else row
+        for row in state.listed
+    ]
+    # A flaky event whose forged attempt count was believed: dead at its first failure
+    del state.effects[flaky.event_id]
+    del state.receipts[flaky.event_id]
+    state.dead.append(DeadCopy(f"{flaky.key}.0", "retries_exhausted", None))
+    state.listed.append({"id": str(flaky.event_id), "reason": "retries_exhausted"})
+    # A message id the service could not read, dropped from the dead copy
+    index = next(
+        i for i, c in enumerate(state.dead) if (c.message_id or "").startswith(f"{renamed.key}.0")
+    )
+    state.dead[index] = dataclasses.replace(state.dead[index], message_id=None)
+
+    verdict = check(workload, log, state, extra_dead_allowed=False)
+
+    assert verdict.figures.lost == 2  # the flaky event, and the dead copy no id finds
+    assert verdict.figures.innocent_dead == 1
+    assert any(
+        v.startswith("dead copies with the wrong reason headers: 1") for v in verdict.violations
+    )
+    assert any(
+        v.startswith("dlq list reasons that are not the expected ones: 2")
+        for v in verdict.violations
+    )
+    assert any(v.startswith("INNOCENT: events that must apply") for v in verdict.violations)
+    assert any(
+        v.startswith("dead copies of messages never published: 1") for v in verdict.violations
+    )

@@ -15,7 +15,11 @@ Which dead copy is right: what the service dead-letters itself carries ``consume
 (the kind's reason: ``permanent_failure``, ``hard_time_limit``, ``crashed``, ``connection_lost``,
 ``invalid_payload`` for a validator that raised something other than ValueError) and, where the
 kind promises one, ``consumer-error-class``; ordinary poison is nacked, so it carries no such
-header and the broker's ``x-first-death-reason`` is ``rejected``. A dead copy of an event that
+header and the broker's ``x-first-death-reason`` is ``rejected``. Where a hostile producer forged
+or broke the service's own headers, the dead copy must carry the service's (the event's routing
+key, an attempt count the retry ladder can reach), and a header the service had to make safe must
+still be there. A message id that was not UTF-8 comes back as read through the service's decoder
+(replacement characters) and counts as the id that was sent. A dead copy of an event that
 must apply is an *innocent dead letter*: counted, and always a violation.
 """
 
@@ -25,9 +29,10 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 
+from tests.chaos.hostile import KEPT_HEADER, sent_id
 from tests.chaos.observe import EndState
 from tests.chaos.producer import Attempt, PublishLog
-from tests.chaos.workload import PlannedEvent, Workload, publication_of
+from tests.chaos.workload import RETRY_RUNGS, PlannedEvent, Workload, publication_of
 
 
 @dataclass
@@ -97,7 +102,8 @@ def check(
     figures.dead_lettered = len(state.dead)
     figures.handler_calls = state.handler_calls
 
-    copies: Counter[str] = Counter(copy.message_id or "?" for copy in state.dead)
+    # A message id that was not UTF-8 is kept as read (replacement characters): as it was sent.
+    copies: Counter[str] = Counter(sent_id(copy.message_id or "?") for copy in state.dead)
     attempts_of: dict[str, list[tuple[str, Attempt]]] = {}
     for attempt, outcome in log.attempts.items():
         attempts_of.setdefault(publication_of(attempt), []).append((attempt, outcome))
@@ -176,6 +182,7 @@ def check(
     _report(verdict, "publications never confirmed by the producer", sorted(unsent))
 
     _check_dead_reasons(workload, state, verdict)
+    _check_true_headers(workload, state, verdict)
     _check_listing(workload, state, verdict)
     _check_unknown_rows(workload, state, verdict)
 
@@ -229,6 +236,35 @@ def _check_dead_reasons(workload: Workload, state: EndState, verdict: Verdict) -
     _report(verdict, "dead copies with the wrong reason headers", wrong)
     _report(verdict, "dead copies with the wrong error class", wrong_class)
     _report(verdict, "dead copies of messages never published", strangers)
+
+
+def _check_true_headers(workload: Workload, state: EndState, verdict: Verdict) -> None:
+    """Where a producer forged or broke the service's own headers, the dead copy carries the
+    service's: the event's routing key (a replay's destination), an attempt count the ladder can
+    reach; and the producer's other hostile header, made safe, is still there."""
+    wrong: list[str] = []
+    for copy in state.dead:
+        publication = workload.by_message_id.get(publication_of(copy.message_id or ""))
+        if publication is None or not publication.event.kind.true_headers:
+            continue
+        event = publication.event
+        problems = []
+        if copy.routing_key != event.routing_key:
+            problems.append(f"routing key {copy.routing_key!r}")
+        attempt = copy.attempt
+        if not (
+            isinstance(attempt, int)
+            and not isinstance(attempt, bool)
+            and 0 <= attempt <= RETRY_RUNGS
+        ):
+            problems.append(f"attempt {str(attempt)[:20]!r}")
+        kept = KEPT_HEADER.get(event.wire) if event.wire is not None else None
+        if kept is not None and kept not in copy.header_names:
+            problems.append(f"its {kept!r} header dropped")
+        if problems:
+            wire = event.wire.value if event.wire is not None else "-"
+            wrong.append(f"{copy.message_id} ({event.kind.value}, {wire}): {', '.join(problems)}")
+    _report(verdict, "dead copies without the service's own headers", wrong)
 
 
 def _names_class(found: str | None, expected: str) -> bool:

@@ -44,6 +44,31 @@ slow_duplicate    ``test.behave``, ``sleep_s`` near the handler       one receip
                   timeout, published twice back to back
 ================  ==================================================  =============================
 
+A hostile producer's messages, mixed in the same way (:mod:`.hostile` puts them on the wire):
+
+=========================  ===========================================  ===========================
+kind                       message                                      must end as
+=========================  ===========================================  ===========================
+headers_too_deep           ``test.behave`` that would apply, header     dead (poison):
+                           ``x-anything`` a table nested 3,000 deep     headers_too_deep
+too_complex                ``notification.requested``, ``params``       dead (poison): too_complex
+                           holding 12,000 empty arrays (36 KB)
+hostile_headers            ``test.behave*``, ``fail_transient`` 1, and  retried once, then one
+                           in turn: ``consumer-attempt`` of 5,000       receipt, one effect
+                           digits, a string header that is not UTF-8,
+                           a header double of 1e300, a message id
+                           that is not UTF-8
+hostile_headers_permanent  the same, ``permanent``                      dead: permanent_failure,
+                                                                        PermanentError, the true
+                                                                        routing key and attempt
+                                                                        count, the header kept
+forged_headers             ``test.behave*``, ``permanent``, with        dead: permanent_failure,
+                           ``consumer-original-routing-key:             PermanentError, the true
+                           payments.refund``, ``consumer-dead-reason:   routing key
+                           all is well``, ``consumer-error-class:
+                           Forged``
+=========================  ===========================================  ===========================
+
 What the service dead-letters itself carries ``consumer-dead-reason`` (and
 ``consumer-error-class``); ordinary poison is nacked and carries neither (the broker's ``x-death``
 says ``rejected``). Events that end the process or its connection (``block``, ``crash``,
@@ -60,11 +85,13 @@ import enum
 import json
 import random
 import uuid
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from consumer.publish import envelope_body
+from tests.chaos.hostile import COMPLEX_ARRAYS, SAFE_ONCE_READ, Wire, sent_id
 
 BEHAVE = "test.behave"
 BEHAVE_MANY = "test.behave_many"
@@ -83,6 +110,9 @@ BLOCK_S = 5.0
 """How long a ``block`` event blocks the event loop: past any hard time limit a scenario sets."""
 SLOW_S = 0.8
 """How long a ``slow_duplicate`` event sleeps: near the 1s handler timeout, inside it."""
+RETRY_RUNGS = 3
+"""Rungs of the test environment's retry ladder (``200ms,400ms,800ms``): no event is retried
+more often, so no dead copy's ``consumer-attempt`` is higher."""
 
 
 class Kind(enum.Enum):
@@ -105,6 +135,12 @@ class Kind(enum.Enum):
     ODD = "odd"
     ODD_POISON = "odd_poison"
     SLOW_DUPLICATE = "slow_duplicate"
+    # Hostile producers: only where a scenario mixes them in.
+    HEADERS_TOO_DEEP = "headers_too_deep"
+    TOO_COMPLEX = "too_complex"
+    HOSTILE_HEADERS = "hostile_headers"
+    HOSTILE_HEADERS_PERMANENT = "hostile_headers_permanent"
+    FORGED_HEADERS = "forged_headers"
 
     @property
     def applies(self) -> bool:
@@ -138,6 +174,12 @@ class Kind(enum.Enum):
         return _ERROR_CLASSES.get(self)
 
     @property
+    def true_headers(self) -> bool:
+        """Its producer forged or broke ``consumer-*`` headers: its dead copies must carry the
+        service's own (the event's routing key, an attempt count the ladder can reach)."""
+        return self in (Kind.HOSTILE_HEADERS_PERMANENT, Kind.FORGED_HEADERS)
+
+    @property
     def republished(self) -> bool:
         """It may be picked as a random duplicate (see the module docstring)."""
         return self not in (Kind.BLOCK, Kind.CRASH, Kind.KILL_CONNECTION, Kind.SLOW_DUPLICATE)
@@ -147,7 +189,7 @@ class Kind(enum.Enum):
         """Where its effect is: ``test_effects``, ``stock_movements`` or ``notifications``."""
         if self in (Kind.RESTOCK, Kind.RESERVE):
             return "stock_movements"
-        if self is Kind.NOTIFY:
+        if self in (Kind.NOTIFY, Kind.TOO_COMPLEX):
             return "notifications"
         return "test_effects"
 
@@ -161,10 +203,18 @@ _APPLIES = frozenset(
         Kind.FLAKY,
         Kind.ODD,
         Kind.SLOW_DUPLICATE,
+        Kind.HOSTILE_HEADERS,
     }
 )
 _NACKED_POISON = frozenset(
-    {Kind.NOT_JSON, Kind.INVALID_ENVELOPE, Kind.UNKNOWN_TYPE, Kind.INVALID_PAYLOAD}
+    {
+        Kind.NOT_JSON,
+        Kind.INVALID_ENVELOPE,
+        Kind.UNKNOWN_TYPE,
+        Kind.INVALID_PAYLOAD,
+        Kind.HEADERS_TOO_DEEP,
+        Kind.TOO_COMPLEX,
+    }
 )
 _SERVICE_REASONS = {
     Kind.BLOCK: "hard_time_limit",
@@ -172,7 +222,12 @@ _SERVICE_REASONS = {
     Kind.KILL_CONNECTION: "connection_lost",
     Kind.ODD_POISON: "invalid_payload",
 }
-_ERROR_CLASSES = {Kind.SWALLOW: "SwallowedDatabaseError", Kind.ODD_POISON: "AttributeError"}
+_ERROR_CLASSES = {
+    Kind.SWALLOW: "SwallowedDatabaseError",
+    Kind.ODD_POISON: "AttributeError",
+    Kind.HOSTILE_HEADERS_PERMANENT: "PermanentError",
+    Kind.FORGED_HEADERS: "PermanentError",
+}
 
 HANDLER_FAULTS = frozenset(
     {
@@ -185,7 +240,20 @@ HANDLER_FAULTS = frozenset(
         Kind.SLOW_DUPLICATE,
     }
 )
-"""The kinds a scenario mixes in by number (:func:`plan_workload`'s ``faults``)."""
+"""The handler faults a scenario mixes in by number (:func:`plan_workload`'s ``faults``)."""
+
+HOSTILE = frozenset(
+    {
+        Kind.HEADERS_TOO_DEEP,
+        Kind.TOO_COMPLEX,
+        Kind.HOSTILE_HEADERS,
+        Kind.HOSTILE_HEADERS_PERMANENT,
+        Kind.FORGED_HEADERS,
+    }
+)
+"""A hostile producer's messages, mixed in by number like the handler faults."""
+MIXED_IN = HANDLER_FAULTS | HOSTILE
+"""Every kind a scenario mixes in by number."""
 
 # Shares of the unique events of the normal mix; the duplicates come on top (DUPLICATE_SHARE of
 # all publications), the handler faults in their place.
@@ -215,6 +283,8 @@ class PlannedEvent:
     body: bytes
     sku: str | None = None
     qty: int = 0
+    wire: Wire | None = None
+    """A hostile producer's headers or properties around the body (:mod:`.hostile`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,8 +304,8 @@ def attempt_id(publication: Publication, attempt: int) -> str:
 
 
 def publication_of(message_id: str) -> str:
-    """The publication a message id (of any attempt) belongs to."""
-    return message_id.split("~", 1)[0]
+    """The publication a message id (of any attempt, as sent or as read back) belongs to."""
+    return sent_id(message_id).split("~", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -285,7 +355,9 @@ def _occurred_at() -> str:
     return datetime.now(UTC).isoformat()
 
 
-def _event(kind: Kind, key: str, rng: random.Random) -> PlannedEvent:
+def _event(kind: Kind, key: str, rng: random.Random, turn: int = 0) -> PlannedEvent:
+    """An event of ``kind``; ``turn`` (its number among its kind's) picks the hostile headers of
+    the ``hostile_headers*`` kinds, each in turn."""
     event_id = uuid.UUID(int=rng.getrandbits(128), version=4)
     if kind in (Kind.RESTOCK, Kind.RESERVE):
         sku, qty = rng.choice(SKUS), rng.randint(1, MAX_QTY)
@@ -303,6 +375,13 @@ def _event(kind: Kind, key: str, rng: random.Random) -> PlannedEvent:
     if kind in (Kind.ODD, Kind.ODD_POISON):
         odd = {"key": key, "name": f" {key} " if kind is Kind.ODD else 5}
         return PlannedEvent(key, kind, event_id, ODD, envelope_body(ODD, odd, event_id=event_id))
+    if kind is Kind.TOO_COMPLEX:
+        # Tiny arrays, many thousand of them: past the container bound, far within the size one.
+        arrays: dict[str, list[list[int]]] = {"items": [[]] * COMPLEX_ARRAYS}
+        request = {"recipient": f"{key}@chaos.test", "template": "chaos", "params": arrays}
+        return PlannedEvent(
+            key, kind, event_id, NOTIFY, envelope_body(NOTIFY, request, event_id=event_id)
+        )
     if kind is Kind.NOT_JSON:
         return PlannedEvent(key, kind, None, BEHAVE, f"chaos {key}: {{not json".encode())
     if kind is Kind.INVALID_ENVELOPE:
@@ -318,11 +397,12 @@ def _event(kind: Kind, key: str, rng: random.Random) -> PlannedEvent:
         return PlannedEvent(key, kind, event_id, BEHAVE, body)
     payload: dict[str, object] = {"key": key}
     event_type = BEHAVE
-    if kind in (Kind.APPLIED, Kind.FLAKY, Kind.PERMANENT, Kind.SWALLOW):
+    wire: Wire | None = None
+    if kind in _EITHER_HANDLER:
         event_type = rng.choice((BEHAVE, BEHAVE_MANY))
     if kind is Kind.FLAKY:
         payload["fail_transient"] = rng.choice((1, 2))
-    elif kind is Kind.PERMANENT:
+    elif kind in (Kind.PERMANENT, Kind.HOSTILE_HEADERS_PERMANENT, Kind.FORGED_HEADERS):
         payload["permanent"] = True
     elif kind is Kind.BUG:
         payload["bug"] = True
@@ -338,25 +418,53 @@ def _event(kind: Kind, key: str, rng: random.Random) -> PlannedEvent:
         payload["kill_connection"] = True
     elif kind is Kind.SLOW_DUPLICATE:
         payload["sleep_s"] = SLOW_S
-    return PlannedEvent(
-        key, kind, event_id, event_type, envelope_body(event_type, payload, event_id=event_id)
-    )
+    elif kind is Kind.HOSTILE_HEADERS:
+        # Once through the retry ladder: the service's own attempt count must be the one that
+        # counts, and the headers, made safe, must travel to the delay queue and back.
+        payload["fail_transient"] = 1
+    if kind in (Kind.HOSTILE_HEADERS, Kind.HOSTILE_HEADERS_PERMANENT):
+        wire = SAFE_ONCE_READ[turn % len(SAFE_ONCE_READ)]
+    elif kind is Kind.FORGED_HEADERS:
+        wire = Wire.FORGED
+    elif kind is Kind.HEADERS_TOO_DEEP:
+        wire = Wire.DEEP_HEADERS  # on a body that would apply
+    body = envelope_body(event_type, payload, event_id=event_id)
+    return PlannedEvent(key, kind, event_id, event_type, body, wire=wire)
+
+
+_EITHER_HANDLER = frozenset(
+    {
+        Kind.APPLIED,
+        Kind.FLAKY,
+        Kind.PERMANENT,
+        Kind.SWALLOW,
+        Kind.HOSTILE_HEADERS,
+        Kind.HOSTILE_HEADERS_PERMANENT,
+        Kind.FORGED_HEADERS,
+    }
+)
+"""Kinds sent as ``test.behave`` or, for half of them at random, ``test.behave_many``."""
 
 
 def check_faults(total: int, faults: Mapping[Kind, int]) -> None:
     """Raise ValueError unless ``faults`` fit in a workload of ``total`` publications: handler
-    faults only, at most half the unique events, a duplicate for every slow event."""
-    if strangers := sorted(kind.value for kind in set(faults) - HANDLER_FAULTS):
-        raise ValueError(f"not handler faults: {', '.join(strangers)}")
+    faults and hostile messages only, at most half the unique events, a duplicate for every slow
+    event."""
+    if strangers := sorted(kind.value for kind in set(faults) - MIXED_IN):
+        raise ValueError(f"not kinds to mix in: {', '.join(strangers)}")
     duplicates = round(total * DUPLICATE_SHARE)
     if faults.get(Kind.SLOW_DUPLICATE, 0) > duplicates or sum(faults.values()) > (
         (total - duplicates) // 2
     ):
-        raise ValueError(f"too many handler faults for {total} publications: {dict(faults)}")
+        raise ValueError(f"too many mixed-in events for {total} publications: {dict(faults)}")
 
 
 def plan_workload(
-    total: int, *, seed: int, retry_rungs: int = 3, faults: Mapping[Kind, int] | None = None
+    total: int,
+    *,
+    seed: int,
+    retry_rungs: int = RETRY_RUNGS,
+    faults: Mapping[Kind, int] | None = None,
 ) -> Workload:
     """``total`` publications: unique events in the proportions of :data:`MIX`, with ``faults``
     (so many events of each handler-fault kind) in place of some of them, then
@@ -384,7 +492,11 @@ def plan_workload(
     for kind, count in faults.items():
         kinds.extend([kind] * count)
     rng.shuffle(kinds)
-    events = tuple(_event(kind, f"k{n:06d}", rng) for n, kind in enumerate(kinds))
+    turns: Counter[Kind] = Counter()
+    events: list[PlannedEvent] = []
+    for n, kind in enumerate(kinds):
+        events.append(_event(kind, f"k{n:06d}", rng, turns[kind]))
+        turns[kind] += 1
     order: list[tuple[float, Publication]] = [
         (float(n), Publication(event, 0)) for n, event in enumerate(events)
     ]
@@ -399,4 +511,4 @@ def plan_workload(
     for n in rng.sample(eligible, duplicates - slow):
         order.append((n + rng.randint(1, 200) + 0.5, Publication(events[n], 1)))
     order.sort(key=lambda item: item[0])
-    return Workload(events, tuple(publication for _, publication in order))
+    return Workload(tuple(events), tuple(publication for _, publication in order))

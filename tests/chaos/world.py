@@ -62,8 +62,9 @@ class Epoch:
 def summarise_metrics(
     samples: dict[tuple[str, tuple[tuple[str, str], ...]], float],
 ) -> dict[str, float]:
-    """``processed``, ``duplicate``, ``poison``... (messages by outcome, summed over types) and
-    ``dead:<reason>`` (dead letters by reason) from one scrape."""
+    """``processed``, ``duplicate``, ``poison``... (messages by outcome, summed over types),
+    ``dead:<reason>`` (dead letters by reason) and ``redelivered`` (deliveries the broker flagged
+    as redelivered) from one scrape."""
     summary: dict[str, float] = {}
     for (name, labels), value in samples.items():
         label = dict(labels)
@@ -71,6 +72,8 @@ def summarise_metrics(
             key = label.get("outcome", "?")
         elif name == "consumer_dead_letters_total":
             key = "dead:" + label.get("reason", "?")
+        elif name == "consumer_redeliveries_total":
+            key = "redelivered"
         else:
             continue
         summary[key] = summary.get(key, 0.0) + value
@@ -291,13 +294,22 @@ class World:
             if "pausing" in line.lower()
         ]
 
-    def log_findings(self) -> list[str]:
-        """What the consumers' logs say about lost broker links (diagnostics, not invariants)."""
+    def broker_losses(self) -> Counter[str]:
+        """The consumers' ``lost RabbitMQ`` log lines, by error (numbers made ``N``)."""
         lost: Counter[str] = Counter()
         for service in self.services:
             for line in service.log_lines():
                 if line.get("event") == "lost RabbitMQ":
                     lost[re.sub(r"\d+", "N", str(line.get("error")))] += 1
+        return lost
+
+    def redeliveries(self) -> int:
+        """Deliveries the broker flagged as redelivered, by the last scrape of every process."""
+        return round(sum(lifetime.scraped.get("redelivered", 0.0) for lifetime in self.lifetimes))
+
+    def log_findings(self) -> list[str]:
+        """What the consumers' logs say about lost broker links (diagnostics, not invariants)."""
+        lost = self.broker_losses()
         findings = [
             f"consumer logs: lost RabbitMQ {count}x: {error}" for error, count in lost.items()
         ]

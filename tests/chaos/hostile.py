@@ -1,0 +1,142 @@
+"""What a hostile producer puts on the wire around a body, and how the suite's own producer sends
+it (as tests/integration/test_hostile_producers.py does): a recursion limit raised to encode a
+deeply nested table, a ``str`` whose ``encode()`` returns bytes that are not UTF-8, a ``float``
+sent as an AMQP double (pamqp sends floats as singles, which cannot hold 1e300).
+
+The runner reads the dead-letter queue, where some of these land, through the service's own
+hardened decoder (:func:`consumer.wire.install`), as ``dlq`` does: a header nested 3,000 deep
+would otherwise end the runner's connection as it would have ended the service's.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from pamqp import encode
+
+DEEP = 3_000
+"""How deep the ``deep_headers`` table is nested: far past the service's limit of 16 and past
+Python's default recursion limit, which is what broke a client decoder."""
+ATTEMPT_DIGITS = 5_000
+"""Digits of a forged ``consumer-attempt``: more than Python turns into an int (4,300)."""
+HUGE = 1e300
+"""A header double no single-precision float can hold."""
+NOT_UTF8 = b"\xff\xfe not utf-8 \xc3"
+NOT_UTF8_ID_TAIL = b"\xff\xfe"
+"""Appended to a message id to make the property not UTF-8."""
+READ_TAIL = "\ufffd\ufffd"
+"""What :data:`NOT_UTF8_ID_TAIL` reads as through the service's decoder (replacement characters):
+the message id the service and the broker keep on its dead copy."""
+FORGED = {
+    "consumer-original-routing-key": "payments.refund",
+    "consumer-dead-reason": "all is well",
+    "consumer-error-class": "Forged",
+}
+"""The service's own headers, as a producer would forge them."""
+COMPLEX_ARRAYS = 12_000
+"""Empty arrays in a ``too_complex`` payload: past the service's 10,000 containers, in 36 KB
+(the body limit is 256 KiB)."""
+
+
+class Wire(enum.Enum):
+    """A hostile producer's headers or properties on an otherwise ordinary message."""
+
+    DEEP_HEADERS = "x-anything: a table nested 3,000 deep"
+    LONG_ATTEMPT = "consumer-attempt: 5,000 digits"
+    NOT_UTF8_HEADER = "a string header that is not UTF-8"
+    HUGE_DOUBLE = "a header double of 1e300"
+    NOT_UTF8_MESSAGE_ID = "a message id that is not UTF-8"
+    FORGED = "forged consumer-* headers"
+
+
+SAFE_ONCE_READ = (
+    Wire.LONG_ATTEMPT,
+    Wire.NOT_UTF8_HEADER,
+    Wire.HUGE_DOUBLE,
+    Wire.NOT_UTF8_MESSAGE_ID,
+)
+"""What the service makes safe on arrival (drops or re-encodes): the event then behaves as its body
+says, in turn for the events of the ``hostile_headers*`` kinds."""
+
+KEPT_HEADER = {Wire.NOT_UTF8_HEADER: "note", Wire.HUGE_DOUBLE: "big"}
+"""The header a dead copy must still carry (made safe) where the event failed for good."""
+
+
+class _RawText(str):
+    """A string the encoder sends as the bytes given, UTF-8 or not (pamqp calls ``encode()``)."""
+
+    raw: bytes
+
+    def __new__(cls, raw: bytes) -> _RawText:
+        text = super().__new__(cls, raw.decode("utf-8", errors="replace"))
+        text.raw = raw
+        return text
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return self.raw
+
+
+class _Double(float):
+    """Sent as an AMQP double (``d``), see :func:`hostile_encoding`."""
+
+    __slots__ = ()
+
+
+def nested(depth: int) -> dict[str, Any]:
+    table: dict[str, Any] = {}
+    for _ in range(depth):
+        table = {"a": table}
+    return table
+
+
+def headers(wire: Wire | None) -> dict[str, Any] | None:
+    """The message's headers (built per publish: the deep table is never kept or printed)."""
+    if wire is Wire.DEEP_HEADERS:
+        return {"x-anything": nested(DEEP)}
+    if wire is Wire.LONG_ATTEMPT:
+        return {"consumer-attempt": "9" * ATTEMPT_DIGITS}
+    if wire is Wire.NOT_UTF8_HEADER:
+        return {KEPT_HEADER[wire]: _RawText(NOT_UTF8)}
+    if wire is Wire.HUGE_DOUBLE:
+        return {KEPT_HEADER[wire]: _Double(HUGE)}
+    if wire is Wire.FORGED:
+        return dict(FORGED)
+    return None
+
+
+def message_id(wire: Wire | None, sent: str) -> str:
+    """The message id to put on the wire for the attempt id ``sent``."""
+    if wire is Wire.NOT_UTF8_MESSAGE_ID:
+        return _RawText(sent.encode() + NOT_UTF8_ID_TAIL)
+    return sent
+
+
+def sent_id(read: str) -> str:
+    """The attempt id a message id read back from the broker was sent as."""
+    return read.removesuffix(READ_TAIL)
+
+
+@contextmanager
+def hostile_encoding() -> Iterator[None]:
+    """While open, this process's pamqp encodes :class:`_Double` as a double and can recurse deep
+    enough for a table nested :data:`DEEP` levels."""
+    original = encode.encode_table_value
+
+    def table_value(value: Any) -> bytes:
+        if isinstance(value, _Double):
+            return b"d" + struct.pack(">d", float(value))
+        return original(value)
+
+    encode.encode_table_value = table_value
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 20 * DEEP))
+    try:
+        yield
+    finally:
+        encode.encode_table_value = original
+        sys.setrecursionlimit(limit)

@@ -146,7 +146,10 @@ def _marker(
 ) -> Callable[[G], G]:
     if not _EVENT_TYPE.match(event_type):
         raise ConfigError(f"{event_type!r} is not a valid event type")
-    limit = parse_duration(timeout) if timeout is not None else None
+    try:
+        limit = parse_duration(timeout) if timeout is not None else None
+    except ValueError as error:
+        raise ConfigError(f"timeout {timeout!r} of {event_type!r} {error}") from None
 
     def mark(func: G) -> G:
         if not inspect.iscoroutinefunction(cast(object, func)):

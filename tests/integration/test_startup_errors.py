@@ -16,6 +16,8 @@ from tests.support import TestEnv, run_cli
         (("consumer", "migrate"), "database_url", "mysql://root@db/x"),
         (("topology", "apply"), "delivery_limit", "-1"),
         (("consumer", "run"), "handlers", "no.such.module"),
+        (("consumer", "run"), "retry_delays", ""),
+        (("consumer", "dlq", "list"), "prefech", "10"),
     ],
 )
 async def test_bad_setting_gives_one_line_and_exit_2(
@@ -28,3 +30,12 @@ async def test_bad_setting_gives_one_line_and_exit_2(
     assert len(lines) == 1, result.stderr
     assert f"CONSUMER_{setting.upper()}" in lines[0]
     assert "Traceback" not in result.stderr
+
+
+def test_a_misspelt_variable_stops_start_up_naming_the_setting_it_resembles(env: TestEnv) -> None:
+    result = run_cli("consumer", "run", env=env.env(prefech="10"))
+
+    assert result.returncode == 2
+    assert result.stderr == (
+        "error: CONSUMER_PREFECH is not a setting (did you mean CONSUMER_PREFETCH?)\n"
+    )

@@ -1,4 +1,7 @@
-"""``python -m consumer {run,migrate,publish,dlq}``."""
+"""``consumer {run,migrate,topology,publish,dlq}`` and ``consumer --version``.
+
+``python -m consumer`` is the same command.
+"""
 
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ from consumer.service import Service
 from consumer.settings import Settings
 from consumer.startup import EXIT_CONFIG, EXIT_FAILURE, fail, load_handlers, load_settings
 from consumer.tls import database_connector, database_dsn
+from consumer.version import __version__
 from consumer.watchdog import LoopWatchdog
 
 T = TypeVar("T")
@@ -45,10 +49,11 @@ EXIT_SECOND_SIGNAL = 130
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m consumer",
+        prog="consumer",
         description="Apply RabbitMQ events to PostgreSQL exactly once.",
         epilog="Settings come from CONSUMER_* environment variables; see the README.",
     )
+    parser.add_argument("--version", action="version", version=f"rabbit-pg-consumer {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("run", help="consume the work queue until SIGTERM or SIGINT")
 
@@ -71,7 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     publish_cmd.add_argument("--correlation-id")
 
     from consumer.dlq_cli import add_dlq_parser
+    from topology.cli import add_topology_parser
 
+    add_topology_parser(commands)
     add_dlq_parser(commands)
     return parser
 
@@ -93,6 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(_migrate(settings, arguments.dir, arguments.create_database))
     if arguments.command == "publish":
         return asyncio.run(_publish(settings, arguments))
+    if arguments.command == "topology":
+        from topology.cli import run_topology
+
+        return run_topology(settings, arguments)
     from consumer.dlq_cli import run_dlq
 
     return run_dlq(settings, arguments)

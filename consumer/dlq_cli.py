@@ -1,4 +1,4 @@
-"""``python -m consumer dlq {list,show,replay,purge}``: the operator's tools for ``<name>.dead``."""
+"""``consumer dlq {list,show,replay,purge}``: the operator's tools for ``<name>.dead``."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def run_dlq(settings: Settings, arguments: argparse.Namespace) -> int:
     except BrokerUnreachable as error:
         fail(str(error))
     except aiormq.exceptions.ChannelNotFoundEntity:
-        fail(f"{names_for(settings).dead} does not exist: run `python -m topology apply`")
+        fail(f"{names_for(settings).dead} does not exist: run `consumer topology apply`")
     except aiormq.exceptions.ChannelAccessRefused as error:
         fail(f"RabbitMQ refused: {describe_amqp_error(error)}")
 

@@ -12,7 +12,6 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -31,7 +30,8 @@ from consumer.errors import (
 from consumer.http import HttpServer, build_app
 from consumer.logs import Logger, TickFlushed, make_logger, route_library_logs
 from consumer.metrics import Metrics
-from consumer.migrations import DEFAULT_DIRECTORY, create_database_if_missing, migrate
+from consumer.migration_sets import MigrationSet, migration_sets
+from consumer.migrations import create_database_if_missing, migrate
 from consumer.publish import PublishRequest, publish_event
 from consumer.registry import HandlerRegistry
 from consumer.retry import rung_label
@@ -57,14 +57,16 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("run", help="consume the work queue until SIGTERM or SIGINT")
 
-    migrate_cmd = commands.add_parser("migrate", help="apply the SQL migrations in sql/")
+    migrate_cmd = commands.add_parser(
+        "migrate",
+        help="apply the SQL migrations: the service's, then each handler module's",
+        description="Apply the service's migrations, then those of each module in "
+        "CONSUMER_HANDLERS that declares a MIGRATIONS folder, in that order.",
+    )
     migrate_cmd.add_argument(
         "--create-database",
         action="store_true",
         help="create the database named in CONSUMER_DATABASE_URL if it does not exist",
-    )
-    migrate_cmd.add_argument(
-        "--dir", type=Path, default=DEFAULT_DIRECTORY, help="migrations folder"
     )
 
     publish_cmd = commands.add_parser("publish", help="publish one event by hand")
@@ -97,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arguments.command == "run":
         return _run(settings)
     if arguments.command == "migrate":
-        return asyncio.run(_migrate(settings, arguments.dir, arguments.create_database))
+        return _migrate_command(settings, create_database=arguments.create_database)
     if arguments.command == "publish":
         return asyncio.run(_publish(settings, arguments))
     if arguments.command == "topology":
@@ -195,7 +197,15 @@ def _fatal(logger: Logger, message: str, code: int) -> int:
 # -- migrate ------------------------------------------------------------------------------------
 
 
-async def _migrate(settings: Settings, directory: Path, create_database: bool) -> int:
+def _migrate_command(settings: Settings, *, create_database: bool) -> int:
+    try:
+        sets = migration_sets(settings.handlers)
+    except ConfigError as error:
+        fail(str(error), EXIT_CONFIG)
+    return asyncio.run(_migrate(settings, sets, create_database=create_database))
+
+
+async def _migrate(settings: Settings, sets: list[MigrationSet], *, create_database: bool) -> int:
     dsn = database_dsn(settings)
     connect = database_connector(settings)
     try:
@@ -213,16 +223,18 @@ async def _migrate(settings: Settings, directory: Path, create_database: bool) -
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
         fail(f"cannot connect to {settings.safe_database_url}: {describe_database_error(error)}")
     try:
-        applied = await migrate(conn, directory)
+        report = await migrate(conn, sets)
     except MigrationError as error:
         fail(str(error))
     except asyncpg.PostgresError as error:
         fail(f"migration failed: {describe_database_error(error)}")
     finally:
         await conn.close()
-    for filename in applied:
-        print(f"applied {filename}")
-    if not applied:
+    for label in report.recorded:
+        print(f"recorded {label} (applied under the old ledger, schema_migrations)")
+    for label in report.applied:
+        print(f"applied {label}")
+    if not report.recorded and not report.applied:
         print("database is up to date")
     return 0
 

@@ -15,6 +15,7 @@ import re
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
 
 import asyncpg
@@ -160,6 +161,14 @@ def _marker(
     return mark
 
 
+def import_handler_module(module_name: str) -> ModuleType:
+    """A module ``CONSUMER_HANDLERS`` names, imported; one that cannot be is a ConfigError."""
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigError(f"CONSUMER_HANDLERS: cannot import {module_name!r}: {error}") from None
+
+
 class HandlerRegistry(Mapping[str, Handler]):
     """The handlers the service runs, by event type. Immutable once built."""
 
@@ -180,12 +189,7 @@ class HandlerRegistry(Mapping[str, Handler]):
         """Import each module and collect the functions marked with :func:`register`."""
         handlers: list[Handler] = []
         for module_name in module_names:
-            try:
-                module = importlib.import_module(module_name)
-            except ImportError as error:
-                raise ConfigError(
-                    f"CONSUMER_HANDLERS: cannot import {module_name!r}: {error}"
-                ) from None
+            module = import_handler_module(module_name)
             found = list(_marked_functions(vars(module).values(), module_name))
             if not found:
                 raise ConfigError(f"CONSUMER_HANDLERS: module {module_name!r} registers no handler")

@@ -315,8 +315,8 @@ async def test_the_image_layout_migrates_declares_runs_and_passes_its_healthchec
             app,
             layout_env,
             "-c",
-            "import consumer, consumer.migrations as m; print(consumer.__file__); "
-            "print(m.DEFAULT_DIRECTORY)",
+            "import consumer, consumer.migration_sets as m; print(consumer.__file__); "
+            "print(m.service_set().folder)",
         )
         migrate = _run_in_layout(app, layout_env, "-m", "consumer", "migrate", "--create-database")
         topology = _run_in_layout(app, service.environment, "-m", "topology", "apply")
@@ -329,10 +329,12 @@ async def test_the_image_layout_migrates_declares_runs_and_passes_its_healthchec
         assert migrate.returncode == 0, migrate.stderr
         assert f"created database {database}" in migrate.stdout
         for sql in sorted((REPO / "sql").glob("*.sql")):
-            assert f"applied {sql.name}" in migrate.stdout
-        assert await fetchval(database_url, "SELECT count(*) FROM schema_migrations") == len(
-            list((REPO / "sql").glob("*.sql"))
-        )
+            assert f"applied consumer.sql/{sql.name}" in migrate.stdout
+        assert await fetchval(
+            database_url,
+            "SELECT count(*) FROM consumer_migrations WHERE migration_set = $1",
+            "consumer.sql",
+        ) == len(list((REPO / "sql").glob("*.sql")))
         assert topology.returncode == 0, topology.stderr
         env.topologies.append(env.topology(handlers=",".join(DEFAULT_HANDLER_MODULES)))
     finally:

@@ -16,6 +16,7 @@ from typing import Any
 
 import asyncpg
 
+from consumer.database import describe_database_error
 from consumer.errors import MigrationError
 from consumer.legacy_ledger import UNCLAIMED, take_over
 from consumer.migration_sets import (
@@ -126,7 +127,7 @@ async def migrate(
                 if step.claim:
                     await conn.execute(_RELEASE_CLAIMED, UNCLAIMED, migration.filename)
                 else:
-                    await conn.execute(migration.sql)
+                    await _run(conn, migration)
                 await conn.execute(
                     _RECORD, migration.set_name, migration.filename, migration.checksum
                 )
@@ -134,6 +135,17 @@ async def migrate(
         return report
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
+
+
+async def _run(conn: asyncpg.Connection[Any], migration: Migration) -> None:
+    try:
+        await conn.execute(migration.sql)
+    except asyncpg.PostgresError as error:
+        # Name the file: with several sets, "relation stock already exists" alone does not say
+        # whose migration met whose table.
+        raise MigrationError(
+            f"migration failed: {migration.label}: {describe_database_error(error)}"
+        ) from error
 
 
 async def _ledger(conn: asyncpg.Connection[Any]) -> list[str]:

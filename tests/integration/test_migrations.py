@@ -207,6 +207,25 @@ async def test_reference_tables_exist_only_where_the_reference_handlers_run(
         )
 
 
+async def test_a_set_meeting_a_table_of_its_own_name_stops_naming_the_file(
+    empty_database: str,
+) -> None:
+    # Given a database with a stock table of its own, and the reference handlers enabled anyway
+    await _execute(empty_database, "CREATE TABLE stock (id serial PRIMARY KEY, name text)")
+
+    # When migrating, the reference set's first file meets it
+    with pytest.raises(MigrationError) as caught:
+        await _migrate(empty_database)
+
+    # Then the error names that file; the service's set is in, nothing of the failed file is
+    assert str(caught.value) == (
+        "migration failed: consumer.handlers.sql/001_reference_tables.sql: "
+        'DuplicateTableError: relation "stock" already exists'
+    )
+    assert {s for s, _, _ in await _ledger(empty_database)} == {"consumer.sql"}
+    assert await fetchval(empty_database, "SELECT to_regclass('stock_movements')") is None
+
+
 async def test_an_edited_applied_file_is_refused(empty_database: str, tmp_path: Path) -> None:
     folder = tmp_path / "sql"
     shutil.copytree(service_set().folder, folder)

@@ -32,6 +32,13 @@ from tests.support import REPO, fetch, fetchval, run_cli
 
 # sql/ exactly as release 0.1 shipped it, and how that release's migrate recorded it.
 RELEASE_0_1 = Path(__file__).parent / "release_0_1"
+# What its two files became: two files of the service's set and two of the reference set.
+RELEASE_0_1_MOVED = [
+    "consumer.sql/001_receipts.sql",
+    "consumer.sql/002_app_role_grants.sql",
+    "consumer.handlers.sql/001_reference_tables.sql",
+    "consumer.handlers.sql/002_app_role_grants.sql",
+]
 _RELEASE_0_1_LEDGER = """
 CREATE TABLE IF NOT EXISTS schema_migrations (
     filename    text PRIMARY KEY,
@@ -112,6 +119,11 @@ def _team_package(root: Path, *, files: dict[str, str] | None = None) -> Path:
     for filename, sql in (files or {"001_things.sql": "CREATE TABLE things (id int);"}).items():
         (package / "sql" / filename).write_text(sql)
     return package
+
+
+def _added_since_0_1() -> list[str]:
+    """The service's and the reference set's migrations that release 0.1 did not have."""
+    return [m for m in _labels(service_set(), reference_set()) if m not in RELEASE_0_1_MOVED]
 
 
 async def _as_release_0_1(dsn: str, *extra: tuple[str, str]) -> None:
@@ -327,9 +339,10 @@ async def test_a_release_0_1_database_moves_to_the_new_ledger_without_applying_a
     # When this release migrates it
     report = await _migrate(empty_database)
 
-    # Then nothing ran: the old ledger's rows became the new sets' rows, with the files' checksums
-    assert report.applied == []
-    assert sorted(report.recorded) == sorted(_labels(service_set(), reference_set()))
+    # Then nothing of 0.1 ran again (only migrations added since, if any): the old ledger's rows
+    # became the new sets' rows, with the files' checksums
+    assert sorted(report.recorded) == sorted(RELEASE_0_1_MOVED)
+    assert report.applied == _added_since_0_1()
     current = {
         (m.set_name, m.filename): m.checksum
         for s in (service_set(), reference_set())
@@ -356,8 +369,10 @@ async def test_a_release_0_1_database_gets_only_the_service_migrations_added_sin
     # When migrating
     report = await _migrate(empty_database, [MigrationSet("consumer.sql", folder), reference_set()])
 
-    # Then only the new file ran
-    assert report.applied == ["consumer.sql/900_in_progress.sql"]
+    # Then only the new file ran (and those added since 0.1, if any)
+    assert sorted(report.applied) == sorted(
+        [*_added_since_0_1(), "consumer.sql/900_in_progress.sql"]
+    )
     assert await fetchval(empty_database, "SELECT to_regclass('consumer_later')") is not None
 
 
@@ -378,13 +393,9 @@ async def test_a_forks_own_migration_is_claimed_by_the_set_that_now_holds_it(
     # Then the fork's file is recorded under its new set without running again (it would fail:
     # the table exists) and the new file runs
     assert sorted(report.recorded) == sorted(
-        [
-            *_labels(service_set(), reference_set()),
-            "schema_migrations/003_things.sql",
-            "team.sql/003_things.sql",
-        ]
+        [*RELEASE_0_1_MOVED, "schema_migrations/003_things.sql", "team.sql/003_things.sql"]
     )
-    assert report.applied == ["team.sql/004_more.sql"]
+    assert report.applied == [*_added_since_0_1(), "team.sql/004_more.sql"]
     ledger = {f"{s}/{f}" for s, f, _ in await _ledger(empty_database)}
     assert "schema_migrations/003_things.sql" not in ledger
     assert "team.sql/003_things.sql" in ledger

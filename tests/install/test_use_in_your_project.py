@@ -7,6 +7,7 @@ another tool's ``schema_migrations`` and a ``stock`` table of its own."""
 from __future__ import annotations
 
 import json
+import platform
 import uuid
 import zipfile
 from collections.abc import AsyncIterator
@@ -111,6 +112,8 @@ async def test_a_team_runs_its_own_handlers_from_the_installed_wheels(
         env.topologies.append(env.topology(handlers=",".join(DEFAULT_HANDLER_MODULES)))
         service = InstalledService(env, product, database_url=dsn, handlers=EXAMPLE_HANDLERS)
         await service.start().wait_ready()
+        build = {"version": consumer.__version__, "python": platform.python_version()}
+        assert await service.metric("consumer_build_info", **build) == 1
 
         # and publishes two charges, then (no order between events is promised) a refund that
         # fits and one that does not

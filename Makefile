@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: run test lint typecheck pytest services tools migrate topology install clean
+.PHONY: run test lint typecheck pytest services tools migrate topology install dist clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed (set PYTHON=...)")'
@@ -25,13 +25,22 @@ tools:
 	@deploy/local/tools.sh
 
 migrate: install services
-	@$(PY) -m consumer migrate --create-database
+	@$(VENV)/bin/consumer migrate --create-database
 
 topology: install services
-	@$(PY) -m topology apply
+	@$(VENV)/bin/consumer topology apply
 
 run: migrate topology
-	@exec $(PY) -m consumer run
+	@exec $(VENV)/bin/consumer run
+
+# `make dist`: the wheel to install elsewhere (README: "Use it in your project"), built offline
+# with the virtualenv's setuptools from a clean build folder (a stale build/ would carry deleted
+# files into the wheel).
+dist: install
+	@rm -rf build
+	@$(PY) -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir dist .
+	@rm -rf build
+	@ls dist/rabbit_pg_consumer-*.whl
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -71,4 +80,4 @@ chaos: install services
 	@$(PY) -m tests.chaos --profile $(PROFILE) $(CHAOS_ARGS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build dist

@@ -13,6 +13,7 @@ Handler authors need only what is exported here::
 from consumer.envelope import Envelope
 from consumer.errors import HandlerTimeout, PermanentError, TransientError
 from consumer.registry import Connection, register, register_batch
+from consumer.version import __version__
 
 __all__ = [
     "Connection",
@@ -20,6 +21,7 @@ __all__ = [
     "HandlerTimeout",
     "PermanentError",
     "TransientError",
+    "__version__",
     "register",
     "register_batch",
 ]

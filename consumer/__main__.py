@@ -1,4 +1,4 @@
-"""``python -m consumer``: see :mod:`consumer.cli`."""
+"""``python -m consumer``: the ``consumer`` command (:mod:`consumer.cli`)."""
 
 from consumer.cli import main
 

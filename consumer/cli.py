@@ -1,4 +1,7 @@
-"""``python -m consumer {run,migrate,publish,dlq}``."""
+"""``consumer {run,migrate,topology,publish,dlq}`` and ``consumer --version``.
+
+``python -m consumer`` is the same command.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,6 @@ import asyncio
 import json
 import sys
 from collections.abc import Coroutine, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -25,12 +27,14 @@ from consumer.errors import (
 from consumer.logs import TickFlushed, make_logger, route_library_logs
 from consumer.memory import check_memory_budget
 from consumer.metrics import Metrics
-from consumer.migrations import DEFAULT_DIRECTORY, create_database_if_missing, migrate
+from consumer.migration_sets import MigrationSet, migration_sets
+from consumer.migrations import create_database_if_missing, migrate
 from consumer.publish import PublishRequest, publish_event
 from consumer.retry import rung_label
 from consumer.settings import Settings
 from consumer.startup import EXIT_CONFIG, fail, load_handlers, load_settings
 from consumer.tls import database_connector, database_dsn
+from consumer.version import __version__
 
 T = TypeVar("T")
 
@@ -39,21 +43,24 @@ EXIT_SECOND_SIGNAL = 130
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m consumer",
+        prog="consumer",
         description="Apply RabbitMQ events to PostgreSQL exactly once.",
         epilog="Settings come from CONSUMER_* environment variables; see the README.",
     )
+    parser.add_argument("--version", action="version", version=f"rabbit-pg-consumer {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("run", help="consume the work queue until SIGTERM or SIGINT")
 
-    migrate_cmd = commands.add_parser("migrate", help="apply the SQL migrations in sql/")
+    migrate_cmd = commands.add_parser(
+        "migrate",
+        help="apply the SQL migrations: the service's, then each handler module's",
+        description="Apply the service's migrations, then those of each module in "
+        "CONSUMER_HANDLERS that declares a MIGRATIONS folder, in that order.",
+    )
     migrate_cmd.add_argument(
         "--create-database",
         action="store_true",
         help="create the database named in CONSUMER_DATABASE_URL if it does not exist",
-    )
-    migrate_cmd.add_argument(
-        "--dir", type=Path, default=DEFAULT_DIRECTORY, help="migrations folder"
     )
 
     publish_cmd = commands.add_parser("publish", help="publish one event by hand")
@@ -65,7 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     publish_cmd.add_argument("--correlation-id")
 
     from consumer.dlq_cli import add_dlq_parser
+    from topology.cli import add_topology_parser
 
+    add_topology_parser(commands)
     add_dlq_parser(commands)
     return parser
 
@@ -84,9 +93,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arguments.command == "run":
         return _run(settings)
     if arguments.command == "migrate":
-        return asyncio.run(_migrate(settings, arguments.dir, arguments.create_database))
+        return _migrate_command(settings, create_database=arguments.create_database)
     if arguments.command == "publish":
         return asyncio.run(_publish(settings, arguments))
+    if arguments.command == "topology":
+        from topology.cli import run_topology
+
+        return run_topology(settings, arguments)
     from consumer.dlq_cli import run_dlq
 
     return run_dlq(settings, arguments)
@@ -112,7 +125,15 @@ def _run(settings: Settings) -> int:
 # -- migrate ------------------------------------------------------------------------------------
 
 
-async def _migrate(settings: Settings, directory: Path, create_database: bool) -> int:
+def _migrate_command(settings: Settings, *, create_database: bool) -> int:
+    try:
+        sets = migration_sets(settings.handlers)
+    except ConfigError as error:
+        fail(str(error), EXIT_CONFIG)
+    return asyncio.run(_migrate(settings, sets, create_database=create_database))
+
+
+async def _migrate(settings: Settings, sets: list[MigrationSet], *, create_database: bool) -> int:
     dsn = database_dsn(settings)
     connect = database_connector(settings)
     try:
@@ -130,16 +151,18 @@ async def _migrate(settings: Settings, directory: Path, create_database: bool) -
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
         fail(f"cannot connect to {settings.safe_database_url}: {describe_database_error(error)}")
     try:
-        applied = await migrate(conn, directory)
+        report = await migrate(conn, sets)
     except MigrationError as error:
         fail(str(error))
     except asyncpg.PostgresError as error:
         fail(f"migration failed: {describe_database_error(error)}")
     finally:
         await conn.close()
-    for filename in applied:
-        print(f"applied {filename}")
-    if not applied:
+    for label in report.recorded:
+        print(f"recorded {label} (applied under the old ledger, schema_migrations)")
+    for label in report.applied:
+        print(f"applied {label}")
+    if not report.recorded and not report.applied:
         print("database is up to date")
     return 0
 

@@ -1,4 +1,4 @@
-"""``python -m consumer dlq {list,show,replay,purge}``: the operator's tools for ``<name>.dead``."""
+"""``consumer dlq {list,show,replay,purge}``: the operator's tools for ``<name>.dead``."""
 
 from __future__ import annotations
 
@@ -85,19 +85,35 @@ def _selection(arguments: argparse.Namespace) -> Selection:
 def run_dlq(settings: Settings, arguments: argparse.Namespace) -> int:
     if arguments.dlq_command == "replay" and _selection(arguments).empty:
         fail("say what to replay: ids, --reason, --type, --since or --all", EXIT_CONFIG)
-    if arguments.dlq_command == "purge" and not arguments.yes:
-        answer = input(f"Delete every message in {names_for(settings).dead}? Type 'yes': ")
-        if answer.strip().lower() != "yes":
-            print("nothing deleted")
-            return 1
+    question = f"Delete every message in {names_for(settings).dead}? Type 'yes': "
+    if arguments.dlq_command == "purge" and not arguments.yes and not confirmed(question):
+        print("nothing deleted")
+        return 1
     try:
         return asyncio.run(_run(settings, arguments))
     except BrokerUnreachable as error:
         fail(str(error))
     except aiormq.exceptions.ChannelNotFoundEntity:
-        fail(f"{names_for(settings).dead} does not exist: run `python -m topology apply`")
+        fail(f"{names_for(settings).dead} does not exist: run `consumer topology apply`")
     except aiormq.exceptions.ChannelAccessRefused as error:
         fail(f"RabbitMQ refused: {describe_amqp_error(error)}")
+
+
+def confirmed(question: str) -> bool:
+    """Ask on the terminal; only ``yes`` is yes. Without a terminal (a script, a CI job, a pipe)
+    there is no one to ask: stop with one line (exit 2) rather than read an answer from a pipe or
+    end on EOF, so that deleting needs the explicit ``--yes``."""
+    if sys.stdin is None or not sys.stdin.isatty():
+        fail(
+            "dlq purge asks before deleting and there is no terminal to ask on: add --yes",
+            EXIT_CONFIG,
+        )
+    try:
+        answer = input(question)
+    except (EOFError, KeyboardInterrupt):
+        print()
+        return False
+    return answer.strip().lower() == "yes"
 
 
 async def _run(settings: Settings, arguments: argparse.Namespace) -> int:

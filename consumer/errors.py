@@ -5,7 +5,7 @@
     ConsumerError
     ├── ConfigError            a bad setting or handler module; start-up stops (exit 2)
     ├── TopologyError          the broker's queues and exchanges are not what the service needs
-    │   ├── TopologyMissing    something is not declared: run ``python -m topology apply``
+    │   ├── TopologyMissing    something is not declared: run ``consumer topology apply``
     │   └── TopologyConflict   something exists with other arguments; nothing was changed
     ├── MigrationError         a migration cannot be applied (an applied file was edited...)
     ├── HandlerError           what handlers raise to say how an event failed

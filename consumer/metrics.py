@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Callable, Iterable
-from importlib import metadata
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -16,18 +15,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from consumer.envelope import PoisonReason
 from consumer.outcome import OutcomeKind
 from consumer.retry import DeadLetterReason
+from consumer.version import __version__
 
 UNKNOWN_TYPE = "unknown"
 
 _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 20)
 _LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
-
-
-def package_version() -> str:
-    try:
-        return metadata.version("rabbit-pg-consumer")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
 
 
 class Metrics:
@@ -132,7 +125,7 @@ class Metrics:
             ["version", "python"],
             registry=registry,
         )
-        self.build_info.labels(version=package_version(), python=platform.python_version()).set(1)
+        self.build_info.labels(version=__version__, python=platform.python_version()).set(1)
         self._create_series(rungs)
 
     def _create_series(self, rungs: Iterable[str]) -> None:

@@ -77,7 +77,7 @@ async def publish_event(settings: Settings, request: PublishRequest) -> uuid.UUI
             )
         except Unroutable as error:
             raise ConfigError(
-                f"{error}: is the topology applied (`python -m topology apply`) and a handler "
+                f"{error}: is the topology applied (`consumer topology apply`) and a handler "
                 f"registered for {request.event_type!r}?"
             ) from None
     finally:

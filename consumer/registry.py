@@ -15,6 +15,7 @@ import re
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
 
 import asyncpg
@@ -146,7 +147,10 @@ def _marker(
 ) -> Callable[[G], G]:
     if not _EVENT_TYPE.match(event_type):
         raise ConfigError(f"{event_type!r} is not a valid event type")
-    limit = parse_duration(timeout) if timeout is not None else None
+    try:
+        limit = parse_duration(timeout) if timeout is not None else None
+    except ValueError as error:
+        raise ConfigError(f"timeout {timeout!r} of {event_type!r} {error}") from None
 
     def mark(func: G) -> G:
         if not inspect.iscoroutinefunction(cast(object, func)):
@@ -155,6 +159,14 @@ def _marker(
         return func
 
     return mark
+
+
+def import_handler_module(module_name: str) -> ModuleType:
+    """A module ``CONSUMER_HANDLERS`` names, imported; one that cannot be is a ConfigError."""
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigError(f"CONSUMER_HANDLERS: cannot import {module_name!r}: {error}") from None
 
 
 class HandlerRegistry(Mapping[str, Handler]):
@@ -177,12 +189,7 @@ class HandlerRegistry(Mapping[str, Handler]):
         """Import each module and collect the functions marked with :func:`register`."""
         handlers: list[Handler] = []
         for module_name in module_names:
-            try:
-                module = importlib.import_module(module_name)
-            except ImportError as error:
-                raise ConfigError(
-                    f"CONSUMER_HANDLERS: cannot import {module_name!r}: {error}"
-                ) from None
+            module = import_handler_module(module_name)
             found = list(_marked_functions(vars(module).values(), module_name))
             if not found:
                 raise ConfigError(f"CONSUMER_HANDLERS: module {module_name!r} registers no handler")

@@ -1,21 +1,26 @@
 """The service's settings: one typed object, read from ``CONSUMER_*`` environment variables once in
 ``main()`` and passed to whatever needs it.
 
-Durations are written with a unit (``500ms``, ``5s``, ``2m``, ``1h``; a bare number is seconds).
-Choices such as the log level are case-insensitive. A bad value raises ``pydantic.ValidationError``;
-:func:`describe_settings_error` turns it into the one line start-up prints.
+Durations are written with a unit (``500ms``, ``5s``, ``2m``, ``1h``, ``1d``, or compounds such as
+``1m30s``; a bare number is seconds). Choices such as the log level are case-insensitive. A bad
+value raises ``pydantic.ValidationError``; :func:`describe_settings_error` turns it into the one
+line start-up prints. :func:`unknown_variables` finds the ``CONSUMER_*`` variables that are not
+settings (a misspelling would otherwise be ignored without a word).
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 import ssl
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
 from pydantic import (
+    AfterValidator,
     BeforeValidator,
     ByteSize,
     Field,
@@ -80,6 +85,23 @@ def _split_list(value: object) -> object:
     return value
 
 
+def _split_ladder(value: object) -> object:
+    # An empty CONSUMER_RETRY_DELAYS= is more likely a template left unfilled than a wish for no
+    # retries at all: that has to be said in so many words.
+    if isinstance(value, str):
+        if value.strip().lower() == "none":
+            return ()
+        if not value.strip():
+            raise ValueError("is empty: list the delays (1s,5s,30s), or say none for no retries")
+    return _split_list(value)
+
+
+def _module_name(value: str) -> str:
+    if not _HANDLER_MODULE.match(value):
+        raise ValueError("is not a module name")
+    return value
+
+
 def _env(field: str) -> str:
     return f"{ENV_PREFIX}{field.upper()}"
 
@@ -132,7 +154,7 @@ class Settings(BaseSettings):
     db_stall_timeout: Duration = timedelta(seconds=5)
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=8080, ge=1, le=65535)
-    retry_delays: Annotated[tuple[Duration, ...], NoDecode, BeforeValidator(_split_list)] = (
+    retry_delays: Annotated[tuple[Duration, ...], NoDecode, BeforeValidator(_split_ladder)] = (
         timedelta(seconds=1),
         timedelta(seconds=5),
         timedelta(seconds=30),
@@ -141,9 +163,11 @@ class Settings(BaseSettings):
     )
     retry_jitter: float = Field(default=0.0, ge=0.0, le=1.0)
     delivery_limit: int = Field(default=5, ge=1, le=1000)
-    handlers: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_split_list)] = (
-        DEFAULT_HANDLER_MODULES
-    )
+    handlers: Annotated[
+        tuple[Annotated[str, AfterValidator(_module_name)], ...],
+        NoDecode,
+        BeforeValidator(_split_list),
+    ] = DEFAULT_HANDLER_MODULES
     handler_timeout: Duration = timedelta(seconds=15)
     hard_timeout: Duration = timedelta(seconds=20)
     shutdown_grace: Duration = timedelta(seconds=30)
@@ -296,17 +320,16 @@ class Settings(BaseSettings):
     @classmethod
     def _check_name(cls, value: str) -> str:
         if not _NAME.match(value):
-            raise ValueError(
-                f"{value!r} is not a usable name (letters, digits, '_', '.', '-'; at most 100)"
-            )
+            raise ValueError("is not a usable name (letters, digits, '_', '.', '-'; at most 100)")
         return value
 
     @field_validator("retry_delays")
     @classmethod
     def _check_ladder(cls, value: tuple[timedelta, ...]) -> tuple[timedelta, ...]:
         names = [format_duration(delay) for delay in value]
-        if len(set(names)) != len(names):
-            raise ValueError(f"the same delay appears twice in {','.join(names)}")
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"has the same delay twice ({', '.join(twice)})")
         if any(delay.total_seconds() * 1000 % 1 for delay in value):
             raise ValueError("delays are whole milliseconds")
         return value
@@ -316,9 +339,6 @@ class Settings(BaseSettings):
     def _check_handlers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         if not value:
             raise ValueError("name at least one handler module")
-        for module in value:
-            if not _HANDLER_MODULE.match(module):
-                raise ValueError(f"{module!r} is not a module name")
         return value
 
     @field_validator("hard_timeout")
@@ -359,7 +379,8 @@ class Settings(BaseSettings):
 
 
 def describe_settings_error(error: ValidationError) -> str:
-    """One line naming each bad setting and what is wrong with it; never echoes a URL."""
+    """One line naming each bad setting and what is wrong with it, with the bad value once (the
+    messages of the checks above never repeat it); never echoes a URL."""
     problems = []
     for detail in error.errors(include_url=False):
         field = str(detail["loc"][0]) if detail["loc"] else ""
@@ -368,9 +389,42 @@ def describe_settings_error(error: ValidationError) -> str:
             # From a check across settings: the message names them itself.
             problems.append(message)
             continue
-        if field not in ("amqp_url", "database_url") and detail["type"] != "missing":
+        if (
+            field not in ("amqp_url", "database_url")
+            and detail["type"] != "missing"
+            and not message.startswith("is empty")
+        ):
             given = detail.get("input")
             if isinstance(given, str | int | float):
                 message = f"{message} (got {given!r})"
         problems.append(f"{_env(field)}: {message}")
     return "invalid setting " + "; ".join(problems)
+
+
+# The test suite's own variables (tests/conftest.py) share the prefix; they are not settings.
+_NOT_SETTINGS_PREFIX = f"{ENV_PREFIX}TEST_"
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One message per ``CONSUMER_*`` variable that is no setting, naming the nearest that is.
+
+    Only names are shown, never values: a misspelt URL variable may hold a password.
+    """
+    fields = sorted(field.upper() for field in Settings.model_fields)
+    problems = []
+    for name in sorted(environ):
+        upper = name.upper()  # the settings are read case-insensitively
+        if not upper.startswith(ENV_PREFIX) or upper.startswith(_NOT_SETTINGS_PREFIX):
+            continue
+        field = upper.removeprefix(ENV_PREFIX)
+        if field in fields:
+            continue
+        # Compared without the prefix every name shares, which would make anything look close.
+        nearest = difflib.get_close_matches(field, fields, n=1, cutoff=0.6)
+        hint = (
+            f"did you mean {ENV_PREFIX}{nearest[0]}?"
+            if nearest
+            else "the README's Settings table lists them"
+        )
+        problems.append(f"{name} is not a setting ({hint})")
+    return problems

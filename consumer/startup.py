@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import NoReturn
 
@@ -9,7 +10,7 @@ from pydantic import ValidationError
 
 from consumer.errors import ConfigError
 from consumer.registry import HandlerRegistry
-from consumer.settings import Settings, describe_settings_error
+from consumer.settings import Settings, describe_settings_error, unknown_variables
 
 EXIT_CONFIG = 2
 EXIT_FAILURE = 1
@@ -22,7 +23,11 @@ def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
 
 
 def load_settings() -> Settings:
-    """The settings from the environment; a bad value exits 2 with one line naming it."""
+    """The settings from the environment; a bad value, or a ``CONSUMER_*`` variable that is no
+    setting, exits 2 with one line naming it."""
+    problems = unknown_variables(os.environ)
+    if problems:
+        fail("; ".join(problems), EXIT_CONFIG)
     try:
         return Settings()
     except ValidationError as error:

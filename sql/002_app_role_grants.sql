@@ -22,14 +22,8 @@ BEGIN
 END
 $$;
 
--- Exactly what the pipeline and the reference handlers do. A migration that adds a table a
--- handler writes grants on it in the same file.
+-- Exactly what the pipeline does. Every migration set that adds a table a handler writes grants
+-- on it in its own files (this set runs first, so the role exists by then).
 --   receipts: INSERT ... ON CONFLICT DO NOTHING RETURNING, never UPDATE or DELETE: the service
 --   cannot undo what records an effect as applied.
 GRANT SELECT, INSERT ON receipts TO consumer_app;
---   stock: upsert on restock, conditional UPDATE ... RETURNING on reserve, SELECT on refusal.
-GRANT SELECT, INSERT, UPDATE ON stock TO consumer_app;
---   stock_movements: INSERT ... RETURNING id (the identity needs no sequence grant).
-GRANT SELECT, INSERT ON stock_movements TO consumer_app;
---   notifications: INSERT only; the sender that marks them sent is another role's business.
-GRANT INSERT ON notifications TO consumer_app;

@@ -28,6 +28,7 @@ import pytest
 from consumer.migrations import migrate
 from tests.servers import ThrowawayPostgres, ThrowawayRabbit, free_port
 from tests.support import REPO, ServiceProcess, TestEnv, assert_services_settled, stop_cleanly
+from tests.wheels import Installed, install_product
 
 RUN_ID = uuid.uuid4().hex[:8]
 _counter = iter(range(1, 1_000_000))
@@ -179,6 +180,13 @@ async def _services_end_settled(request: pytest.FixtureRequest) -> AsyncIterator
         for service in left:
             if service.running:
                 service.kill()
+
+
+@pytest.fixture(scope="session")
+def installed_product(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """The service's and the example project's wheels, built and installed in a fresh virtualenv
+    outside the source tree: once per run (about 20 seconds, most of it pip)."""
+    return install_product(tmp_path_factory.mktemp("installed"))
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""``python -m topology apply [--dry-run]`` and ``python -m topology check``."""
+"""``python -m topology apply [--dry-run]`` and ``python -m topology check``: the same as
+``consumer topology``."""
 
 from topology.cli import main
 

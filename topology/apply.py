@@ -204,5 +204,5 @@ async def check_topology(connection: AbstractConnection, topology: Topology) -> 
     ]
     if missing:
         raise TopologyMissing(
-            f"the broker lacks {', '.join(missing)}: run `python -m topology apply` first"
+            f"the broker lacks {', '.join(missing)}: run `consumer topology apply` first"
         )

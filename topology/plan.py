@@ -38,7 +38,7 @@ def names_for(settings: Settings) -> Names:
 
 
 def build_topology(settings: Settings, event_types: Iterable[str]) -> Topology:
-    """The full plan for one service: what ``python -m topology apply`` declares."""
+    """The full plan for one service: what ``consumer topology apply`` declares."""
     names = names_for(settings)
     exchanges = (
         Exchange(names.ingress, ExchangeType.TOPIC),

@@ -12,6 +12,10 @@ from consumer.envelope import Envelope
 from consumer.errors import PermanentError
 from consumer.registry import register, register_batch
 
+# The reference handlers' tables and grants: consumer/handlers/sql, applied by `consumer migrate`
+# when this module (or the other reference module) is in CONSUMER_HANDLERS.
+MIGRATIONS = "sql"
+
 Sku = Field(min_length=1, max_length=64)
 Quantity = Field(gt=0, le=1_000_000)
 

@@ -11,6 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from consumer.envelope import Envelope
 from consumer.registry import register
 
+# The reference handlers' tables and grants: consumer/handlers/sql, applied by `consumer migrate`
+# when this module (or the other reference module) is in CONSUMER_HANDLERS.
+MIGRATIONS = "sql"
+
 
 class NotificationRequested(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")

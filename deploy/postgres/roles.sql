@@ -4,9 +4,10 @@
 --   psql "postgresql://postgres@db.example:5432/postgres?sslmode=verify-full" -X \
 --        -v ON_ERROR_STOP=1 -v database=consumer -f deploy/postgres/roles.sql
 --
---   consumer_migrate  owns the database and, through `python -m consumer migrate`, every table.
---   consumer_app      what `python -m consumer run` logs in as: CONNECT, and the table grants in
---                     sql/002_app_role_grants.sql (SELECT/INSERT/UPDATE/DELETE only where used).
+--   consumer_migrate  owns the database and, through `consumer migrate`, every table.
+--   consumer_app      what `consumer run` logs in as: CONNECT, and the table grants of the
+--                     migrations (sql/002_app_role_grants.sql, the reference handlers' and each
+--                     handler package's own): SELECT/INSERT/UPDATE/DELETE only where used.
 --
 -- Neither may create roles or databases, bypass row security or replicate. Passwords are not in
 -- this file: set them with `\password consumer_app` in psql (hashed before it is sent), or pass

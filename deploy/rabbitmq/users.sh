@@ -8,8 +8,8 @@
 #   BOOTSTRAP_PASSWORD_FILE=/run/secrets/rabbitmq-bootstrap \
 #   deploy/rabbitmq/users.sh
 #
-# The consumer user (`python -m consumer run`) declares nothing, publishes only to the retry and
-# dead-letter exchanges and reads only the work queue. The bootstrap user (`python -m topology
+# The consumer user (`consumer run`) declares nothing, publishes only to the retry and
+# dead-letter exchanges and reads only the work queue. The bootstrap user (`consumer topology
 # apply`/`check`, the `dlq` tools, `publish`) configures, writes and reads the service's own names
 # and the ingress exchange. See deploy/README.md, "Least privilege".
 #

@@ -42,10 +42,9 @@ def test_the_stack_is_rabbitmq_4_postgres_17_jobs_consumers_and_prometheus() -> 
     assert services["postgres"]["image"] == "postgres:17"
     assert services["rabbitmq"]["healthcheck"]["test"][0] == "CMD"
     assert services["postgres"]["healthcheck"]["test"][0] == "CMD-SHELL"
-    assert services["migrate"]["command"] == [
-        "python", "-m", "consumer", "migrate", "--create-database",
-    ]  # fmt: skip
-    assert services["topology"]["command"] == ["python", "-m", "topology", "apply"]
+    assert services["migrate"]["command"] == ["consumer", "migrate", "--create-database"]
+    assert services["topology"]["command"] == ["consumer", "topology", "apply"]
+    assert services["consumer"]["command"] == ["consumer", "run"]
     assert services["consumer"]["deploy"]["replicas"] == 2
 
 

@@ -1,13 +1,14 @@
-"""deploy/Dockerfile and .dockerignore.
+"""deploy/Dockerfile and .dockerignore, and the team's image that extends it (examples/Dockerfile).
 
-No Docker engine runs where these tests run, so the image is never built here. What is checked:
-hadolint lints the Dockerfile; the final stage's settings are asserted; .dockerignore is read with
-Docker's matching rules (re-implemented below) to see that every COPY source reaches the build and
-nothing else does; the build stage's COPY lines are carried out in a folder and the package's wheel
-is built from it; and the runtime stage's layout (its COPY lines and ENV, WORKDIR /app) is staged
-in a folder, from which the image's three commands (migrate, topology apply, run) and its
-HEALTHCHECK command run against the real broker and database, on this machine's Python. Not
-covered: the base image, installing the dependencies into /opt/venv, and running as uid 10001.
+No Docker engine runs where these tests run, so no image is built here. What is checked: hadolint
+lints both Dockerfiles; the final stage's settings are asserted (it holds the virtualenv and
+nothing from a source tree, no PYTHONPATH); .dockerignore is read with Docker's matching rules
+(re-implemented below) to see that every COPY source reaches the build and nothing else does; the
+build stage's COPY lines are carried out in a folder and the package's wheel is built from it, and
+that wheel is the one tests/install installs (the same files, the same hashes); so the image's
+commands (migrate, topology apply, run) and its HEALTHCHECK command run from that installed
+virtualenv against the real broker and database, with the image's ENV. Not covered: the base
+image, installing the dependencies into /opt/venv inside it, and running as uid 10001.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ import json
 import re
 import shlex
 import shutil
-import subprocess
-import sys
 import uuid
 import zipfile
 from dataclasses import dataclass
@@ -25,10 +24,19 @@ from pathlib import Path
 
 import asyncpg
 
+import consumer
 from consumer.settings import DEFAULT_HANDLER_MODULES
 from tests.deploy.support import DEPLOY, assert_clean, run_tool
 from tests.servers import free_port
-from tests.support import REPO, ServiceProcess, TestEnv, fetchval
+from tests.support import REPO, TestEnv, fetchval
+from tests.wheels import (
+    EXAMPLE,
+    EXAMPLE_HANDLERS,
+    SERVICE_SOURCES,
+    Installed,
+    InstalledService,
+    build_wheel,
+)
 
 DOCKERFILE = DEPLOY / "Dockerfile"
 
@@ -60,9 +68,9 @@ def _instructions(text: str) -> list[Instruction]:
     ]
 
 
-def _stages() -> list[list[Instruction]]:
+def _stages(dockerfile: Path = DOCKERFILE) -> list[list[Instruction]]:
     stages: list[list[Instruction]] = []
-    for instruction in _instructions(DOCKERFILE.read_text()):
+    for instruction in _instructions(dockerfile.read_text()):
         if instruction.keyword == "FROM":
             stages.append([])
         stages[-1].append(instruction)
@@ -126,9 +134,9 @@ def _pattern_regex(pattern: str) -> re.Pattern[str]:
     return re.compile(f"^{out}$")
 
 
-def _dockerignore() -> list[tuple[bool, re.Pattern[str]]]:
+def _dockerignore(path: Path = REPO / ".dockerignore") -> list[tuple[bool, re.Pattern[str]]]:
     rules = []
-    for raw in (REPO / ".dockerignore").read_text().splitlines():
+    for raw in path.read_text().splitlines():
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
@@ -177,11 +185,23 @@ def test_the_runtime_stage_is_unprivileged_and_stops_on_sigterm() -> None:
     user = _only(final, "USER").split(":")[0]
     assert user not in ("root", "0")
     assert _only(final, "STOPSIGNAL") == "SIGTERM"
-    assert json.loads(_only(final, "CMD")) == ["python", "-m", "consumer", "run"]
+    assert json.loads(_only(final, "CMD")) == ["consumer", "run"]
     assert _environment(final)["CONSUMER_HTTP_HOST"] == "0.0.0.0"
     assert "/healthz" in _only(final, "HEALTHCHECK")
     runs = " ".join(i.arguments for i in final if i.keyword == "RUN")
     assert not re.search(r"apt-get|gcc|build-essential|pip install", runs), runs
+
+
+def test_the_runtime_stage_runs_the_installed_package_not_a_source_tree() -> None:
+    final = _final_stage()
+
+    # Only the build stage's virtualenv, and the console script on PATH
+    assert [i.arguments for i in final if i.keyword == "COPY"] == [
+        "--from=build /opt/venv /opt/venv"
+    ]
+    environment = _environment(final)
+    assert "PYTHONPATH" not in environment
+    assert environment["PATH"].split(":")[0] == "/opt/venv/bin"
 
 
 def test_the_build_context_has_what_copy_needs_and_nothing_else() -> None:
@@ -216,123 +236,77 @@ def _stage(stage: list[Instruction], root: Path) -> Path:
     return workdir
 
 
-def _stage_runtime_layout(root: Path) -> tuple[Path, dict[str, str]]:
-    """The runtime stage's files under ``root`` (its WORKDIR becomes ``root/app``), and its ENV."""
-    final = _final_stage()
-    app = _stage(final, root)
-    environment = _environment(final)
-    assert environment["PYTHONPATH"] == _only(final, "WORKDIR"), "code is imported from WORKDIR"
-    return app, environment
-
-
-def test_the_build_stage_builds_the_package_from_what_it_copies(tmp_path: Path) -> None:
+def test_the_build_stage_builds_the_package_from_what_it_copies(
+    tmp_path: Path, installed_product: Installed
+) -> None:
     # Given the build stage's COPY lines carried out from the filtered context
     source = _stage(_stages()[0], tmp_path / "build")
 
     # When the package is built from there (offline, with the virtualenv's setuptools)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-cache-dir",
-            "--quiet",
-            "--wheel-dir",
-            str(tmp_path / "wheels"),
-            str(source),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    wheel = build_wheel(source, tmp_path)
 
-    # Then a wheel with both packages comes out
-    assert result.returncode == 0, result.stdout + result.stderr
-    (wheel,) = (tmp_path / "wheels").glob("rabbit_pg_consumer-*.whl")
+    # Then it is the wheel tests/install installs: same files, same contents
+    assert _record(wheel) == _record(installed_product.service_wheel)
+    copied = {source for sources, _ in _copies(_stages()[0]) for source in sources}
+    assert copied == set(SERVICE_SOURCES)
+
+
+def _record(wheel: Path) -> set[str]:
+    """Each file of a wheel with its hash (its RECORD, less the line of the RECORD itself)."""
     with zipfile.ZipFile(wheel) as archive:
-        names = set(archive.namelist())
-    assert {"consumer/cli.py", "consumer/py.typed", "topology/cli.py"} <= names
+        (record,) = [name for name in archive.namelist() if name.endswith(".dist-info/RECORD")]
+        return {line for line in archive.read(record).decode().splitlines() if record not in line}
 
 
-class StagedService(ServiceProcess):
-    """``CMD`` of the image, run from the staged layout with the image's ENV (cwd = WORKDIR)."""
+class ImageService(InstalledService):
+    """``CMD`` of the image, from the installed virtualenv with the image's ENV."""
 
-    def __init__(self, test_env: TestEnv, app: Path, image_env: dict[str, str]) -> None:
+    def __init__(self, test_env: TestEnv, installed: Installed, image_env: dict[str, str]) -> None:
         # The image has the reference handlers only (tests/ is not in it).
         super().__init__(
             test_env,
-            "image-layout",
+            installed,
             http_port=str(free_port()),
             handlers=",".join(DEFAULT_HANDLER_MODULES),
         )
-        image_env = {k: v for k, v in image_env.items() if k not in ("PATH", "CONSUMER_HTTP_PORT")}
-        self.environment = {**self.environment, **image_env, "PYTHONPATH": str(app)}
-        self.app = app
-
-    def start(self) -> StagedService:
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "consumer", "run"],
-            env=self.environment,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=self.app,
-        )
-        log.close()
-        return self
+        self.environment = {**self.environment, **_without_path(image_env)}
 
 
-def _run_in_layout(
-    app: Path, environment: dict[str, str], *argv: str
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, *argv],
-        cwd=app,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+def _without_path(image_env: dict[str, str]) -> dict[str, str]:
+    # PATH points at the image's /opt/venv/bin: here, the installed virtualenv's stands in for it.
+    return {k: v for k, v in image_env.items() if k not in ("PATH", "CONSUMER_HTTP_PORT")}
 
 
-async def test_the_image_layout_migrates_declares_runs_and_passes_its_healthcheck(
-    env: TestEnv, admin_dsn: str, tmp_path: Path
+async def test_the_image_commands_migrate_declare_run_and_pass_the_healthcheck(
+    env: TestEnv, admin_dsn: str, installed_product: Installed
 ) -> None:
-    # Given the runtime stage staged in a folder, and an empty database name
-    app, image_env = _stage_runtime_layout(tmp_path / "image")
+    # Given the image's ENV, its virtualenv (the installed wheel) and an empty database name
+    final = _final_stage()
+    image_env = _environment(final)
+    assert image_env["PATH"].startswith("/opt/venv/bin:")
     database = f"ctest_image_{uuid.uuid4().hex[:8]}"
     database_url = env.database_url.rsplit("/", 1)[0] + "/" + database
-    service = StagedService(env, app, image_env)
-    layout_env = {**service.environment, "CONSUMER_DATABASE_URL": database_url}
+    service = ImageService(env, installed_product, image_env)
     try:
-        # When the image's own commands run from it (compose's migrate and topology jobs)
-        where = _run_in_layout(
-            app,
-            layout_env,
-            "-c",
-            "import consumer, consumer.migrations as m; print(consumer.__file__); "
-            "print(m.DEFAULT_DIRECTORY)",
+        # When the jobs of compose and Kubernetes run the image's commands
+        migrate = installed_product.run(
+            "consumer",
+            "migrate",
+            "--create-database",
+            env={**service.environment, "CONSUMER_DATABASE_URL": database_url},
         )
-        migrate = _run_in_layout(app, layout_env, "-m", "consumer", "migrate", "--create-database")
-        topology = _run_in_layout(app, service.environment, "-m", "topology", "apply")
+        topology = installed_product.run("consumer", "topology", "apply", env=service.environment)
 
-        # Then the code and the migrations come from the layout, and both jobs succeed
-        assert where.returncode == 0, where.stderr
-        module_file, migrations_dir = where.stdout.split()
-        assert Path(module_file).is_relative_to(app)
-        assert Path(migrations_dir) == app / "sql"
+        # Then both succeed: the service's set and the reference handlers' set are applied
         assert migrate.returncode == 0, migrate.stderr
         assert f"created database {database}" in migrate.stdout
-        for sql in sorted((REPO / "sql").glob("*.sql")):
-            assert f"applied {sql.name}" in migrate.stdout
-        assert await fetchval(database_url, "SELECT count(*) FROM schema_migrations") == len(
-            list((REPO / "sql").glob("*.sql"))
-        )
+        for migration_set, folder in (
+            ("consumer.sql", REPO / "sql"),
+            ("consumer.handlers.sql", REPO / "consumer" / "handlers" / "sql"),
+        ):
+            for sql in sorted(folder.glob("*.sql")):
+                assert f"applied {migration_set}/{sql.name}" in migrate.stdout
+        assert await fetchval(database_url, "SELECT count(*) FROM stock") == 0
         assert topology.returncode == 0, topology.stderr
         env.topologies.append(env.topology(handlers=",".join(DEFAULT_HANDLER_MODULES)))
     finally:
@@ -343,19 +317,49 @@ async def test_the_image_layout_migrates_declares_runs_and_passes_its_healthchec
             await admin.close()
 
     # When the image's CMD runs, listening where CONSUMER_HTTP_HOST of the image says
+    assert json.loads(_only(final, "CMD")) == ["consumer", "run"]
     await service.start().wait_ready()
-    healthcheck = json.loads(_only(_final_stage(), "HEALTHCHECK").split("CMD", 1)[1])
+    healthcheck = json.loads(_only(final, "HEALTHCHECK").split("CMD", 1)[1])
     assert healthcheck[0] == "python"
     probe_env = {**service.environment}
 
     def probe(port: int) -> int:
         probe_env["CONSUMER_HTTP_PORT"] = str(port)
-        return subprocess.run(
-            [sys.executable, *healthcheck[1:]], env=probe_env, capture_output=True, timeout=10
-        ).returncode
+        return installed_product.run(*healthcheck, env=probe_env, timeout=10).returncode
 
     # Then its HEALTHCHECK passes against it, and fails where nothing listens
     assert service.environment["CONSUMER_HTTP_HOST"] == "0.0.0.0"
     assert probe(service.port) == 0
     assert probe(free_port()) != 0
     assert await service.stop() == 0
+
+
+# -- the team's image: examples/Dockerfile -------------------------------------------------------
+
+EXAMPLE_DOCKERFILE = EXAMPLE / "Dockerfile"
+
+
+def test_the_teams_dockerfile_passes_hadolint() -> None:
+    assert_clean(run_tool("hadolint", "--failure-threshold", "style", str(EXAMPLE_DOCKERFILE)))
+
+
+def test_the_teams_image_extends_the_base_by_installing_its_package_into_the_base_venv() -> None:
+    (stage,) = _stages(EXAMPLE_DOCKERFILE)
+    (make_venv,) = [i.arguments for i in _stages()[0] if i.arguments.startswith("python -m venv")]
+    base_venv = make_venv.split()[-1]
+
+    # It starts from this release's base image and installs the package into its virtualenv
+    assert stage[0].arguments == f"rabbit-pg-consumer:{consumer.__version__}"
+    (install,) = [i.arguments for i in stage if i.keyword == "RUN"]
+    assert f"--python {base_venv}/bin/python install" in install
+    # and runs as the base does, its own handlers named
+    users = [i.arguments for i in stage if i.keyword == "USER"]
+    assert users[-1] == _only(_final_stage(), "USER")
+    assert _environment(stage)["CONSUMER_HANDLERS"] == EXAMPLE_HANDLERS
+    assert not [i for i in stage if i.keyword in ("CMD", "ENTRYPOINT")], "the base's CMD runs"
+    # and its build context is the package: pyproject.toml and billing/
+    rules = _dockerignore(EXAMPLE / ".dockerignore")
+    assert not _excluded("pyproject.toml", rules)
+    assert not _excluded("billing/handlers.py", rules)
+    assert not _excluded("billing/sql/001_charges_and_refunds.sql", rules)
+    assert _excluded("README.md", rules)

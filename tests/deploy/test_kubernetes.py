@@ -132,7 +132,7 @@ def test_the_deployment_probes_health_and_readiness_and_outlasts_the_grace() -> 
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["port"] in ports
     assert ports["http"] == _settings().http_port
-    assert container["args"] == ["python", "-m", "consumer", "run"]
+    assert container["args"] == ["consumer", "run"]
     grace = parse_duration(pod["terminationGracePeriodSeconds"])
     assert grace > _settings().shutdown_grace
     assert _settings().http_host == "0.0.0.0"
@@ -141,8 +141,8 @@ def test_the_deployment_probes_health_and_readiness_and_outlasts_the_grace() -> 
 def test_the_setup_job_migrates_then_declares_the_topology() -> None:
     pod = _one("Job")["spec"]["template"]["spec"]
 
-    assert [c["args"] for c in pod["initContainers"]] == [["python", "-m", "consumer", "migrate"]]
-    assert [c["args"] for c in pod["containers"]] == [["python", "-m", "topology", "apply"]]
+    assert [c["args"] for c in pod["initContainers"]] == [["consumer", "migrate"]]
+    assert [c["args"] for c in pod["containers"]] == [["consumer", "topology", "apply"]]
     assert pod["restartPolicy"] == "Never"
 
 

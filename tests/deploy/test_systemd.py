@@ -24,6 +24,8 @@ UNITS = ("consumer.service", "consumer-migrate.service", "consumer-topology.serv
 SYSTEM_UNITS = Path("/usr/lib/systemd/system")
 # systemd-analyze security's exposure, in tenths (10.0 is "UNSAFE"): the units score 1.2 today.
 EXPOSURE_THRESHOLD = 20
+# The installed package's console script, in the virtualenv deploy/README.md installs.
+CONSUMER = "/opt/rabbit-pg-consumer/bin/consumer"
 
 
 def _unit(name: str) -> configparser.RawConfigParser:
@@ -87,21 +89,21 @@ def test_the_service_restarts_on_failure_and_outlasts_the_shutdown_grace() -> No
     assert service["Restart"] == "on-failure"
     assert service["KillSignal"] == "SIGTERM"
     assert parse_duration(service["TimeoutStopSec"]) > settings.shutdown_grace
-    assert service["ExecStart"].endswith("-m consumer run")
+    assert service["ExecStart"] == f"{CONSUMER} run"
 
 
 def test_the_service_needs_the_one_shot_jobs_and_starts_after_them() -> None:
     unit = _unit("consumer.service")["Unit"]
 
     for job, command in (
-        ("consumer-migrate.service", "-m consumer migrate"),
-        ("consumer-topology.service", "-m topology apply"),
+        ("consumer-migrate.service", f"{CONSUMER} migrate"),
+        ("consumer-topology.service", f"{CONSUMER} topology apply"),
     ):
         assert job in unit["Requires"].split()
         assert job in unit["After"].split()
         service = _unit(job)["Service"]
         assert service["Type"] == "oneshot"
-        assert service["ExecStart"].endswith(command)
+        assert service["ExecStart"] == command
         assert _unit(job)["Unit"]["PartOf"] == "consumer.service"
 
 
@@ -115,6 +117,15 @@ def _example_settings() -> Settings:
     assert all(key.startswith("CONSUMER_") for key in values), sorted(values)
     assert set(fields) <= set(Settings.model_fields), sorted(fields)
     return Settings.model_validate(fields)
+
+
+@pytest.mark.parametrize("unit", UNITS)
+def test_the_units_run_the_installed_package_not_a_source_tree(unit: str) -> None:
+    service = _unit(unit)["Service"]
+
+    assert _exec_start(unit) == Path(CONSUMER)
+    assert "PYTHONPATH" not in service.get("Environment", "")
+    assert "WorkingDirectory" not in service
 
 
 def test_the_example_environment_file_is_valid_settings() -> None:

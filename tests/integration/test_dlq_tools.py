@@ -223,16 +223,20 @@ async def test_replaying_the_same_event_twice_applies_it_once(env: TestEnv) -> N
     assert await queue_depth(env.amqp_url, env.names.dead) == 0
 
 
-async def test_replay_needs_a_selection_and_purge_asks_first(
+async def test_replay_needs_a_selection_and_purge_needs_a_terminal_or_yes(
     env: TestEnv, dead_letters: dict[str, uuid.UUID]
 ) -> None:
     code, _, err = dlq(env, "replay")
     assert code == 2
     assert "say what to replay" in err
 
-    code, out, _ = dlq(env, "purge", input_text="no\n")
-    assert code == 1
-    assert "nothing deleted" in out
+    # Without a terminal to ask on (here a pipe), purge needs --yes: one line, exit 2
+    code, out, err = dlq(env, "purge", input_text="yes\n")
+    assert code == 2
+    assert out == ""
+    assert err == (
+        "error: dlq purge asks before deleting and there is no terminal to ask on: add --yes\n"
+    )
     assert await queue_depth(env.amqp_url, env.names.dead) == 4
 
     code, out, _ = dlq(env, "purge", "--yes")

@@ -18,6 +18,8 @@ from tests.support import TestEnv, run_cli
         (("consumer", "run"), "handlers", "no.such.module"),
         # 400 prefetched bodies of up to 256 KiB cannot fit in 128 MiB
         (("consumer", "run"), "memory_limit", "128MiB"),
+        (("consumer", "run"), "retry_delays", ""),
+        (("consumer", "dlq", "list"), "prefech", "10"),
     ],
 )
 async def test_bad_setting_gives_one_line_and_exit_2(
@@ -30,3 +32,12 @@ async def test_bad_setting_gives_one_line_and_exit_2(
     assert len(lines) == 1, result.stderr
     assert f"CONSUMER_{setting.upper()}" in lines[0]
     assert "Traceback" not in result.stderr
+
+
+def test_a_misspelt_variable_stops_start_up_naming_the_setting_it_resembles(env: TestEnv) -> None:
+    result = run_cli("consumer", "run", env=env.env(prefech="10"))
+
+    assert result.returncode == 2
+    assert result.stderr == (
+        "error: CONSUMER_PREFECH is not a setting (did you mean CONSUMER_PREFETCH?)\n"
+    )

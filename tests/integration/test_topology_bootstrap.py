@@ -67,4 +67,4 @@ async def test_the_consumer_refuses_to_start_without_its_topology(env: TestEnv) 
     service = ServiceProcess(env).start()
     code = await service.wait_exit(timeout=30)
     assert code == 1
-    assert "run `python -m topology apply` first" in service.log_text()
+    assert "run `consumer topology apply` first" in service.log_text()

@@ -224,7 +224,7 @@ async def test_each_account_can_do_only_its_own_part(
     assert one_line_error(migrate, 1) == (
         "error: migration failed: InsufficientPrivilegeError: permission denied for schema public"
     )
-    for sql in ("SELECT count(*) FROM schema_migrations", "SELECT count(*) FROM notifications"):
+    for sql in ("SELECT count(*) FROM consumer_migrations", "SELECT count(*) FROM notifications"):
         with pytest.raises(Exception, match="permission denied for table"):
             await fetchval(world.app_dsn, sql)
 

@@ -4,7 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 from consumer.redact import redact_url, scrub
-from consumer.settings import Settings, describe_settings_error
+from consumer.settings import Settings, describe_settings_error, unknown_variables
 
 
 def settings(monkeypatch: pytest.MonkeyPatch, **env: str) -> Settings:
@@ -87,6 +87,82 @@ def test_a_bad_value_gives_one_line_naming_the_setting(
     assert "\n" not in line
     assert line.startswith("invalid setting ")
     assert names in line
+
+
+@pytest.mark.parametrize(
+    ("env", "value"),
+    [
+        ({"handler_timeout": "soon"}, "'soon'"),
+        ({"retry_delays": "1s,5x"}, "'5x'"),
+        ({"name": "has space"}, "'has space'"),
+        ({"handlers": "a.b,not a module"}, "'not a module'"),
+        ({"prefetch": "lots"}, "'lots'"),
+        ({"batch_wait": "-1s"}, "'-1s'"),
+    ],
+)
+def test_the_error_line_shows_the_bad_value_once(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], value: str
+) -> None:
+    line = error_line(monkeypatch, **env)
+    assert line.count(value) == 1, line
+
+
+def test_durations_take_compound_forms_and_days(monkeypatch: pytest.MonkeyPatch) -> None:
+    values = settings(
+        monkeypatch, shutdown_grace="1m30s", retry_delays="1s,1h30m,1d", max_future_skew="2d"
+    )
+    assert values.shutdown_grace == timedelta(seconds=90)
+    assert values.retry_delays == (
+        timedelta(seconds=1),
+        timedelta(hours=1, minutes=30),
+        timedelta(days=1),
+    )
+    assert values.max_future_skew == timedelta(days=2)
+
+
+def test_an_empty_ladder_is_an_error_and_none_says_no_retries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    line = error_line(monkeypatch, retry_delays="")
+    assert line == (
+        "invalid setting CONSUMER_RETRY_DELAYS: is empty: list the delays (1s,5s,30s), "
+        "or say none for no retries"
+    )
+    assert settings(monkeypatch, retry_delays="none").retry_delays == ()
+    assert settings(monkeypatch, retry_delays=" NONE ").retry_delays == ()
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("CONSUMER_PREFECH", "CONSUMER_PREFECH is not a setting (did you mean CONSUMER_PREFETCH?)"),
+        (
+            "CONSUMER_DATABSE_URL",
+            "CONSUMER_DATABSE_URL is not a setting (did you mean CONSUMER_DATABASE_URL?)",
+        ),
+        (
+            "consumer_loglevel",
+            "consumer_loglevel is not a setting (did you mean CONSUMER_LOG_LEVEL?)",
+        ),
+        (
+            "CONSUMER_WHATEVER",
+            "CONSUMER_WHATEVER is not a setting (the README's Settings table lists them)",
+        ),
+    ],
+)
+def test_an_unknown_variable_is_named_with_the_nearest_setting(name: str, message: str) -> None:
+    assert unknown_variables({name: "postgresql://u:hunter2@db/x", "HOME": "/root"}) == [message]
+
+
+def test_settings_and_other_programs_variables_are_not_unknown() -> None:
+    environ = {
+        "CONSUMER_PREFETCH": "10",
+        "consumer_log_level": "debug",
+        "CONSUMER_AMQP_URL_FILE": "/run/secrets/amqp",
+        "CONSUMER_TEST_ADMIN_DSN": "postgresql://postgres@db/postgres",  # the test suite's
+        "PATH": "/usr/bin",
+    }
+    assert unknown_variables(environ) == []
 
 
 def test_the_error_line_never_echoes_a_url(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,1 @@
+"""An example team's billing handlers for rabbit-pg-consumer (``billing.handlers``)."""

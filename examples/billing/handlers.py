@@ -1,0 +1,64 @@
+"""``billing.charge`` records what an order was charged; ``billing.refund`` gives part of it back.
+
+A team's own handler module: name it in ``CONSUMER_HANDLERS`` (``billing.handlers``). Its tables
+are in ``billing/sql/``, declared by ``MIGRATIONS`` below: ``consumer migrate`` applies them after
+the service's own, and records them in its ledger as the set ``billing.sql``.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from consumer import Connection, Envelope, PermanentError, register
+
+MIGRATIONS = "sql"
+
+OrderId = Field(min_length=1, max_length=64)
+
+
+class Charge(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    order_id: str = OrderId
+    cents: int = Field(gt=0)
+    currency: str = Field(default="EUR", pattern=r"^[A-Z]{3}$")
+
+
+class Refund(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    order_id: str = OrderId
+    cents: int = Field(gt=0)
+
+
+@register("billing.charge", payload=Charge, key=lambda charge: charge.order_id)
+async def charge(event: Envelope[Charge], conn: Connection) -> None:
+    await conn.execute(
+        "INSERT INTO charges (event_id, order_id, cents, currency) VALUES ($1, $2, $3, $4)",
+        event.event_id,
+        event.payload.order_id,
+        event.payload.cents,
+        event.payload.currency,
+    )
+
+
+@register("billing.refund", payload=Refund, key=lambda refund: refund.order_id)
+async def refund(event: Envelope[Refund], conn: Connection) -> None:
+    order_id = event.payload.order_id
+    # Two refunds of one order (on two replicas) must not both pass the check below: the lock
+    # holds until the event's transaction ends, and needs no grant beyond the tables'.
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", order_id)
+    refundable = await conn.fetchval(
+        "SELECT coalesce((SELECT sum(cents) FROM charges WHERE order_id = $1), 0)"
+        " - coalesce((SELECT sum(cents) FROM refunds WHERE order_id = $1), 0)",
+        order_id,
+    )
+    if event.payload.cents > refundable:
+        # No retry can make it right: dead-lettered at once, for a person to look at.
+        raise PermanentError(f"order {order_id}: refund of {event.payload.cents} > {refundable}")
+    await conn.execute(
+        "INSERT INTO refunds (event_id, order_id, cents) VALUES ($1, $2, $3)",
+        event.event_id,
+        order_id,
+        event.payload.cents,
+    )

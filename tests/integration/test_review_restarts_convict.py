@@ -80,7 +80,8 @@ async def test_review_three_database_restarts_dead_letter_an_innocent_slow_event
     finally:
         await conn.close()
     depth = await queue_depth(env.amqp_url, env.names.work)
-    print(f"restarts={restarts} dead={list(zip(ids, reasons))} effects={effects} depth={depth}")
+    dead = list(zip(ids, reasons, strict=True))
+    print(f"restarts={restarts} dead={dead} effects={effects} depth={depth}")
     await service.stop()
     # Expected: a database restart is an outage, never the event's fault: it is applied.
     assert event_id not in ids, f"innocent dead-lettered: {reasons}"

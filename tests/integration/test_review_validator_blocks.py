@@ -67,16 +67,21 @@ async def test_review_a_blocking_payload_validator_takes_innocents_to_the_delive
         for _ in range(200):
             if service.returncode is not None:
                 break
-            if await queue_depth(env.amqp_url, env.names.work) == 0 and await service.is_ready():
-                if await service.metric("consumer_in_flight") == 0:
-                    break
+            if (
+                await queue_depth(env.amqp_url, env.names.work) == 0
+                and await service.is_ready()
+                and await service.metric("consumer_in_flight") == 0
+            ):
+                break
             await asyncio.sleep(0.1)
         if service.returncode is None:
             await service.stop()
             exits.append(service.returncode)
             break
         exits.append(service.returncode)
-        convicted += [x.get("convicted") for x in service.log_lines() if x.get("level") == "critical"]
+        convicted += [
+            x.get("convicted") for x in service.log_lines() if x.get("level") == "critical"
+        ]
 
     letters = await drain_queue(env.amqp_url, env.names.dead)
     reasons = Counter()
@@ -88,7 +93,8 @@ async def test_review_a_blocking_payload_validator_takes_innocents_to_the_delive
         reasons[str(reason)] += 1
         dead_innocents += event_id in innocents
     applied = {
-        row["event_id"] for row in await fetch(env.database_url, "SELECT event_id FROM test_effects")
+        row["event_id"]
+        for row in await fetch(env.database_url, "SELECT event_id FROM test_effects")
     }
     print(f"exits={exits} convicted={convicted} dead={dict(reasons)}")
     print(f"innocents applied={len(applied & set(innocents))} dead-lettered={dead_innocents}")

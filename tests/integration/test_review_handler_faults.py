@@ -55,7 +55,9 @@ async def effects_by_event(env: TestEnv) -> dict[uuid.UUID, int]:
     return {row["event_id"]: row["n"] for row in rows}
 
 
-async def settle_and_read_dead(env: TestEnv, service: ServiceProcess, seconds: float = 8) -> list:
+async def settle_and_read_dead(
+    env: TestEnv, service: ServiceProcess, seconds: float = 8
+) -> list[aio_pika.abc.AbstractIncomingMessage]:
     async def idle() -> bool:
         return await service.metric("consumer_in_flight") == 0
 
@@ -66,7 +68,9 @@ async def settle_and_read_dead(env: TestEnv, service: ServiceProcess, seconds: f
     return await drain_queue(env.amqp_url, env.names.dead)
 
 
-def dead_ids(letters: list) -> dict[uuid.UUID, tuple[str, str]]:
+def dead_ids(
+    letters: list[aio_pika.abc.AbstractIncomingMessage],
+) -> dict[uuid.UUID, tuple[str, str]]:
     return {
         uuid.UUID(json.loads(m.body)["event_id"]): (
             str(m.headers.get(h.REASON)),

@@ -15,6 +15,7 @@ import json
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aio_pika
 import pytest
@@ -84,12 +85,13 @@ async def test_review_a_blocking_payload_validator_takes_innocents_to_the_delive
         ]
 
     letters = await drain_queue(env.amqp_url, env.names.dead)
-    reasons = Counter()
+    reasons: Counter[str] = Counter()
     dead_innocents = 0
     for letter in letters:
         event_id = uuid.UUID(json.loads(letter.body)["event_id"])
-        deaths = letter.headers.get("x-death") or [{}]
-        reason = letter.headers.get("consumer-dead-reason") or deaths[0].get("reason")
+        headers: dict[str, Any] = dict(letter.headers or {})
+        deaths: Any = headers.get("x-death") or [{}]
+        reason = headers.get("consumer-dead-reason") or deaths[0].get("reason")
         reasons[str(reason)] += 1
         dead_innocents += event_id in innocents
     applied = {

@@ -11,6 +11,7 @@ its headers silently gone instead of being poison (``headers_unreadable``) as wi
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import pytest
 from pamqp import decode
@@ -23,7 +24,9 @@ from consumer.headers import trusted_headers
 def test_review_an_unreadable_header_table_from_a_producer_is_not_poison() -> None:
     wire.install()
     entry = bytes([1]) + b"a" + b"Z" + b"xxxx"  # a field of an unknown type
-    _, headers = decode.METHODS["table"](struct.pack(">I", len(entry)) + entry)
+    _, decoded = decode.METHODS["table"](struct.pack(">I", len(entry)) + entry)
+    assert isinstance(decoded, dict)
+    headers: dict[str, Any] = decoded
     parser = EnvelopeParser(EnvelopeLimits())
     with pytest.raises(Poison):
         parser.check_headers(headers)  # what wire.py intends

@@ -17,7 +17,7 @@ from consumer.alone import Alone
 from consumer.amqp import BrokerUnreachable
 from consumer.batch import BatchEngine
 from consumer.calls import HandlerCall, HandlerCaller, HandlerCalls
-from consumer.crashes import CrashLedger
+from consumer.crashes import CrashLedger, Liveness
 from consumer.database import Database, Guard
 from consumer.dispatch import Dispatcher
 from consumer.durations import to_milliseconds
@@ -64,15 +64,17 @@ def build_service(
     judge = Judge(RetryPolicy.from_delays(settings.retry_delays))
     receipts = Receipts(consumer=settings.name, guard=guard)
     caller = HandlerCaller(default_timeout=settings.handler_timeout.total_seconds(), calls=calls)
+    ledger = CrashLedger(consumer=settings.name, owner=owner)
     alone = Alone(
         database=database,
         guard=guard,
         receipts=receipts,
         caller=caller,
         judge=judge,
-        ledger=CrashLedger(consumer=settings.name, owner=owner),
+        ledger=ledger,
     )
-    preparer = Preparer(registry, EnvelopeParser(EnvelopeLimits.from_settings(settings)))
+    parser = EnvelopeParser(EnvelopeLimits.from_settings(settings))
+    preparer = Preparer(registry, parser, calls)
     pipeline = Pipeline(
         preparer=preparer,
         engine=BatchEngine(
@@ -117,6 +119,7 @@ def build_service(
         dispatcher=dispatcher,
         workers=workers,
         settler=settler,
+        liveness=Liveness(ledger, database.connect_one),
         logger=logger,
         metrics=metrics,
     )

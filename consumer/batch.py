@@ -20,8 +20,10 @@ culprit fails.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
+from uuid import UUID
 
 import asyncpg
 
@@ -29,7 +31,12 @@ from consumer.alone import EPOCH, Alone
 from consumer.calls import HandlerCaller
 from consumer.database import Database, Guard, guarded_transaction
 from consumer.errors import ConfigError, ErrorKind, PipelineFault, classify
-from consumer.judge import Judge, raise_if_connection_lost, raise_unless_the_events_fault
+from consumer.judge import (
+    Judge,
+    aborted_before,
+    raise_if_connection_lost,
+    raise_unless_the_events_fault,
+)
 from consumer.outcome import Applied, Failed, Verdict
 from consumer.prepare import Ready
 from consumer.receipts import Receipts
@@ -79,7 +86,7 @@ class BatchEngine:
         judge: Judge,
         alone: Alone,
         lock_timeout_ms: int,
-        on_conflict: Any = lambda: None,
+        on_conflict: Callable[[], object] = lambda: None,
     ) -> None:
         self._database = database
         self._guard = guard
@@ -107,7 +114,7 @@ class BatchEngine:
             previous = verdicts[-1] if verdicts else None
             if isinstance(previous, Failed) and isinstance(previous.decision, Return):
                 # The database went away: give the rest back without knocking for each.
-                verdicts.append(self._judge.failed(item, previous.error))
+                verdicts.append(self._judge.failed(item.delivery, previous.error))
                 continue
             verdicts.append(await self._alone.apply(item))
         return verdicts
@@ -132,7 +139,7 @@ class BatchEngine:
             raise
         except Exception as error:
             if classify(error) is ErrorKind.UNAVAILABLE:
-                return [self._judge.failed(item, error) for item in items]
+                return [self._judge.failed(item.delivery, error) for item in items]
             raise _ApplyAlone from error
         committed_at = datetime.now(UTC)
         verdicts = [
@@ -177,6 +184,7 @@ class BatchEngine:
                     for index in run:
                         verdicts[index] = Applied(False, EPOCH)
                 start = end
+            await self._receipts.seal(conn, _fresh(items, verdicts))
         return verdicts
 
     async def _run(self, conn: asyncpg.Connection[Any], items: list[Ready], run: list[int]) -> None:
@@ -190,11 +198,11 @@ class BatchEngine:
             results = await self._caller.run_batch(conn, [items[index] for index in run])
             for index, result in zip(run, results, strict=True):
                 if result is not None:
-                    failed = index
+                    failed = None if aborted_before(result) else index
                     raise result
         except Exception as error:
             raise_unless_the_events_fault(conn, error)
-            if isinstance(error, asyncpg.InFailedSQLTransactionError):
+            if aborted_before(error):
                 failed = None  # a handler before this one swallowed an error: not this one's
             raise _HandlerFailed(failed, error) from error
 
@@ -211,7 +219,8 @@ class BatchEngine:
             if failure.index is not None:
                 deferred.append(failure.index)
         elif failure.index is not None:
-            verdicts[failure.index] = self._judge.failed(items[failure.index], failure.error)
+            failed = items[failure.index]
+            verdicts[failure.index] = self._judge.failed(failed.delivery, failure.error)
         kept = [index for index in range(len(items)) if index != failure.index]
         async with guarded_transaction(conn, within=self._guard.within):
             await self._guard.run(conn, conn.execute(self._lock_timeout))
@@ -223,4 +232,14 @@ class BatchEngine:
                     deferred.extend(kept[number:])
                     break
                 verdicts[index] = verdict
+            await self._receipts.seal(conn, _fresh(items, verdicts))
         return verdicts
+
+
+def _fresh(items: list[Ready], verdicts: Sequence[Verdict | None]) -> list[UUID]:
+    """The events whose receipts the transaction inserted and keeps: applied, not duplicates."""
+    return [
+        item.event.event_id
+        for item, verdict in zip(items, verdicts, strict=True)
+        if isinstance(verdict, Applied) and not verdict.duplicate
+    ]

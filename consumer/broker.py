@@ -120,8 +120,9 @@ class BrokerSession:
 
     async def _close(self) -> None:
         if self._acker is not None:
-            # Acks for what has committed go out before the channel closes.
-            if self.is_open:
+            # Acks for what has committed go out before the channel closes, while the consume
+            # channel lives (whichever of the session's parts closed first).
+            if self._acker.is_open:
                 await self._acker.send_all()
             self._acker.close()
         connections = (self._connection, self._publish_connection)

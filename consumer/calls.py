@@ -59,8 +59,11 @@ class HandlerCalls:
 
     @contextmanager
     def entered(self, call: HandlerCall) -> Iterator[None]:
-        task = asyncio.current_task()
-        if task is None:  # pragma: no cover - handlers always run in a task
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:  # no event loop (a tool parsing outside the service)
+            task = None
+        if task is None:
             yield
             return
         self._by_task[task] = call
@@ -114,8 +117,14 @@ class HandlerCaller:
                     async with deadline:
                         yield
             except Exception as error:
-                if not connection_lost(conn) and not conn.is_in_transaction():
-                    raise HandlerEndedTransaction.for_handler(handler.qualname) from error
+                if not connection_lost(conn):
+                    if not conn.is_in_transaction():
+                        raise HandlerEndedTransaction.for_handler(handler.qualname) from error
+                    if isinstance(error, asyncpg.InvalidTransactionTerminationError):
+                        # The receipts' commit check (sql/004) fired early.
+                        raise HandlerEndedTransaction.constraints_all_immediate(
+                            handler.qualname
+                        ) from error
                 raise
             if not conn.is_in_transaction():
                 raise HandlerEndedTransaction.for_handler(handler.qualname)

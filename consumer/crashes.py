@@ -14,6 +14,13 @@ operator's SIGKILL that happens to land while one event is applied alone must no
 The watchdog, which knows exactly which handler blocked the loop, writes a verdict instead
 (``hard_time_limit``) from its own thread before the process exits: that event is dead-lettered at
 its next delivery, without running again.
+
+A mark counts as a death only if its owner is dead. Each process holds a session advisory lock on
+its owner id for as long as it lives (:class:`Liveness`), so a mark left by a live process (its
+connection broke, or another replica got the same event redelivered meanwhile) counts for
+nothing; a process stopping gracefully removes its own marks; and a mark older than the database
+server's last start counts for nothing either (the restart broke its owner's work, and may have
+kept it from removing the mark as it stopped).
 """
 
 from __future__ import annotations
@@ -28,25 +35,40 @@ import asyncpg
 
 from consumer.errors import CrashedRepeatedly, HardTimeLimitExceeded, PermanentError
 
-__all__ = ["CRASH_STRIKES", "CrashLedger", "Mark"]
+__all__ = ["CRASH_STRIKES", "CrashLedger", "Mark", "owner_key"]
 
 CRASH_STRIKES = 2
 """Deaths of other processes while the event was applied alone before it is dead-lettered."""
 
 HARD_TIME_LIMIT = "hard_time_limit"
 
-# A process that marks an event it marked before (its database connection broke meanwhile) is
-# not another death: only a different owner counts.
-_BEGIN = """
+# An owner's advisory lock key: the first 8 bytes of its id, as Python's owner_key computes them.
+_KEY_OF_OWNER = "('x' || left(replace(mark.owner::text, '-', ''), 16))::bit(64)::bigint"
+
+# Another owner's mark is a death only if that owner's lock is free (its session has ended: the
+# transaction-level lock taken to find out is released as the statement commits), and the server
+# has not restarted since the mark was taken (then the restart broke the owner's work, and may
+# have kept it from removing its mark as it stopped).
+_BEGIN = f"""
 INSERT INTO consumer_in_progress AS mark (consumer, event_id, owner) VALUES ($1, $2, $3)
 ON CONFLICT (consumer, event_id) DO UPDATE
-SET crashes = mark.crashes + (mark.owner <> EXCLUDED.owner)::integer,
+SET crashes = mark.crashes + (
+        mark.owner <> EXCLUDED.owner
+        AND mark.updated_at > pg_postmaster_start_time()
+        AND pg_try_advisory_xact_lock({_KEY_OF_OWNER})
+    )::integer,
     owner = EXCLUDED.owner,
     updated_at = now()
 RETURNING crashes, verdict, detail
 """
 
 _CLEAR = "DELETE FROM consumer_in_progress WHERE consumer = $1 AND event_id = $2"
+
+_CLEAR_OWN = """
+DELETE FROM consumer_in_progress WHERE consumer = $1 AND owner = $2 AND verdict IS NULL
+"""
+
+_HOLD = "SELECT pg_advisory_lock($1)"
 
 _CONVICT = """
 INSERT INTO consumer_in_progress AS mark (consumer, event_id, owner, verdict, detail)
@@ -77,6 +99,11 @@ class Mark:
         return None
 
 
+def owner_key(owner: UUID) -> int:
+    """The advisory lock key of an owner: the first 8 bytes of its id, as a signed bigint."""
+    return int.from_bytes(owner.bytes[:8], "big", signed=True)
+
+
 class CrashLedger:
     """The marks in ``consumer_in_progress`` of one service and one process (``owner``)."""
 
@@ -96,6 +123,16 @@ class CrashLedger:
     def clear(self, conn: asyncpg.Connection[Any], event_id: UUID) -> Awaitable[str]:
         """Remove the mark; inside the event's transaction it commits with the event's fate."""
         return conn.execute(_CLEAR, self._consumer, event_id)
+
+    def clear_own(self, conn: asyncpg.Connection[Any]) -> Awaitable[str]:
+        """Remove every mark of this process's (a graceful stop: no death to count); verdicts
+        stay."""
+        return conn.execute(_CLEAR_OWN, self._consumer, self.owner)
+
+    def hold(self, conn: asyncpg.Connection[Any]) -> Awaitable[str]:
+        """Take this process's liveness lock on ``conn`` (a session lock: it lasts as long as the
+        connection does)."""
+        return conn.execute(_HOLD, owner_key(self.owner))
 
     def convict_blocking(
         self,
@@ -123,3 +160,43 @@ class CrashLedger:
         except Exception:  # the process exits either way; the next one isolates the event
             return False
         return True
+
+
+class Liveness:
+    """This process's liveness lock (:meth:`CrashLedger.hold`), kept on a connection of its own
+    for as long as the process runs, taken again whenever that connection is lost."""
+
+    def __init__(
+        self, ledger: CrashLedger, connect: Callable[[], Awaitable[asyncpg.Connection[Any]]]
+    ) -> None:
+        self._ledger = ledger
+        self._connect = connect
+        self._conn: asyncpg.Connection[Any] | None = None
+        self._stopped = False
+
+    async def keep(self, every: float = 1.0) -> None:
+        """Hold the lock until :meth:`stop` (a task)."""
+        while not self._stopped:
+            if self._conn is None or self._conn.is_closed():
+                self._conn = None
+                try:
+                    conn = await self._connect()
+                    await asyncio.wait_for(self._ledger.hold(conn), every * 5)
+                except Exception:  # the database is away: try again
+                    pass
+                else:
+                    self._conn = conn
+            await asyncio.sleep(every)
+
+    async def stop(self) -> None:
+        """A graceful stop: remove this process's marks (nothing of it died), let the lock go."""
+        self._stopped = True
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            await asyncio.wait_for(self._ledger.clear_own(conn), 5)
+        except Exception:  # the database is away: a dead owner's mark counts once, no more
+            pass
+        finally:
+            conn.terminate()

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from consumer.errors import ConfigError, DatabaseUnavailable
+from consumer.errors import ConfigError, DatabaseStalled, DatabaseUnavailable
 from consumer.redact import scrub
 from consumer.settings import Settings
 from consumer.tls import database_connector, database_dsn
@@ -94,7 +94,7 @@ async def guarded(
         if not deadline.expired():
             raise
         conn.terminate()
-        raise DatabaseUnavailable(f"the database did not answer within {within:g}s") from None
+        raise DatabaseStalled(f"the database did not answer within {within:g}s") from None
 
 
 async def _guarded_with_locks(
@@ -117,29 +117,22 @@ async def _guarded_with_locks(
         return await step
     except Exception:
         if stalled:
-            raise DatabaseUnavailable(f"the database did not answer within {within:g}s") from None
+            raise DatabaseStalled(f"the database did not answer within {within:g}s") from None
         raise
     finally:
         watcher.cancel()
-
-
-# Receipts commit only in a sealed transaction (sql/004): a COMMIT a handler runs is refused. In an
-# aborted transaction (a handler swallowed a database error) the seal itself fails, where COMMIT
-# would answer ROLLBACK without an error: so nothing is ever taken for committed that was not.
-_SEAL = "SELECT set_config('consumer.sealed', 'yes', true)"
 
 
 @asynccontextmanager
 async def guarded_transaction(
     conn: asyncpg.Connection[Any], *, within: float
 ) -> AsyncIterator[None]:
-    """A transaction whose BEGIN, COMMIT and ROLLBACK are each :func:`guarded`, sealed before its
-    COMMIT. Raises ``asyncpg.InFailedSQLTransactionError`` instead of committing an aborted one."""
+    """A transaction whose BEGIN, COMMIT and ROLLBACK are each :func:`guarded`. Its receipts
+    commit only if it is sealed first (:meth:`consumer.receipts.Receipts.seal`)."""
     transaction = conn.transaction()
     await guarded(conn, transaction.start(), within=within)
     try:
         yield
-        await guarded(conn, conn.execute(_SEAL), within=within)
     except BaseException:
         if not _closed(conn):
             await guarded(conn, transaction.rollback(), within=within)
@@ -188,6 +181,7 @@ class Database:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._pool: asyncpg.Pool[Any] | None = None
+        self.server_started: object = None
 
     async def __aenter__(self) -> Database:
         if self._pool is not None:
@@ -246,16 +240,32 @@ class Database:
         """Raise :class:`DatabaseUnavailable` unless the database answers on a new connection.
 
         A new connection, not a pooled one: the pool's may all be busy or stuck on a server that
-        stopped answering, and what matters is whether a fresh session can be had now.
+        stopped answering, and what matters is whether a fresh session can be had now. Notes when
+        the server started (:attr:`server_started`): a restart since tells an outage apart from
+        an event that kills its own backend.
         """
         connect = database_connector(self._settings)
         try:
             async with asyncio.timeout(PROBE_TIMEOUT):
                 conn = await connect(database_dsn(self._settings), timeout=PROBE_TIMEOUT)
                 try:
-                    await conn.fetchval("SELECT 1")
+                    self.server_started = await conn.fetchval("SELECT pg_postmaster_start_time()")
                 finally:
                     conn.terminate()
+        except _CONFIG_ERRORS as error:
+            raise ConfigError(f"CONSUMER_DATABASE_URL: {describe_database_error(error)}") from None
+        except _CONNECT_ERRORS as error:
+            raise DatabaseUnavailable(describe_database_error(error)) from error
+
+    async def connect_one(self) -> asyncpg.Connection[Any]:
+        """A connection of its own, outside the pool (the caller closes it)."""
+        connect = database_connector(self._settings)
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT):
+                conn: asyncpg.Connection[Any] = await connect(
+                    database_dsn(self._settings), timeout=PROBE_TIMEOUT
+                )
+                return conn
         except _CONFIG_ERRORS as error:
             raise ConfigError(f"CONSUMER_DATABASE_URL: {describe_database_error(error)}") from None
         except _CONNECT_ERRORS as error:

@@ -105,14 +105,17 @@ class Dispatcher:
         self.database_down.set()
         return True
 
-    def resume(self) -> int:
-        """The database answers again: route what was held. Returns how many."""
+    def resume(self, *, restarted: bool = False) -> int:
+        """The database answers again: route what was held. Returns how many. ``restarted``: the
+        server restarted meanwhile, so the connections that broke were not the events' doing."""
         state = self.state
         state.generation += 1
         state.phase = Phase.ACCEPTING
         self.database_down.clear()
         held, self._held = self._held, []
         for delivery in held:
+            if restarted:
+                delivery.connection_losses = 0
             if delivery.channel_open:
                 self._route(delivery)
         return len(held)

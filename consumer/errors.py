@@ -18,6 +18,7 @@
     │       ├── CrashedRepeatedly        processes died while it was being applied alone
     │       └── ConnectionLostRepeatedly its database connection broke each time it was applied
     ├── DatabaseUnavailable    the database cannot be reached: pause, count no attempt
+    │   └── DatabaseStalled    it stopped answering the service's own statement in time
     ├── PipelineFault          the service itself cannot work (no receipts table): it stops
     └── PublishFailed          the broker did not confirm a publish: return the original
         └── Unroutable         no queue is bound for the routing key
@@ -95,7 +96,8 @@ class SwallowedDatabaseError(PermanentError):
 
 
 class HandlerEndedTransaction(PermanentError):
-    """The handler ran COMMIT or ROLLBACK on the service's transaction."""
+    """The handler ran COMMIT or ROLLBACK on the service's transaction (and perhaps began one of
+    its own), or fired the commit check early (``SET CONSTRAINTS ALL IMMEDIATE``)."""
 
     @classmethod
     def for_handler(cls, handler: str) -> HandlerEndedTransaction:
@@ -103,6 +105,14 @@ class HandlerEndedTransaction(PermanentError):
             f"{handler} ended the service's transaction (COMMIT or ROLLBACK), so its receipt "
             "and its effect no longer commit together: never end the transaction in a handler; "
             "`async with conn.transaction():` gives a savepoint"
+        )
+
+    @classmethod
+    def constraints_all_immediate(cls, handler: str) -> HandlerEndedTransaction:
+        return cls(
+            f"{handler} made every deferred constraint immediate (SET CONSTRAINTS ALL "
+            "IMMEDIATE), which fires the service's check that receipts commit only with its own "
+            "COMMIT: name the constraints instead (SET CONSTRAINTS my_fkey IMMEDIATE)"
         )
 
 
@@ -127,6 +137,11 @@ class ConnectionLostRepeatedly(PermanentError):
 
 class DatabaseUnavailable(ConsumerError):
     """The database cannot be reached; the service pauses instead of failing events."""
+
+
+class DatabaseStalled(DatabaseUnavailable):
+    """The database stopped answering one of the service's own statements in time (frozen,
+    partitioned): the server's state, never the event's doing."""
 
 
 class PipelineFault(ConsumerError):

@@ -12,9 +12,11 @@ from typing import Any
 import asyncpg
 
 from consumer.calls import connection_lost
+from consumer.delivery import Delivery
 from consumer.errors import (
     ConfigError,
     ConnectionLostRepeatedly,
+    DatabaseStalled,
     DatabaseUnavailable,
     ErrorKind,
     HandlerEndedTransaction,
@@ -27,7 +29,13 @@ from consumer.outcome import Failed
 from consumer.prepare import Ready
 from consumer.retry import DeadLetter, DeadLetterReason, RetryPolicy
 
-__all__ = ["Judge", "own_fault", "raise_if_connection_lost", "raise_unless_the_events_fault"]
+__all__ = [
+    "Judge",
+    "aborted_before",
+    "own_fault",
+    "raise_if_connection_lost",
+    "raise_unless_the_events_fault",
+]
 
 
 class Judge:
@@ -36,13 +44,14 @@ class Judge:
     def __init__(self, policy: RetryPolicy) -> None:
         self._policy = policy
 
-    def failed(self, item: Ready, error: BaseException, *, alone: bool = False) -> Failed:
-        """The verdict on ``item`` failing with ``error``. ``alone``: it was applied on its own,
-        so a broken connection counts against it (:data:`~consumer.retry.MAX_CONNECTION_LOSSES`)."""
-        delivery = item.delivery
+    def failed(self, delivery: Delivery, error: BaseException, *, alone: bool = False) -> Failed:
+        """The verdict on ``delivery`` failing with ``error``. ``alone``: it was applied on its
+        own, so a connection that broke under it counts against it
+        (:data:`~consumer.retry.MAX_CONNECTION_LOSSES`; a stalled server does not, and a
+        restart is forgiven at the resume)."""
         if classify(error) is ErrorKind.UNAVAILABLE:
             delivery.alone = True  # which of its batch broke it is not known: each alone next
-            if alone:
+            if alone and not isinstance(error, DatabaseStalled):
                 delivery.connection_losses += 1
         attempts = attempts_so_far(delivery.headers)
         decision = self._policy.decide(error, attempts, delivery.connection_losses)
@@ -53,10 +62,9 @@ class Judge:
             )
         return Failed(error, decision, attempts)
 
-    def stalled(self, item: Ready, timeout: BaseException, down: BaseException) -> Failed:
-        """The verdict on ``item`` whose time limit ran out while, a probe says, the database
+    def stalled(self, delivery: Delivery, timeout: BaseException, down: BaseException) -> Failed:
+        """The verdict on ``delivery`` whose time limit ran out while, a probe says, the database
         does not answer (``down``): the policy's decision with that knowledge."""
-        delivery = item.delivery
         attempts = attempts_so_far(delivery.headers)
         decision = self._policy.decide(
             timeout, attempts, delivery.connection_losses, database_answers=False
@@ -70,6 +78,20 @@ def own_fault(error: Exception, item: Ready) -> Exception:
     if isinstance(error, asyncpg.InFailedSQLTransactionError):
         return SwallowedDatabaseError.for_handler(item.handler.qualname)
     return error
+
+
+def aborted_before(error: BaseException) -> bool:
+    """Whether ``error`` is, or was raised from, a statement refused because the transaction was
+    already aborted: then an earlier handler swallowed a database error, not this one (a handler
+    may well wrap database errors in its own)."""
+    seen: BaseException | None = error
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, asyncpg.InFailedSQLTransactionError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def raise_unless_the_events_fault(conn: asyncpg.Connection[Any], error: Exception) -> None:

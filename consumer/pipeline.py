@@ -25,7 +25,12 @@ from consumer.batch import BatchEngine
 from consumer.database import Database
 from consumer.delivery import Delivery
 from consumer.envelope import Poison
-from consumer.errors import DatabaseUnavailable, timed_out
+from consumer.errors import (
+    CrashedRepeatedly,
+    DatabaseUnavailable,
+    HardTimeLimitExceeded,
+    timed_out,
+)
 from consumer.headers import attempts_so_far
 from consumer.judge import Judge
 from consumer.outcome import Applied, Failed, Outcome, Rejected, Verdict
@@ -83,13 +88,32 @@ class Pipeline:
 
     async def process_alone(self, delivery: Delivery) -> Outcome:
         """The verdict for a delivery applied alone, marked in progress (:mod:`consumer.crashes`):
-        it came back after a process died or its database connection broke."""
+        it came back after a process died or its database connection broke. The mark is taken
+        before any of the handler's code runs, its payload model's validators included."""
+        envelope = self._preparer.envelope(delivery)
+        if isinstance(envelope, Poison):
+            return Outcome(delivery, Rejected(envelope))
+        mark = await self._alone.mark(delivery, envelope.event_id)
+        if isinstance(mark, Failed):
+            return Outcome(delivery, mark, envelope)
+        conviction = mark.conviction()
+        if conviction is not None:
+            # Dead-lettered without running again; the mark goes once the copy is confirmed.
+            return Outcome(delivery, self._judge.failed(delivery, conviction), envelope)
         prepared = self._preparer.prepared(delivery)
         if isinstance(prepared, Poison):
+            await self._alone.clear(envelope.event_id)
             return Outcome(delivery, Rejected(prepared))
         item = Ready(delivery, prepared.handler, prepared.event)
         (verdict,) = await self._unless_stalled([item], [await self._alone.apply_marked(item)])
         return Outcome(delivery, verdict, item.event, item.handler_seconds)
+
+    async def dead_lettered(self, outcome: Outcome) -> None:
+        """A copy of ``outcome``'s event is confirmed in the dead-letter queue: a conviction's
+        mark can go now (before, a refused copy would have let the culprit run again)."""
+        verdict = outcome.verdict
+        if isinstance(verdict, Failed) and _convicted(verdict.error) and outcome.event is not None:
+            await self._alone.clear(outcome.event.event_id)
 
     async def _unless_stalled(self, items: list[Ready], verdicts: list[Verdict]) -> list[Verdict]:
         """A handler that timed out may have waited on a database that stopped answering (a
@@ -100,12 +124,16 @@ class Pipeline:
             await self._database.probe()
         except DatabaseUnavailable as down:
             return [
-                self._judge.stalled(item, verdict.error, down)
+                self._judge.stalled(item.delivery, verdict.error, down)
                 if isinstance(verdict, Failed) and timed_out(verdict.error)
                 else verdict
                 for item, verdict in zip(items, verdicts, strict=True)
             ]
         return verdicts
+
+
+def _convicted(error: BaseException) -> bool:
+    return isinstance(error, HardTimeLimitExceeded | CrashedRepeatedly)
 
 
 def _later_copy(first: Verdict, attempts: int) -> Verdict:

@@ -5,18 +5,22 @@ Internal: the service's first step for every delivery (see the README's "How it 
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+from uuid import UUID
 
 from pydantic import ValidationError
 
+from consumer.calls import HandlerCall, HandlerCalls
 from consumer.delivery import Delivery
 from consumer.envelope import (
     Envelope,
     EnvelopeParser,
     Poison,
     PoisonReason,
+    RawEnvelope,
     check_content_type,
     one_line,
 )
@@ -58,11 +62,16 @@ class Ready:
 class Preparer:
     """Parses and binds deliveries; any exception on the way is poison, never an unsettled
     delivery (pydantic lets through what a validator raises other than ``ValueError`` and
-    ``AssertionError``)."""
+    ``AssertionError``). A handler's payload model is the handler's code: its validators run as
+    a registered call (:mod:`consumer.calls`), so that the watchdog can name an event whose
+    validator blocks the event loop."""
 
-    def __init__(self, registry: HandlerRegistry, parser: EnvelopeParser) -> None:
+    def __init__(
+        self, registry: HandlerRegistry, parser: EnvelopeParser, calls: HandlerCalls | None = None
+    ) -> None:
         self._registry = registry
         self._parser = parser
+        self._calls = calls or HandlerCalls()
         # Per event type, the envelope model with the handler's payload model in it: a valid
         # event is validated in one pass; any other goes the long way, which says what is wrong.
         self._typed: dict[str, tuple[Handler, type[Envelope[Any]]]] = {}
@@ -86,19 +95,52 @@ class Preparer:
                 )
         return delivery.prepared
 
-    def _prepare(self, delivery: Delivery) -> Prepared:
+    def envelope(self, delivery: Delivery) -> RawEnvelope | Poison:
+        """The delivery's envelope by the service's own model alone (no handler's code runs):
+        enough to know which event it is."""
+        try:
+            return self._parser.validate(self._decoded(delivery))
+        except Poison as poison:
+            return poison
+
+    def _decoded(self, delivery: Delivery) -> dict[str, Any]:
         check_content_type(delivery.content_type, delivery.content_encoding)
         self._parser.check_headers(delivery.headers)
-        decoded = self._parser.decode(delivery.body)
+        return self._parser.decode(delivery.body)
+
+    def _prepare(self, delivery: Delivery) -> Prepared:
+        decoded = self._decoded(delivery)
         event_type = decoded.get("type")
         typed = self._typed.get(event_type) if isinstance(event_type, str) else None
         if typed is not None:
             handler, model = typed
             try:
-                event = model.model_validate(decoded)
+                with self._validating(handler, decoded, delivery):
+                    event = model.model_validate(decoded)
             except ValidationError:
                 pass
             else:
                 self._parser.check_skew(event)
                 return Prepared(handler, event)
-        return Prepared(*self._registry.resolve(self._parser.validate(decoded)))
+        raw = self._parser.validate(decoded)
+        handler = self._registry.handler_for(raw)
+        with self._validating(handler, decoded, delivery):
+            return Prepared(handler, handler.bind(raw))
+
+    @contextmanager
+    def _validating(
+        self, handler: Handler, decoded: dict[str, Any], delivery: Delivery
+    ) -> Iterator[None]:
+        try:
+            event_id = UUID(str(decoded.get("event_id")))
+        except ValueError:
+            yield  # no event to name: the envelope is poison anyway
+            return
+        call = HandlerCall(
+            handler=f"{handler.qualname} (payload validation)",
+            event_type=handler.event_type,
+            event_ids=(event_id,),
+            message_id=delivery.message_id,
+        )
+        with self._calls.entered(call):
+            yield

@@ -105,7 +105,20 @@ class Publisher:
             except TimeoutError:
                 if not await self._blocked():
                     raise
-            await self._channel.connection.ready()
+            await self._until_unblocked()
+
+    async def _until_unblocked(self) -> None:
+        """Until the broker unblocks the connection; a connection that closes meanwhile is never
+        unblocked (its own frame would say so), and fails the publish."""
+        ready = asyncio.ensure_future(self._channel.connection.ready())
+        closing = self._channel.closing
+        try:
+            await asyncio.wait({ready, closing}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+            closing.cancel()
+        if closing.done() and not ready.done():
+            raise ConnectionError("the connection closed while the broker blocked it")
 
     async def _blocked(self) -> bool:
         """Whether the broker has blocked this connection (``connection.blocked``)."""

@@ -17,7 +17,7 @@ from consumer.database import Guard
 from consumer.envelope import Envelope
 from consumer.errors import ErrorKind, PipelineFault, classify
 
-__all__ = ["Receipts"]
+__all__ = ["Receipts", "TransactionLost"]
 
 _INSERT_ONE = """
 INSERT INTO receipts (consumer, event_id, type) VALUES ($1, $2, $3)
@@ -36,6 +36,23 @@ RETURNING event_id
 """
 
 _EXISTS = "SELECT EXISTS (SELECT FROM receipts WHERE consumer = $1 AND event_id = $2)"
+
+# Receipts commit only in a sealed transaction (sql/004): a COMMIT a handler runs is refused. The
+# seal is set only if every receipt this transaction inserted is still in it: a handler that
+# rolled the transaction back and began another leaves them gone, and its transaction unsealed.
+# In an aborted transaction (a handler swallowed a database error) the seal itself fails, where
+# COMMIT would answer ROLLBACK without an error. So nothing is ever taken for committed that was
+# not, and no effect commits without its receipt.
+_SEAL = """
+SELECT set_config('consumer.sealed', 'yes', true)
+WHERE (SELECT count(*) FROM receipts WHERE consumer = $1 AND event_id = ANY($2::uuid[]))
+    = cardinality($2::uuid[])
+"""
+
+
+class TransactionLost(Exception):
+    """The transaction no longer holds the receipts it inserted: a handler ended it (and perhaps
+    began another). Nothing of it may commit."""
 
 
 class Receipts:
@@ -68,6 +85,14 @@ class Receipts:
             _stop_if_broken(error)
             raise
         return {row[0] for row in rows}
+
+    async def seal(self, conn: asyncpg.Connection[Any], fresh: Sequence[UUID]) -> None:
+        """Seal the transaction for its COMMIT, given the event ids whose receipts it inserted;
+        :class:`TransactionLost` if they are gone, ``asyncpg.InFailedSQLTransactionError`` if a
+        handler left it aborted."""
+        sealed = await self._guard.run(conn, conn.fetchval(_SEAL, self._consumer, list(fresh)))
+        if sealed is None:
+            raise TransactionLost("the transaction's receipts are gone: a handler ended it")
 
     async def exists(self, conn: asyncpg.Connection[Any], event_id: UUID) -> bool:
         query = conn.fetchval(_EXISTS, self._consumer, event_id)

@@ -205,11 +205,16 @@ class HandlerRegistry(Mapping[str, Handler]):
     def __len__(self) -> int:
         return len(self._by_type)
 
-    def resolve(self, raw: RawEnvelope) -> tuple[Handler, Envelope[Any]]:
-        """The handler for an envelope and the envelope bound to its payload model, or Poison."""
+    def handler_for(self, raw: RawEnvelope) -> Handler:
+        """The handler for an envelope's type, or :class:`Poison` (``unknown_type``)."""
         handler = self._by_type.get(raw.type)
         if handler is None:
             raise Poison(PoisonReason.UNKNOWN_TYPE, f"no handler for type {raw.type!r}")
+        return handler
+
+    def resolve(self, raw: RawEnvelope) -> tuple[Handler, Envelope[Any]]:
+        """The handler for an envelope and the envelope bound to its payload model, or Poison."""
+        handler = self.handler_for(raw)
         return handler, handler.bind(raw)
 
 

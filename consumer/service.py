@@ -24,6 +24,7 @@ import aiormq
 from consumer.amqp import BrokerRejected, BrokerUnreachable
 from consumer.backoff import Backoff
 from consumer.broker import BrokerSession, ConnectionLost
+from consumer.crashes import Liveness
 from consumer.database import Database
 from consumer.delivery import Delivery
 from consumer.dispatch import Dispatcher, Phase
@@ -73,6 +74,7 @@ class Service:
         dispatcher: Dispatcher,
         workers: Workers,
         settler: Settler,
+        liveness: Liveness,
         logger: Logger,
         metrics: Metrics,
     ) -> None:
@@ -83,6 +85,7 @@ class Service:
         self._dispatcher = dispatcher
         self._workers = workers
         self._settler = settler
+        self._liveness = liveness
         self._logger = logger
         self._metrics = metrics
         self._session: BrokerSession | None = None
@@ -105,6 +108,7 @@ class Service:
                 for index, inbox in enumerate(self._dispatcher.inboxes)
             ]
             self._tasks.append(asyncio.create_task(self._workers.lane(), name="lane"))
+            self._tasks.append(asyncio.create_task(self._liveness.keep(), name="liveness"))
             for task in self._tasks:
                 task.add_done_callback(self._task_ended)
             try:
@@ -199,6 +203,7 @@ class Service:
         delivery limit. A shutdown or a lost channel returns them once.
         """
         self._logger.warning("paused", holding=self._dispatcher.held)
+        started = self._database.server_started
         backoff = Backoff(0.25, self._settings.reconnect_max_delay.total_seconds())
         while not stop.is_set() and self._fatal is None and not session.closed.done():
             try:
@@ -210,9 +215,12 @@ class Service:
                 )
                 await _wait(stop, delay, session.closed, self._fatal_event)
                 continue
-            held = self._dispatcher.resume()
+            restarted = started is not None and self._database.server_started != started
+            held = self._dispatcher.resume(restarted=restarted)
             self._metrics.paused.set(0)
-            self._logger.info("database answers again, resuming", held=held)
+            self._logger.info(
+                "database answers again, resuming", held=held, server_restarted=restarted
+            )
             return
 
     # -- broker -------------------------------------------------------------------------------
@@ -299,6 +307,7 @@ class Service:
                 "shutdown grace expired; unfinished deliveries go back to the queue",
                 in_flight=self._workers.busy,
             )
+        await self._liveness.stop()
 
     async def _on_delivery(self, delivery: Delivery) -> None:
         if delivery.redelivered:

@@ -78,12 +78,19 @@ class LoopWatchdog:
             await asyncio.sleep(self._interval)
 
     def _watch(self) -> None:
+        seen: HandlerCall | None = None
         while not self._stopped.wait(self._interval):
             blocked = time.monotonic() - self._beat
             if blocked <= self._limit:
+                seen = None
                 continue
             assert self._loop is not None
             call = self._calls.running(self._loop)
+            if call is not None and call is not seen:
+                # The heartbeat can be up to an interval old: the call that blocked past the
+                # limit is the one still running at the next look, not one that just began.
+                seen = call
+                continue
             convicted = False
             # Only a call of one event names its culprit; a batch handler's call is applied again
             # event by event after the restart, where a second block names the event.

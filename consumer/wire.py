@@ -86,7 +86,8 @@ def _headers_table(original: Decoder) -> Decoder:
             return original(value)
         except Exception as error:
             detail = f"unreadable headers ({type(error).__name__})"
-            return _skip(value), {"consumer-unreadable-headers": UnreadableHeader(detail)}
+            # Not under the service's own consumer- prefix: a producer's are dropped on arrival.
+            return _skip(value), {"unreadable-headers": UnreadableHeader(detail)}
 
     total.__wrapped__ = original  # type: ignore[attr-defined]
     return total

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from consumer.delivery import Delivery
 from consumer.dispatch import Dispatcher
 from consumer.inbox import Inbox
-from consumer.outcome import Failed, Outcome
+from consumer.outcome import Failed, Outcome, OutcomeKind
 from consumer.pipeline import Pipeline
 from consumer.report import OutcomeReporter
 from consumer.settle import Settler
@@ -60,9 +60,12 @@ class Workers:
             try:
                 async with lane.batch():
                     live = await self._dispatcher.admit(batch)
-                    if live:
-                        generation = self._dispatcher.state.generation
-                        await self._settle(await self._pipeline.process(live), generation)
+                    generation = self._dispatcher.state.generation
+                    outcomes = await self._pipeline.process(live) if live else []
+                # Settling runs no handler's code: the lane need not wait for it (a copy can wait
+                # long for its confirm, while the broker blocks publishing).
+                if outcomes:
+                    await self._settle(outcomes, generation)
             finally:
                 self._leave()
 
@@ -93,8 +96,10 @@ class Workers:
                 if self._dispatcher.pause(generation):
                     self._on_pause(verdict.error)
                 await self._dispatcher.place(outcome.delivery)
-            else:
-                self._reporter.report(outcome, result)
+                continue
+            self._reporter.report(outcome, result)
+            if result.kind is OutcomeKind.DEAD_LETTERED and not result.channel_gone:
+                await self._pipeline.dead_lettered(outcome)
 
     def _enter(self) -> None:
         self._busy += 1

@@ -1,4 +1,6 @@
--- A receipt commits only with the service's own COMMIT. A handler that runs COMMIT itself would
+-- A receipt commits only with the service's own COMMIT. (A deferred check fires early on SET
+-- CONSTRAINTS ALL IMMEDIATE too, which handlers must therefore not run: they name their
+-- constraints instead.) A handler that runs COMMIT itself would
 -- otherwise commit the receipts of its whole batch, including those of events whose handlers have
 -- not run yet: acked later as duplicates, they would have no effect. The service seals each
 -- transaction just before its COMMIT (a transaction-local setting); a COMMIT without the seal is
@@ -10,7 +12,8 @@ BEGIN
     IF current_setting('consumer.sealed', true) IS DISTINCT FROM 'yes' THEN
         RAISE EXCEPTION 'receipts commit only with the consumer''s own COMMIT'
             USING ERRCODE = 'invalid_transaction_termination',
-                  HINT = 'a handler must not COMMIT or ROLLBACK; use a savepoint';
+                  HINT = 'a handler must not COMMIT, ROLLBACK or SET CONSTRAINTS ALL IMMEDIATE '
+                         '(name its constraints instead); use a savepoint';
     END IF;
     RETURN NULL;
 END

@@ -1,4 +1,5 @@
-"""Review reproduction: a retry publish waiting out a broker alarm, whose connection then closes.
+"""Found in review, now a regression test. The defect was: a retry publish waiting out a broker
+alarm, whose connection then closes.
 
 ``Publisher._confirmed`` waits for ``connection.ready()`` with no bound while the broker blocks the
 publishing connection. aiormq's "unblocked" event is only ever set again by a
@@ -51,7 +52,7 @@ async def _metric(service: ServiceProcess, name: str, **labels: str) -> float:
         return -1
 
 
-async def test_review_a_blocked_publish_whose_connection_closes_stalls_the_service(
+async def test_a_blocked_publish_whose_connection_closes_fails_and_the_service_goes_on(
     env: TestEnv, rabbit: ThrowawayRabbit
 ) -> None:
     env = dataclasses.replace(env, amqp_url=rabbit.url, topologies=[])

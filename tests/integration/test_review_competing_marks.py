@@ -1,4 +1,5 @@
-"""Review reproduction: crash-attribution marks of competing consumers count as deaths.
+"""Found in review, now a regression test. The defect was: crash-attribution marks of competing
+consumers count as deaths.
 
 ``CrashLedger.begin`` (sql in consumer/crashes.py) adds a crash whenever the mark's owner differs,
 without knowing whether that owner is alive: three processes applying copies of one redelivered
@@ -16,7 +17,6 @@ import aio_pika
 
 from tests.servers import free_port
 from tests.support import (
-    Producer,
     ServiceProcess,
     TestEnv,
     behave,
@@ -25,11 +25,11 @@ from tests.support import (
 )
 
 
-async def test_review_three_live_consumers_convict_a_duplicate_as_crashed(env: TestEnv) -> None:
+async def test_live_consumers_applying_one_event_never_count_as_crashes(env: TestEnv) -> None:
     settings = {"prefetch": "1", "db_pool_size": "1"}
     await env.apply_topology(**settings)
     event_id = uuid.uuid4()
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         for _ in range(3):  # a producer that retried its publish twice
             await producer.send("test.behave", behave("dup", sleep_s=3), event_id=event_id)
 

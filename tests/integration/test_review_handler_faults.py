@@ -1,4 +1,5 @@
-"""Review reproductions: handler faults (or legitimate SQL) that fail or lose an innocent event.
+"""Found in review, now regression tests. The defects were: handler faults (or legitimate SQL) that
+fail or lose an innocent event.
 
 Effects are rows in ``test_effects`` (no unique key).
 """
@@ -80,7 +81,7 @@ def dead_ids(
     }
 
 
-async def test_review_an_innocent_that_wraps_database_errors_is_blamed_for_a_swallowed_one(
+async def test_an_innocent_that_wraps_database_errors_is_not_blamed_for_a_swallowed_one(
     own: TestEnv,
 ) -> None:
     """A batch: a culprit swallows a database error (the transaction is now aborted), then an
@@ -108,33 +109,34 @@ async def test_review_an_innocent_that_wraps_database_errors_is_blamed_for_a_swa
 
 
 @pytest.mark.parametrize("batch_size", ["1", "50"])
-async def test_review_set_constraints_all_immediate_dead_letters_an_innocent_handler(
+async def test_set_constraints_all_immediate_is_named_and_costs_its_batch_nothing(
     own: TestEnv, batch_size: str
 ) -> None:
-    """``SET CONSTRAINTS ALL IMMEDIATE`` (checking deferred constraints early) fires the
-    deferred seal trigger of sql/004 at once, unsealed: the handler's statement fails with
-    invalid_transaction_termination, classified permanent, so the event is dead-lettered,
-    although the handler neither commits nor rolls back."""
+    """``SET CONSTRAINTS ALL IMMEDIATE`` fires the deferred commit check of sql/004 at once
+    (no deferred check can tell it from a COMMIT), so the contract forbids it: the handler's
+    event is dead-lettered with an error that says to name the constraints, and its batch-mates
+    are applied once."""
     env = own
     settings = {"batch_size": batch_size, "db_pool_size": "1"}
     await env.apply_topology(**settings)
-    innocent = event("review.immediate", "innocent")
+    culprit = event("review.immediate", "culprit")
     plain = [("test.behave", behave(f"p{n}"), uuid.uuid4()) for n in range(3)]
     async with Producer(env.amqp_url, env.settings().exchange) as producer:
-        await producer.send_many([plain[0], innocent, *plain[1:]])
+        await producer.send_many([plain[0], culprit, *plain[1:]])
 
     service = await ServiceProcess(env, **settings).start().wait_ready()
     letters = await settle_and_read_dead(env, service, seconds=2)
     dead = dead_ids(letters)
     effects = await effects_by_event(env)
-    print("dead:", dead, "effects:", effects)
-    print([m.headers.get(h.ERROR_MESSAGE) for m in letters])
     await service.stop()
-    assert innocent[2] not in dead, f"innocent dead-lettered: {dead[innocent[2]]}"
-    assert effects.get(innocent[2]) == 1
+    assert set(dead) == {culprit[2]}
+    [letter] = letters
+    assert letter.headers[h.ERROR_CLASS] == "HandlerEndedTransaction"
+    assert "SET CONSTRAINTS ALL IMMEDIATE" in str(letter.headers[h.ERROR_MESSAGE])
+    assert effects == dict.fromkeys([event_id for *_, event_id in plain], 1)
 
 
-async def test_review_rollback_then_begin_in_a_handler_acks_batch_mates_without_effect(
+async def test_a_handler_that_rolls_back_and_begins_again_fails_alone(
     own: TestEnv,
 ) -> None:
     """A handler that runs ROLLBACK then BEGIN ends "in a transaction", so

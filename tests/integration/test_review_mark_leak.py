@@ -1,4 +1,5 @@
-"""Review reproduction: a crash-attribution mark left behind by a process that did not die.
+"""Found in review, now a regression test. The defect was: a crash-attribution mark left behind by a
+process that did not die.
 
 ``Pipeline._apply_marked`` commits the mark, then applies the event in a transaction that clears
 it. If that transaction does not finish (the database connection breaks: the service pauses and
@@ -19,7 +20,7 @@ import asyncpg
 
 from tests.conftest import make_template
 from tests.servers import ThrowawayPostgres
-from tests.support import Producer, ServiceProcess, TestEnv, behave, drain_queue
+from tests.support import ServiceProcess, TestEnv, behave, drain_queue
 
 
 async def _calls(dsn: str, event_id: uuid.UUID) -> int:
@@ -56,7 +57,7 @@ async def _wait_paused(service: ServiceProcess) -> None:
     raise AssertionError("never paused")
 
 
-async def test_review_graceful_stops_during_outages_convict_an_innocent_as_crashed(
+async def test_graceful_stops_during_database_restarts_never_count_as_crashes(
     env: TestEnv, postgres: ThrowawayPostgres
 ) -> None:
     await make_template(postgres.admin_dsn, "consumer")
@@ -65,7 +66,7 @@ async def test_review_graceful_stops_during_outages_convict_an_innocent_as_crash
     settings = {"handler_timeout": "10s", "hard_timeout": "15s"}
     await env.apply_topology(**settings)
     event_id = uuid.uuid4()
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         await producer.send("test.behave", behave("slow", sleep_s=2), event_id=event_id)
 
     service = await ServiceProcess(env, "p1", **settings).start().wait_ready()

@@ -1,6 +1,6 @@
-"""Review reproduction: PostgreSQL restarts while a slow, innocent handler runs are counted as the
-event breaking its own connection (``Pipeline._failed(alone=True)``), and after three it is
-dead-lettered ``connection_lost``.
+"""Found in review, now a regression test. The defect was: PostgreSQL restarts while a slow,
+innocent handler runs are counted as the event breaking its own connection
+(``Pipeline._failed(alone=True)``), and after three it is dead-lettered ``connection_lost``.
 
 ``_apply_alone`` (a batch of one, which is what an idle worker takes) and ``_apply_marked`` both
 pass ``alone=True``; nothing tells a server restart (every backend gone, the database answering
@@ -19,7 +19,6 @@ import asyncpg
 from tests.conftest import make_template
 from tests.servers import ThrowawayPostgres
 from tests.support import (
-    Producer,
     ServiceProcess,
     TestEnv,
     behave,
@@ -43,7 +42,7 @@ async def _calls(dsn: str, event_id: uuid.UUID) -> int:
         await conn.close()
 
 
-async def test_review_three_database_restarts_dead_letter_an_innocent_slow_event(
+async def test_database_restarts_never_count_as_the_events_connection_losses(
     env: TestEnv, postgres: ThrowawayPostgres
 ) -> None:
     await make_template(postgres.admin_dsn, "consumer")
@@ -53,7 +52,7 @@ async def test_review_three_database_restarts_dead_letter_an_innocent_slow_event
     await env.apply_topology(**settings)
     service = await ServiceProcess(env, **settings).start().wait_ready()
     event_id = uuid.uuid4()
-    async with Producer(env.amqp_url) as producer:
+    async with env.producer() as producer:
         await producer.send("test.behave", behave("slow", sleep_s=3), event_id=event_id)
 
     restarts = 0

@@ -1,4 +1,5 @@
-"""Review reproduction: a payload validator that blocks the event loop escapes crash attribution.
+"""Found in review, now a regression test. The defect was: a payload validator that blocks the event
+loop escapes crash attribution.
 
 Parsing (the handler's payload model) runs in ``Service._route`` (the AMQP delivery callback's
 task) and, for a redelivered delivery, in ``Pipeline.process_alone`` *before* the mark is written
@@ -45,7 +46,7 @@ async def own(env: TestEnv) -> AsyncIterator[TestEnv]:
         await connection.close()
 
 
-async def test_review_a_blocking_payload_validator_takes_innocents_to_the_delivery_limit(
+async def test_a_blocking_payload_validator_is_named_and_dead_lettered_alone(
     own: TestEnv,
 ) -> None:
     env = own

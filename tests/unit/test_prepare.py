@@ -98,7 +98,12 @@ def test_prepare_agrees_with_parse_then_resolve(envelope: dict[str, Any], lenien
     preparer = LENIENT if lenient else FAST
     body = json.dumps(envelope).encode()
     delivery = SimpleNamespace(
-        content_type="application/json", content_encoding=None, headers={}, body=body, prepared=None
+        content_type="application/json",
+        content_encoding=None,
+        headers={},
+        body=body,
+        prepared=None,
+        message_id=None,
     )
     fast = _judge(lambda: _prepare(preparer, delivery))
     slow = _judge(lambda: _long_way(preparer, body))
@@ -115,7 +120,12 @@ def test_a_valid_reserve_takes_the_one_pass_model() -> None:
         }
     ).encode()
     delivery = SimpleNamespace(
-        content_type=None, content_encoding=None, headers={}, body=body, prepared=None
+        content_type=None,
+        content_encoding=None,
+        headers={},
+        body=body,
+        prepared=None,
+        message_id=None,
     )
     handler, event = _prepare(FAST, delivery)
     assert handler.event_type == "inventory.reserve"

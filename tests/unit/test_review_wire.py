@@ -1,5 +1,5 @@
-"""Review reproduction: an undecodable top-level header table is not poison for a producer's
-message.
+"""Found in review, now a regression test. The defect was: an undecodable top-level header table is
+not poison for a producer's message.
 
 ``consumer.wire._headers_table`` replaces a table it cannot decode with
 ``{"consumer-unreadable-headers": UnreadableHeader(...)}``; ``consumer.headers.trusted_headers``
@@ -21,7 +21,7 @@ from consumer.envelope import EnvelopeLimits, EnvelopeParser, Poison
 from consumer.headers import trusted_headers
 
 
-def test_review_an_unreadable_header_table_from_a_producer_is_not_poison() -> None:
+def test_an_unreadable_header_table_from_a_producer_is_poison() -> None:
     wire.install()
     entry = bytes([1]) + b"a" + b"Z" + b"xxxx"  # a field of an unknown type
     _, decoded = decode.METHODS["table"](struct.pack(">I", len(entry)) + entry)

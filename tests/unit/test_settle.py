@@ -1,0 +1,189 @@
+"""The one door: each verdict becomes exactly one broker action, against a recording channel."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+from pamqp.commands import Basic
+
+from consumer import headers as h
+from consumer.acker import Acker
+from consumer.delivery import Delivery
+from consumer.envelope import Poison, PoisonReason
+from consumer.errors import PermanentError, PublishFailed, TransientError
+from consumer.outcome import Applied, Failed, Outcome, OutcomeKind, Rejected
+from consumer.retry import DeadLetter, DeadLetterReason, Retry, Return
+from consumer.settle import Settler
+from topology.names import Names
+
+NAMES = Names(service="svc", ingress="events")
+
+
+class RecordingChannel:
+    """The consume channel: the acks and nacks the settler has the acker send."""
+
+    def __init__(self) -> None:
+        self.frames: list[tuple[str, int, bool]] = []
+        self.is_closed = False
+
+    async def basic_ack(self, tag: int, *, multiple: bool, wait: bool) -> None:
+        self.frames.append(("ack", tag, multiple))
+
+    async def basic_nack(self, tag: int, *, multiple: bool, requeue: bool, wait: bool) -> None:
+        self.frames.append(("nack-requeue" if requeue else "nack", tag, multiple))
+
+
+class RecordingPublisher:
+    """The publish channel: what was published where, or a refusal."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.published: list[tuple[str, str, dict[str, Any]]] = []
+        self.refuse = refuse
+
+    async def publish(
+        self, body: bytes, properties: Basic.Properties, *, exchange: str, routing_key: str
+    ) -> None:
+        if self.refuse:
+            raise PublishFailed("the broker did not confirm")
+        self.published.append((exchange, routing_key, dict(properties.headers or {})))
+
+
+def deliveries(channel: RecordingChannel, count: int) -> list[Delivery]:
+    acker = Acker(channel)
+    made = []
+    for tag in range(1, count + 1):
+        acker.received(tag)
+        properties = Basic.Properties(headers={}, message_id=f"m{tag}")
+        message = SimpleNamespace(
+            body=b"{}",
+            header=SimpleNamespace(properties=properties),
+            routing_key="t.x",
+            exchange="events",
+            delivery_tag=tag,
+            redelivered=False,
+        )
+        made.append(Delivery(cast(Any, message), acker))
+    return made
+
+
+def settled_as(frames: list[tuple[str, int, bool]], delivered: set[int]) -> dict[str, set[int]]:
+    """What the broker makes of the frames, in order (a multiple ack covers what is left)."""
+    outstanding = set(delivered)
+    result: dict[str, set[int]] = {}
+    for kind, tag, multiple in frames:
+        covered = {t for t in outstanding if t <= tag} if multiple else {tag}
+        outstanding -= covered
+        result.setdefault(kind, set()).update(covered)
+    return result
+
+
+def settler(publisher: RecordingPublisher | None) -> Settler:
+    made = Settler(names=NAMES, publish_failure_pause=0.0)
+    made.publisher = cast(Any, publisher)
+    return made
+
+
+NOW = datetime.now(UTC)
+PERMANENT = DeadLetterReason.PERMANENT_FAILURE
+
+
+async def test_every_kind_of_verdict_becomes_its_one_action() -> None:
+    channel, publisher = RecordingChannel(), RecordingPublisher()
+    d = deliveries(channel, 6)
+    outcomes = [
+        Outcome(d[0], Applied(False, NOW)),
+        Outcome(d[1], Applied(True, NOW)),
+        Outcome(d[2], Rejected(Poison(PoisonReason.NOT_JSON, "x"))),
+        Outcome(d[3], Failed(TransientError("t"), Retry(0, timedelta(seconds=1), 1), 0)),
+        Outcome(
+            d[4], Failed(PermanentError("p"), DeadLetter(DeadLetterReason.PERMANENT_FAILURE), 0)
+        ),
+        Outcome(d[5], Failed(ConnectionError("down"), Return(), 0)),
+    ]
+
+    settled = await settler(publisher).settle(outcomes)
+    await d[0].acker.send_all()
+
+    assert [s.kind for s in settled] == [
+        OutcomeKind.PROCESSED,
+        OutcomeKind.DUPLICATE,
+        OutcomeKind.POISON,
+        OutcomeKind.RETRIED,
+        OutcomeKind.DEAD_LETTERED,
+        None,  # held: not settled
+    ]
+    assert [(exchange, key) for exchange, key, _ in publisher.published] == [
+        ("svc.retry", "t.x"),
+        ("svc.dlx", "t.x"),
+    ]
+    retry_headers, dead_headers = (headers for *_, headers in publisher.published)
+    assert retry_headers[h.ATTEMPT] == 1
+    assert retry_headers[h.RETRY_RUNG] == "1s"
+    assert dead_headers[h.REASON] == "permanent_failure"
+    # acks for 1, 2 (joined into one multiple ack), 4 and 5 after their copies; the poison nacked;
+    # the held one untouched
+    assert settled_as(channel.frames, {1, 2, 3, 4, 5, 6}) == {
+        "ack": {1, 2, 4, 5},
+        "nack": {3},
+    }
+    assert ("nack", 3, False) in channel.frames
+    assert d[5].acker.unsettled == 1
+
+
+async def test_poison_from_a_validators_exception_is_published_with_its_class() -> None:
+    channel, publisher = RecordingChannel(), RecordingPublisher()
+    [delivery] = deliveries(channel, 1)
+    poison = Poison(PoisonReason.INVALID_PAYLOAD, "AttributeError: ...", "AttributeError")
+
+    [settled] = await settler(publisher).settle([Outcome(delivery, Rejected(poison))])
+    await delivery.acker.send_all()
+
+    assert settled.kind is OutcomeKind.POISON
+    [(exchange, _, headers)] = publisher.published
+    assert exchange == "svc.dlx"
+    assert headers[h.REASON] == "invalid_payload"
+    assert headers[h.ERROR_CLASS] == "AttributeError"
+    assert channel.frames == [("ack", 1, True)]
+
+
+async def test_a_copy_the_broker_refuses_returns_the_original_never_acks_it() -> None:
+    channel, publisher = RecordingChannel(), RecordingPublisher(refuse=True)
+    [delivery] = deliveries(channel, 1)
+    failed = Failed(PermanentError("p"), DeadLetter(DeadLetterReason.PERMANENT_FAILURE), 0)
+
+    [settled] = await settler(publisher).settle([Outcome(delivery, failed)])
+
+    assert settled.kind is OutcomeKind.RETURNED
+    assert settled.publish_error is not None
+    assert channel.frames == [("nack-requeue", 1, False)]
+
+
+@pytest.mark.parametrize("publisher", [RecordingPublisher(), None])
+async def test_a_closed_channel_settles_nothing_and_copies_nothing(
+    publisher: RecordingPublisher | None,
+) -> None:
+    channel = RecordingChannel()
+    [delivery] = deliveries(channel, 1)
+    channel.is_closed = True
+    failed = Failed(TransientError("t"), Retry(0, timedelta(seconds=1), 1), 0)
+
+    [settled] = await settler(publisher).settle([Outcome(delivery, failed)])
+
+    assert settled.channel_gone
+    assert channel.frames == []
+    assert publisher is None or publisher.published == []
+
+
+async def test_giving_back_is_a_single_nack_with_requeue() -> None:
+    channel = RecordingChannel()
+    first, second = deliveries(channel, 2)
+
+    assert (await settler(None).give_back(second)).kind is OutcomeKind.RETURNED
+    await asyncio.sleep(0)
+
+    assert channel.frames == [("nack-requeue", 2, False)]
+    assert first.acker.unsettled == 1

@@ -223,10 +223,13 @@ async def test_a_confirm_that_never_comes_in_time_returns_the_original_never_los
         return int(await fetchval(env.database_url, "SELECT count(*) FROM test_effects")) >= 5
 
     await wait_until(all_applied, timeout=60, what="every event applied")
-    assert await service.metric("consumer_publish_failures_total") >= 5
-    assert (
-        await service.metric("consumer_messages_total", type="test.behave", outcome="returned") >= 5
+    # (a confirm can still beat 1ms now and then: each failure is an original returned)
+    failures = await service.metric("consumer_publish_failures_total")
+    assert failures >= 1
+    returned = await service.metric(
+        "consumer_messages_total", type="test.behave", outcome="returned"
     )
+    assert returned == failures
 
     async def copies_back() -> bool:
         rungs = [env.names.rung(delay) for delay in env.settings().retry_delays]

@@ -364,10 +364,53 @@ async def service_throughput(
     return result
 
 
+async def _peer_throughput(
+    infra: Infra,
+    workload: Workload,
+    result: Measurement,
+    *,
+    app: str,
+    env: dict[str, str],
+    worker_argv: list[str],
+    extra: dict[str, object],
+) -> Measurement:
+    """Publish the workload through a peer's own client (``<app> publish``), then time its worker
+    draining it. ``env`` names the queue (``BENCH_QUEUE``) and the database
+    (``BENCH_DATABASE_URL``)."""
+    name = env["BENCH_QUEUE"]
+    dsn = env["BENCH_DATABASE_URL"]
+    system = result.system
+    try:
+        await infra.run_module(
+            app,
+            "publish",
+            str(workload.events),
+            str(workload.skus),
+            str(workload.seed),
+            env=env,
+            limit_s=600,
+        )
+        await infra.wait_for_depth(name, workload.events)
+        argv = [sys.executable, "-m", *worker_argv]
+        child = Child.spawn(system, argv, env, infra.log_file(f"{system}-{result.run}"))
+        try:
+            await drain(child, dsn, name, workload.events, result)
+        finally:
+            code = await child.stop()
+        result.extra = {
+            "exit_code": code,
+            **extra,
+            **await check_effects(dsn, system, workload.events),
+        }
+    finally:
+        await infra.drop_database(name)
+        await infra.sweep_broker(name)
+    return result
+
+
 async def celery_throughput(
     infra: Infra, workload: Workload, run: int, *, prefetch: int, concurrency: int = 2
 ) -> Measurement:
-    result = Measurement("celery", run, workload.events)
     name = infra.name(f"celery{run}")
     dsn = await infra.create_database(name, workload)
     env = infra.child_env(
@@ -381,47 +424,30 @@ async def celery_throughput(
     )
     await infra.note_celery_delayed_delivery()
     try:
-        await infra.run_module(
-            "bench.celery_app",
-            "publish",
-            str(workload.events),
-            str(workload.skus),
-            str(workload.seed),
+        return await _peer_throughput(
+            infra,
+            workload,
+            Measurement("celery", run, workload.events),
+            app="bench.celery_app",
             env=env,
-            limit_s=600,
+            worker_argv=[
+                "celery",
+                "-A",
+                "bench.celery_app",
+                "worker",
+                "--pool=prefork",
+                f"--concurrency={concurrency}",
+                f"--queues={name}",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "--loglevel=WARNING",
+                f"--hostname={name}@%h",
+            ],
+            extra={"prefetch": prefetch},
         )
-        await infra.wait_for_depth(name, workload.events)
-        argv = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "bench.celery_app",
-            "worker",
-            "--pool=prefork",
-            f"--concurrency={concurrency}",
-            f"--queues={name}",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            "--loglevel=WARNING",
-            f"--hostname={name}@%h",
-        ]
-        child = Child.spawn("celery", argv, env, infra.log_file(f"celery-{run}"))
-        try:
-            await drain(child, dsn, name, workload.events, result)
-        finally:
-            code = await child.stop()
-        result.extra = {
-            "exit_code": code,
-            "prefetch": prefetch,
-            **await check_effects(dsn, "celery", workload.events),
-        }
     finally:
-        await infra.drop_database(name)
-        await infra.sweep_broker(name)
         await infra.remove_celery_delayed_delivery()
-    return result
 
 
 async def dramatiq_throughput(
@@ -433,7 +459,6 @@ async def dramatiq_throughput(
     processes: int = 2,
     threads: int = 4,
 ) -> Measurement:
-    result = Measurement("dramatiq", run, workload.events)
     name = infra.name(f"dramatiq{run}")
     dsn = await infra.create_database(name, workload)
     per_process = max(1, math.ceil(prefetch / processes))
@@ -445,39 +470,20 @@ async def dramatiq_throughput(
             "dramatiq_queue_prefetch": str(per_process),
         }
     )
-    try:
-        await infra.run_module(
-            "bench.dramatiq_app",
-            "publish",
-            str(workload.events),
-            str(workload.skus),
-            str(workload.seed),
-            env=env,
-            limit_s=600,
-        )
-        await infra.wait_for_depth(name, workload.events)
-        argv = [
-            sys.executable,
-            "-m",
+    return await _peer_throughput(
+        infra,
+        workload,
+        Measurement("dramatiq", run, workload.events),
+        app="bench.dramatiq_app",
+        env=env,
+        worker_argv=[
             "dramatiq",
             "bench.dramatiq_app",
             f"--processes={processes}",
             f"--threads={threads}",
-        ]
-        child = Child.spawn("dramatiq", argv, env, infra.log_file(f"dramatiq-{run}"))
-        try:
-            await drain(child, dsn, name, workload.events, result)
-        finally:
-            code = await child.stop()
-        result.extra = {
-            "exit_code": code,
-            "prefetch_per_process": per_process,
-            **await check_effects(dsn, "dramatiq", workload.events),
-        }
-    finally:
-        await infra.drop_database(name)
-        await infra.sweep_broker(name)
-    return result
+        ],
+        extra={"prefetch_per_process": per_process},
+    )
 
 
 # -- the service's latency ----------------------------------------------------------------------

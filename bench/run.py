@@ -22,8 +22,8 @@ from bench import measure, report
 from bench.events import Workload
 from bench.infra import BenchError, Infra
 from bench.measure import Measurement
-from consumer.durations import format_duration
 from consumer.settings import Settings
+from topology.durations import format_duration
 
 SYSTEMS = ("broker", "database", "service", "celery", "dramatiq")
 

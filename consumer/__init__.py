@@ -8,6 +8,10 @@ Handler authors need only what is exported here::
     async def restock(event: Envelope[Restock], conn: Connection) -> None: ...
 
 ``register_batch`` marks a handler that applies a whole batch of events in a few statements.
+
+This package's other modules are the service's insides: they may change in any release. The
+command line (``consumer --help``), the settings (``CONSUMER_*``), the SQL tables and the
+headers on dead letters are the rest of the public surface.
 """
 
 from consumer.envelope import Envelope

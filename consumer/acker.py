@@ -20,15 +20,11 @@ from typing import Any
 
 import aiormq
 
+from consumer.errors import ChannelGone
+
+__all__ = ["Acker"]
+
 _CHANNEL_ERRORS = (aiormq.exceptions.AMQPError, RuntimeError, ConnectionError)
-
-
-class ChannelGone(Exception):
-    """The channel a delivery came on is closed: its tag means nothing any more.
-
-    The broker has already put the message back in the queue; acking it on another channel would
-    ack a different message, so the service never tries.
-    """
 
 
 class Acker:

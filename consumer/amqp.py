@@ -1,4 +1,9 @@
-"""Opening connections to RabbitMQ, with errors that say where and why (and no password)."""
+"""Opening connections to RabbitMQ, with errors that say where and why (and no password).
+
+Internal. ``CONSUMER_AMQP_URL`` may name several nodes of a cluster, comma-separated: each
+connection tries them in turn, starting after the one that last failed, so a dead node costs one
+attempt, not every reconnect's first.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +11,19 @@ import logging
 import os
 import socket
 import ssl
+from dataclasses import dataclass, field
 
 import aio_pika
 import aiormq
 from aio_pika.abc import AbstractConnection
+from pydantic import SecretStr
 
 from consumer import wire
-from consumer.redact import scrub
-from consumer.settings import Settings
-from consumer.tls import amqp_ssl_context, describe_tls_error, find_tls_error
+from consumer.errors import BrokerRejected, BrokerUnreachable
+from consumer.redact import redact_url, scrub
+from consumer.tls import TlsFiles, amqp_ssl_context, describe_tls_error, find_tls_error
+
+__all__ = ["CONNECT_TIMEOUT", "BrokerConfig", "connect", "describe_amqp_error"]
 
 # aiormq logs each failed connection attempt itself, at ERROR. The service sends library records
 # to its JSON log (consumer.logs.route_library_logs, a root handler, which still gets them); a
@@ -24,46 +33,63 @@ logging.getLogger("aiormq").addHandler(logging.NullHandler())
 
 
 CONNECT_TIMEOUT = 10.0
-"""Seconds to open a connection: TCP, TLS and the AMQP handshake (not a publish's confirm)."""
+"""Seconds to open a connection to one node: TCP, TLS and the AMQP handshake."""
 
 
-class BrokerUnreachable(ConnectionError):
-    """RabbitMQ refused or did not answer; the message names the URL without its password."""
+@dataclass(frozen=True)
+class BrokerConfig:
+    """Where RabbitMQ is and how to talk to it."""
+
+    urls: tuple[SecretStr, ...]
+    """Each node's URL, tried in turn."""
+    safe_url: str
+    tls: TlsFiles | None = None
+    service: str = "consumer"
+    prefetch: int = 400
+    publish_timeout: float = 10.0
+    _next: list[int] = field(default_factory=lambda: [0], compare=False, repr=False)
+
+    def connection_name(self, role: str) -> str:
+        """What ``rabbitmqctl list_connections client_properties`` shows for this process."""
+        return f"{self.service}/{role}@{socket.gethostname()}:{os.getpid()}"
 
 
-class BrokerRejected(BrokerUnreachable):
-    """RabbitMQ answered but the connection cannot work as configured: the broker refused the
-    credentials, or its TLS certificate did not verify. Waiting will not fix it."""
-
-
-def connection_name(settings: Settings, role: str) -> str:
-    """What ``rabbitmqctl list_connections client_properties`` shows for this process."""
-    return f"{settings.name}/{role}@{socket.gethostname()}:{os.getpid()}"
-
-
-async def connect(settings: Settings, role: str) -> AbstractConnection:
-    """A plain (not self-reconnecting) connection: the service supervises reconnects itself.
-
-    No message can break it: the frame decoder is made total first (:mod:`consumer.wire`).
-    """
+async def connect(config: BrokerConfig, role: str) -> AbstractConnection:
+    """A plain (not self-reconnecting) connection to the first node that takes it, trying them
+    in turn: the service supervises reconnects itself. No message can break it: the frame
+    decoder is made total first (:mod:`consumer.wire`)."""
     wire.install()
-    where = f"cannot connect to RabbitMQ at {settings.safe_amqp_url}"
     try:
-        context = amqp_ssl_context(settings)
+        context = amqp_ssl_context(config.tls)
     except (OSError, ssl.SSLError) as error:  # checked at start-up; changed since
         raise BrokerRejected(
-            f"{where}: cannot load the TLS files: {error.strerror or error}"
+            f"cannot connect to RabbitMQ at {config.safe_url}: cannot load the TLS files: "
+            f"{error.strerror or error}"
         ) from None
-    try:
-        return await aio_pika.connect(
-            settings.amqp_url.get_secret_value(),
-            client_properties={"connection_name": connection_name(settings, role)},
-            timeout=CONNECT_TIMEOUT,
-            ssl_context=context,
-        )
-    except (OSError, aiormq.exceptions.AMQPError, TimeoutError) as error:
-        unreachable = BrokerRejected if _rejected(error) else BrokerUnreachable
-        raise unreachable(f"{where}: {describe_amqp_error(error)}") from None
+    urls = [url.get_secret_value() for url in config.urls]
+    start = config._next[0] % len(urls)
+    failure: BrokerUnreachable | None = None
+    for offset in range(len(urls)):
+        index = (start + offset) % len(urls)
+        where = f"cannot connect to RabbitMQ at {redact_url(urls[index])}"
+        try:
+            connection = await aio_pika.connect(
+                urls[index],
+                client_properties={"connection_name": config.connection_name(role)},
+                timeout=CONNECT_TIMEOUT,
+                ssl_context=context,
+            )
+        except (OSError, aiormq.exceptions.AMQPError, TimeoutError) as error:
+            if _rejected(error):
+                raise BrokerRejected(f"{where}: {describe_amqp_error(error)}") from None
+            failure = BrokerUnreachable(f"{where}: {describe_amqp_error(error)}")
+            # The next connection starts after this node.
+            config._next[0] = index + 1
+            continue
+        config._next[0] = index
+        return connection
+    assert failure is not None
+    raise failure
 
 
 def _rejected(error: BaseException) -> bool:

@@ -1,7 +1,8 @@
 """``consumer run``: the one place that builds the service from its settings and runs it.
 
-Internal. Every component gets its own part of the configuration here; nothing else constructs
-them. :func:`serve` adds what only a running process has: signals, the watchdog, the HTTP endpoint.
+Internal. Every component gets its own part of the configuration (:mod:`consumer.config`) here;
+nothing else constructs them. :func:`serve` adds what only a running process has: signals, the
+watchdog, the HTTP endpoint.
 """
 
 from __future__ import annotations
@@ -10,22 +11,24 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 from uuid import UUID, uuid4
 
+from prometheus_client import CollectorRegistry
+
 from consumer.alone import Alone
-from consumer.amqp import BrokerUnreachable
 from consumer.batch import BatchEngine
 from consumer.calls import HandlerCall, HandlerCaller, HandlerCalls
+from consumer.config import broker_config, database_config, envelope_limits, names_for, topology_for
 from consumer.crashes import CrashLedger, Liveness
 from consumer.database import Database, Guard
 from consumer.dispatch import Dispatcher
-from consumer.durations import to_milliseconds
-from consumer.envelope import EnvelopeLimits, EnvelopeParser
-from consumer.errors import ConfigError, PipelineFault, TopologyMissing
+from consumer.envelope import EnvelopeParser
+from consumer.errors import BrokerUnreachable, ConfigError, PipelineFault, TopologyMissing
 from consumer.http import HttpServer, build_app
 from consumer.judge import Judge
-from consumer.logs import Logger
+from consumer.logs import Logger, TickFlushed, make_logger, route_library_logs
 from consumer.metrics import Metrics
 from consumer.pipeline import Pipeline
 from consumer.prepare import Preparer
@@ -33,18 +36,39 @@ from consumer.receipts import Receipts
 from consumer.registry import HandlerRegistry
 from consumer.report import OutcomeReporter
 from consumer.retry import RetryPolicy
-from consumer.service import Service
+from consumer.service import Service, ServiceConfig
 from consumer.settings import Settings
 from consumer.settle import Settler
 from consumer.startup import EXIT_CONFIG, EXIT_FAILURE
-from consumer.tls import database_connector, database_dsn
 from consumer.watchdog import LoopWatchdog
 from consumer.workers import Workers
-from topology.plan import build_topology, names_for
+from topology.durations import to_milliseconds
+from topology.names import rung_label
 
-__all__ = ["build_service", "serve"]
+__all__ = ["build_service", "run", "serve"]
 
 EXIT_SECOND_SIGNAL = 130
+T = TypeVar("T")
+
+
+def run(settings: Settings, registry: HandlerRegistry) -> int:
+    """The service in this process until it stops: its logs, its metrics, its event loop."""
+    lines = TickFlushed(sys.stdout.buffer)
+    logger = make_logger(
+        settings.name, level=settings.log_level, log_format=settings.log_format, lines=lines
+    )
+    route_library_logs(logger)
+    rungs = [rung_label(delay) for delay in settings.retry_delays]
+    metrics = Metrics(CollectorRegistry(), registry, rungs)
+    return _event_loop_run(serve(settings, registry, logger, metrics, before_exit=lines.write_out))
+
+
+def _event_loop_run(coroutine: Coroutine[Any, Any, T]) -> T:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
 
 
 def build_service(
@@ -59,7 +83,7 @@ def build_service(
     """The service, wired: a delivery passes the dispatcher, a worker, the pipeline (prepare,
     batch engine, handler call) and the settler, in that order."""
     names = names_for(settings)
-    database = Database(settings)
+    database = Database(database_config(settings))
     guard = Guard(database, within=settings.db_stall_timeout.total_seconds())
     judge = Judge(RetryPolicy.from_delays(settings.retry_delays))
     receipts = Receipts(consumer=settings.name, guard=guard)
@@ -73,7 +97,7 @@ def build_service(
         judge=judge,
         ledger=ledger,
     )
-    parser = EnvelopeParser(EnvelopeLimits.from_settings(settings))
+    parser = EnvelopeParser(envelope_limits(settings))
     preparer = Preparer(registry, parser, calls)
     pipeline = Pipeline(
         preparer=preparer,
@@ -112,9 +136,13 @@ def build_service(
         on_pause=on_pause,
     )
     return Service(
-        settings=settings,
+        config=ServiceConfig(
+            broker=broker_config(settings),
+            reconnect_max_delay=settings.reconnect_max_delay.total_seconds(),
+            shutdown_grace=settings.shutdown_grace.total_seconds(),
+        ),
         names=names,
-        topology=build_topology(settings, registry),
+        topology=topology_for(settings, registry),
         database=database,
         dispatcher=dispatcher,
         workers=workers,
@@ -207,8 +235,9 @@ def _convicting(settings: Settings, owner: UUID) -> Callable[[HandlerCall, float
             f"{call.handler} blocked the event loop for {blocked:.1f}s, past the hard time limit "
             f"of {limit:g}s (CONSUMER_HARD_TIMEOUT); the process exited"
         )
+        database = database_config(settings)
         return ledger.convict_blocking(
-            database_connector(settings), database_dsn(settings), call.event_ids[0], detail
+            database.connector(), database.dsn, call.event_ids[0], detail
         )
 
     return convict

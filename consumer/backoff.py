@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+__all__ = ["Backoff"]
+
 
 @dataclass(slots=True)
 class Backoff:

@@ -30,6 +30,7 @@ import asyncpg
 from consumer.alone import EPOCH, Alone
 from consumer.calls import HandlerCaller
 from consumer.database import Database, Guard, guarded_transaction
+from consumer.delivery import Ready
 from consumer.errors import ConfigError, ErrorKind, PipelineFault, classify
 from consumer.judge import (
     Judge,
@@ -38,7 +39,6 @@ from consumer.judge import (
     raise_unless_the_events_fault,
 )
 from consumer.outcome import Applied, Failed, Verdict
-from consumer.prepare import Ready
 from consumer.receipts import Receipts
 from consumer.retry import Return
 

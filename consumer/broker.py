@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
@@ -22,17 +23,15 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from aiormq.abc import DeliveredMessage
 
 from consumer.acker import Acker
-from consumer.amqp import connect, describe_amqp_error
+from consumer.amqp import BrokerConfig, connect, describe_amqp_error
 from consumer.delivery import Delivery
+from consumer.errors import TopologyMissing
 from consumer.headers import trusted_headers
 from consumer.publisher import Publisher
-from consumer.settings import Settings
-from topology.apply import check_topology
+
+__all__ = ["BrokerSession"]
+from topology.apply import missing
 from topology.model import Topology
-
-
-class ConnectionLost(ConnectionError):
-    """The broker connection or one of the session's channels closed."""
 
 
 class BrokerSession:
@@ -40,7 +39,7 @@ class BrokerSession:
 
     def __init__(
         self,
-        settings: Settings,
+        config: BrokerConfig,
         topology: Topology,
         work_queue: str,
         own_exchange: str,
@@ -48,7 +47,7 @@ class BrokerSession:
         on_lost_acks: Callable[[int], None],
         on_settled_twice: Callable[[], None] = lambda: None,
     ) -> None:
-        self._settings = settings
+        self._config = config
         self._topology = topology
         self._work_queue = work_queue
         # Only what comes back from the service's own retry ladder may carry its headers.
@@ -66,13 +65,17 @@ class BrokerSession:
         self.closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     async def __aenter__(self) -> BrokerSession:
-        self._connection = await connect(self._settings, "consume")
+        self._connection = await connect(self._config, "consume")
         try:
             self._connection.close_callbacks.add(self._closed_callback("consume connection"))
-            await check_topology(self._connection, self._topology)
+            lacking = await missing(self._connection, self._topology)
+            if lacking:
+                raise TopologyMissing(
+                    f"the broker lacks {', '.join(lacking)}: run `consumer topology apply` first"
+                )
             self._consume_channel = await self._connection.channel(publisher_confirms=False)
             self._consume_channel.close_callbacks.add(self._closed_callback("consume channel"))
-            await self._consume_channel.set_qos(prefetch_count=self._settings.prefetch)
+            await self._consume_channel.set_qos(prefetch_count=self._config.prefetch)
             self._consume_underlay = await self._consume_channel.get_underlay_channel()
             self._consume_underlay.on_consumer_cancel_callbacks.add(self._cancelled_by_broker)
             self._acker = Acker(
@@ -80,7 +83,7 @@ class BrokerSession:
                 on_lost=self._on_lost_acks,
                 on_settled_twice=self._on_settled_twice,
             )
-            self._publish_connection = await connect(self._settings, "publish")
+            self._publish_connection = await connect(self._config, "publish")
             self._publish_connection.close_callbacks.add(
                 self._closed_callback("publish connection")
             )
@@ -89,7 +92,7 @@ class BrokerSession:
             )
             publish_channel.close_callbacks.add(self._closed_callback("publish channel"))
             self.publisher = await Publisher.on(
-                publish_channel, confirm_within=self._settings.publish_timeout
+                publish_channel, confirm_within=timedelta(seconds=self._config.publish_timeout)
             )
         except BaseException:
             await self._close()
@@ -173,9 +176,7 @@ class BrokerSession:
         with contextlib.suppress(
             TimeoutError, aiormq.exceptions.AMQPError, RuntimeError, ConnectionError
         ):
-            await self._consume_underlay.basic_cancel(
-                tag, timeout=self._settings.publish_timeout.total_seconds()
-            )
+            await self._consume_underlay.basic_cancel(tag, timeout=self._config.publish_timeout)
 
     @property
     def is_consuming(self) -> bool:

@@ -15,16 +15,14 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from uuid import UUID
 
 import asyncpg
 
-from consumer.durations import format_duration
+from consumer.delivery import Ready
 from consumer.errors import HandlerEndedTransaction, HandlerTimeout, PipelineFault
-
-if TYPE_CHECKING:
-    from consumer.prepare import Ready
+from topology.durations import format_duration
 
 __all__ = ["HandlerCall", "HandlerCaller", "HandlerCalls", "connection_lost"]
 

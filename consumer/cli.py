@@ -8,35 +8,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
-from collections.abc import Coroutine, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
 from uuid import UUID
 
 import asyncpg
-from prometheus_client import CollectorRegistry
 
-from consumer.amqp import BrokerUnreachable
-from consumer.app import serve
-from consumer.database import database_name, describe_database_error
+from consumer.app import run
+from consumer.config import broker_config, database_config, memory_budget
+from consumer.database import describe_database_error
 from consumer.errors import (
+    BrokerUnreachable,
     ConfigError,
     MigrationError,
     PublishFailed,
 )
-from consumer.logs import TickFlushed, make_logger, route_library_logs
 from consumer.memory import check_memory_budget
-from consumer.metrics import Metrics
 from consumer.migration_sets import MigrationSet, migration_sets
 from consumer.migrations import create_database_if_missing, migrate
-from consumer.publish import PublishRequest, publish_event
-from consumer.retry import rung_label
+from consumer.producer import PublishRequest, publish_event
 from consumer.settings import Settings
 from consumer.startup import EXIT_CONFIG, fail, load_handlers, load_settings
-from consumer.tls import database_connector, database_dsn
 from consumer.version import __version__
 
-T = TypeVar("T")
+__all__ = ["EXIT_SECOND_SIGNAL", "main"]
 
 EXIT_SECOND_SIGNAL = 130
 
@@ -72,19 +66,11 @@ def _parser() -> argparse.ArgumentParser:
     publish_cmd.add_argument("--correlation-id")
 
     from consumer.dlq_cli import add_dlq_parser
-    from topology.cli import add_topology_parser
+    from consumer.topology_cli import add_topology_parser
 
     add_topology_parser(commands)
     add_dlq_parser(commands)
     return parser
-
-
-def _event_loop_run(coroutine: Coroutine[Any, Any, T]) -> T:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
-        return asyncio.run(coroutine)
-    return uvloop.run(coroutine)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -97,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arguments.command == "publish":
         return asyncio.run(_publish(settings, arguments))
     if arguments.command == "topology":
-        from topology.cli import run_topology
+        from consumer.topology_cli import run_topology
 
         return run_topology(settings, arguments)
     from consumer.dlq_cli import run_dlq
@@ -111,15 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(settings: Settings) -> int:
     registry = load_handlers(settings)
     try:
-        check_memory_budget(settings)
+        check_memory_budget(memory_budget(settings))
     except ConfigError as error:
         fail(str(error), EXIT_CONFIG)
-    lines = TickFlushed(sys.stdout.buffer)
-    logger = make_logger(settings, lines=lines)
-    route_library_logs(logger)
-    rungs = [rung_label(delay) for delay in settings.retry_delays]
-    metrics = Metrics(CollectorRegistry(), registry, rungs)
-    return _event_loop_run(serve(settings, registry, logger, metrics, before_exit=lines.write_out))
+    return run(settings, registry)
 
 
 # -- migrate ------------------------------------------------------------------------------------
@@ -134,11 +115,11 @@ def _migrate_command(settings: Settings, *, create_database: bool) -> int:
 
 
 async def _migrate(settings: Settings, sets: list[MigrationSet], *, create_database: bool) -> int:
-    dsn = database_dsn(settings)
-    connect = database_connector(settings)
+    database = database_config(settings)
+    dsn, connect = database.dsn, database.connector()
     try:
         if create_database:
-            name = database_name(settings)
+            name = database.database_name
             admin = await connect(dsn, database="postgres")
             try:
                 if await create_database_if_missing(admin, name):
@@ -186,7 +167,7 @@ async def _publish(settings: Settings, arguments: argparse.Namespace) -> int:
         correlation_id=arguments.correlation_id,
     )
     try:
-        event_id = await publish_event(settings, request)
+        event_id = await publish_event(broker_config(settings), settings.exchange, request)
     except (BrokerUnreachable, ConfigError, PublishFailed) as error:
         fail(str(error))
     print(event_id)

@@ -6,16 +6,28 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import asyncpg
+from pydantic import SecretStr
 
 from consumer.errors import ConfigError, DatabaseStalled, DatabaseUnavailable
 from consumer.redact import scrub
-from consumer.settings import Settings
-from consumer.tls import database_connector, database_dsn
+from consumer.tls import DatabaseConnect, database_connector, database_dsn
+
+__all__ = [
+    "Database",
+    "DatabaseConfig",
+    "Guard",
+    "LockCheck",
+    "describe_database_error",
+    "guarded",
+    "guarded_transaction",
+]
 
 Connection = asyncpg.Connection
 T = TypeVar("T")
@@ -58,8 +70,31 @@ def describe_database_error(error: BaseException) -> str:
     return scrub(f"{type(error).__name__}: {text}")
 
 
-def database_name(settings: Settings) -> str:
-    return urlsplit(settings.database_url.get_secret_value()).path.lstrip("/") or "postgres"
+@dataclass(frozen=True)
+class DatabaseConfig:
+    """Where PostgreSQL is, how to reach it, and the pool's shape."""
+
+    url: SecretStr
+    safe_url: str
+    sslmode: str | None = None
+    sslrootcert: Path | None = None
+    pool_size: int = 4
+    command_timeout: float = 60.0
+    application_name: str = "consumer"
+
+    @property
+    def dsn(self) -> str:
+        """The URL with the TLS settings in its query (a secret: never print it)."""
+        return database_dsn(
+            self.url.get_secret_value(), sslmode=self.sslmode, sslrootcert=self.sslrootcert
+        )
+
+    @property
+    def database_name(self) -> str:
+        return urlsplit(self.url.get_secret_value()).path.lstrip("/") or "postgres"
+
+    def connector(self) -> DatabaseConnect:
+        return database_connector(self.safe_url)
 
 
 LockCheck = Callable[[int], Awaitable[bool]]
@@ -172,29 +207,28 @@ class Guard:
 
 
 class Database:
-    """A pool of at most ``CONSUMER_DB_POOL_SIZE`` connections, opened lazily.
+    """A pool of at most :attr:`DatabaseConfig.pool_size` connections, opened lazily.
 
     The pool starts empty so the service can start while the database is down: it pauses and
     probes instead of exiting.
     """
 
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
+    def __init__(self, config: DatabaseConfig) -> None:
+        self._config = config
         self._pool: asyncpg.Pool[Any] | None = None
         self.server_started: object = None
 
     async def __aenter__(self) -> Database:
         if self._pool is not None:
             raise RuntimeError("Database is already open")
+        config = self._config
         self._pool = await asyncpg.create_pool(
-            database_dsn(self._settings),
-            connect=database_connector(self._settings),
+            config.dsn,
+            connect=config.connector(),
             min_size=0,
-            max_size=self._settings.db_pool_size,
-            # Handlers run under the soft time limit; this only stops a hung server holding a
-            # connection forever.
-            command_timeout=self._settings.hard_timeout.total_seconds() * 3,
-            server_settings={"application_name": self._settings.name},
+            max_size=config.pool_size,
+            command_timeout=config.command_timeout,
+            server_settings={"application_name": config.application_name},
             reset=_keep_session,
         )
         return self
@@ -244,10 +278,10 @@ class Database:
         the server started (:attr:`server_started`): a restart since tells an outage apart from
         an event that kills its own backend.
         """
-        connect = database_connector(self._settings)
+        connect = self._config.connector()
         try:
             async with asyncio.timeout(PROBE_TIMEOUT):
-                conn = await connect(database_dsn(self._settings), timeout=PROBE_TIMEOUT)
+                conn = await connect(self._config.dsn, timeout=PROBE_TIMEOUT)
                 try:
                     self.server_started = await conn.fetchval("SELECT pg_postmaster_start_time()")
                 finally:
@@ -259,11 +293,11 @@ class Database:
 
     async def connect_one(self) -> asyncpg.Connection[Any]:
         """A connection of its own, outside the pool (the caller closes it)."""
-        connect = database_connector(self._settings)
+        connect = self._config.connector()
         try:
             async with asyncio.timeout(PROBE_TIMEOUT):
                 conn: asyncpg.Connection[Any] = await connect(
-                    database_dsn(self._settings), timeout=PROBE_TIMEOUT
+                    self._config.dsn, timeout=PROBE_TIMEOUT
                 )
                 return conn
         except _CONFIG_ERRORS as error:
@@ -274,10 +308,10 @@ class Database:
     async def waiting_on_lock(self, pid: int) -> bool:
         """Whether backend ``pid`` is waiting for a lock another transaction holds: contention,
         not an outage. False when the database cannot say (it does not answer)."""
-        connect = database_connector(self._settings)
+        connect = self._config.connector()
         try:
             async with asyncio.timeout(PROBE_TIMEOUT):
-                conn = await connect(database_dsn(self._settings), timeout=PROBE_TIMEOUT)
+                conn = await connect(self._config.dsn, timeout=PROBE_TIMEOUT)
                 try:
                     return bool(await conn.fetchval(_WAITING_ON_LOCK, pid))
                 finally:

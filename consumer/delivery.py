@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiormq.abc import DeliveredMessage
 from pamqp.commands import Basic
 
-from consumer.acker import Acker, ChannelGone
+from consumer.acker import Acker
+from consumer.envelope import Envelope
+from consumer.errors import ChannelGone, Poison
+from consumer.registry import Handler
 
-if TYPE_CHECKING:
-    from consumer.envelope import Poison
-    from consumer.prepare import Prepared
-
-__all__ = ["ChannelGone", "Delivery"]
+__all__ = ["ChannelGone", "Delivery", "Prepared", "Ready"]
 
 
 @dataclass(slots=True)
@@ -93,3 +93,32 @@ class Delivery:
     async def nack(self, *, requeue: bool) -> None:
         """Reject this one message; never ``multiple=True``, which takes innocent ones along."""
         await self.acker.nack(self.delivery_tag, requeue=requeue)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A delivery's event, validated by its handler's payload model, and that handler."""
+
+    handler: Handler
+    event: Envelope[Any]
+
+    def key(self) -> Hashable | None:
+        """What the handler locks (its ``key``), None without one or when the function fails:
+        a failing key function only costs the routing; the handler still meets the event."""
+        key = self.handler.key
+        if key is None:
+            return None
+        try:
+            return key(self.event.payload)
+        except Exception:
+            return None
+
+
+@dataclass(slots=True)
+class Ready:
+    """A prepared delivery on its way through a transaction, and the time its handler took."""
+
+    delivery: Delivery
+    handler: Handler
+    event: Envelope[Any]
+    handler_seconds: float | None = None

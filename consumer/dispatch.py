@@ -13,11 +13,11 @@ import asyncio
 import enum
 from dataclasses import dataclass
 
-from consumer.delivery import Delivery
+from consumer.delivery import Delivery, Prepared
 from consumer.inbox import Inbox
 from consumer.isolation import Isolation
 from consumer.memory import BATCH_BYTES, KEEP_PARSED_BYTES
-from consumer.prepare import Prepared, Preparer
+from consumer.prepare import Preparer
 from consumer.settle import Settler
 
 __all__ = ["Dispatcher", "Phase", "State"]

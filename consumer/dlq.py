@@ -21,10 +21,20 @@ from typing import Any
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
 
 from consumer import headers as h
-from consumer.envelope import EnvelopeParser, Poison, PoisonReason, check_content_type
-from consumer.errors import PublishFailed, error_name
+from consumer.envelope import EnvelopeParser, check_content_type
+from consumer.errors import Poison, PoisonReason, PublishFailed, error_name
 from consumer.publisher import Publisher, copy_properties
 from consumer.registry import HandlerRegistry
+
+__all__ = [
+    "DeadLetterQueue",
+    "DeadMessage",
+    "ReplayResult",
+    "Selection",
+    "counts",
+    "read_dead_letter",
+    "replay",
+]
 
 # What the broker's own dead-lettering reasons mean here.
 _BROKER_REASONS = {"delivery_limit": "delivery_limit", "expired": "expired", "maxlen": "maxlen"}

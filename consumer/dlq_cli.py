@@ -11,14 +11,17 @@ from typing import Any
 
 import aiormq
 
-from consumer.amqp import BrokerUnreachable, connect, describe_amqp_error
+from consumer.amqp import connect, describe_amqp_error
+from consumer.config import broker_config, envelope_limits, names_for
 from consumer.dlq import DeadLetterQueue, DeadMessage, Selection, counts, replay
 from consumer.durations import parse_duration
-from consumer.envelope import EnvelopeLimits, EnvelopeParser, one_line
+from consumer.envelope import EnvelopeParser, one_line
+from consumer.errors import BrokerUnreachable
 from consumer.publisher import Publisher
 from consumer.settings import Settings
 from consumer.startup import EXIT_CONFIG, fail, load_handlers
-from topology.plan import names_for
+
+__all__ = ["add_dlq_parser", "confirmed", "run_dlq", "shown"]
 
 
 def _since(value: str) -> datetime:
@@ -119,13 +122,13 @@ def confirmed(question: str) -> bool:
 async def _run(settings: Settings, arguments: argparse.Namespace) -> int:
     registry = load_handlers(settings)
     names = names_for(settings)
-    connection = await connect(settings, "dlq")
+    connection = await connect(broker_config(settings), "dlq")
     try:
         async with DeadLetterQueue(
             connection,
             queue=names.dead,
             registry=registry,
-            parser=EnvelopeParser(EnvelopeLimits.from_settings(settings)),
+            parser=EnvelopeParser(envelope_limits(settings)),
         ) as dead:
             command = arguments.dlq_command
             if command == "purge":

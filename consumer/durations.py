@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
+__all__ = ["parse_duration"]
+
 _UNIT_SECONDS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 _RANK = {unit: rank for rank, unit in enumerate(_UNIT_SECONDS)}
 # ms before m and s, so that "500ms" is not read as 500 minutes and an "s".
@@ -53,25 +55,3 @@ def _compound_seconds(text: str) -> float:
     if last_rank < 0 or position != len(text):
         raise ValueError(f"is not a duration ({_HINT})")
     return seconds
-
-
-def format_duration(value: timedelta) -> str:
-    """The shortest exact spelling of a duration in one unit: ``500ms``, ``5s``, ``2m``, ``1h``.
-
-    Used in queue names, so the same duration always gives the same text (one unit, never a
-    compound and never days, which would rename the queues of existing ladders).
-    """
-    milliseconds = round(value.total_seconds() * 1000)
-    if milliseconds % 1000:
-        return f"{milliseconds}ms"
-    seconds = milliseconds // 1000
-    if seconds and seconds % 3600 == 0:
-        return f"{seconds // 3600}h"
-    if seconds and seconds % 60 == 0:
-        return f"{seconds // 60}m"
-    return f"{seconds}s"
-
-
-def to_milliseconds(value: timedelta) -> int:
-    """Whole milliseconds, as RabbitMQ's TTL arguments want them."""
-    return round(value.total_seconds() * 1000)

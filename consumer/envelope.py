@@ -6,14 +6,13 @@ why the message can never be processed.
 
 from __future__ import annotations
 
-import enum
 import json
 import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 from uuid import UUID
 
 from pydantic import (
@@ -26,10 +25,19 @@ from pydantic import (
     field_validator,
 )
 
+from consumer.errors import Poison, PoisonReason
 from consumer.wire import HeaderTooDeep, UnreadableHeader
 
-if TYPE_CHECKING:
-    from consumer.settings import Settings
+__all__ = [
+    "EVENT_TYPE_PATTERN",
+    "Envelope",
+    "EnvelopeLimits",
+    "EnvelopeParser",
+    "RawEnvelope",
+    "check_content_type",
+    "describe_validation_error",
+    "one_line",
+]
 
 PayloadT = TypeVar("PayloadT")
 
@@ -68,39 +76,6 @@ class _LenientRawEnvelope(RawEnvelope):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
 
-class PoisonReason(enum.StrEnum):
-    """Why a message can never be processed, whatever is retried."""
-
-    BODY_TOO_LARGE = "body_too_large"
-    WRONG_CONTENT_TYPE = "wrong_content_type"
-    NOT_UTF8 = "not_utf8"
-    NOT_JSON = "not_json"
-    INVALID_ENVELOPE = "invalid_envelope"
-    UNKNOWN_TYPE = "unknown_type"
-    INVALID_PAYLOAD = "invalid_payload"
-    TOO_DEEP = "too_deep"
-    DUPLICATE_KEY = "duplicate_key"
-    TOO_COMPLEX = "too_complex"
-    HEADERS_TOO_LARGE = "headers_too_large"
-    HEADERS_TOO_DEEP = "headers_too_deep"
-    HEADERS_UNREADABLE = "headers_unreadable"
-
-
-class Poison(Exception):
-    """A message that can never be processed, with the reason and a short detail for people.
-
-    ``error_class`` names the exception a validator raised where pydantic lets it through
-    (anything but ``ValueError`` and ``AssertionError``): such poison is dead-lettered with the
-    class in its headers, since a nack could not say it.
-    """
-
-    def __init__(self, reason: PoisonReason, detail: str, error_class: str | None = None) -> None:
-        super().__init__(f"{reason.value}: {detail}")
-        self.reason = reason
-        self.detail = detail
-        self.error_class = error_class
-
-
 _JSON_CONTENT_TYPES = frozenset({"application/json", "text/json"})
 _IDENTITY_ENCODINGS = frozenset({"", "identity", "utf-8", "utf8"})
 
@@ -128,17 +103,6 @@ class EnvelopeLimits:
     max_header_bytes: int = 64 * 1024
     max_future_skew: timedelta = timedelta(hours=24)
     allow_extra_fields: bool = False
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> EnvelopeLimits:
-        return cls(
-            max_bytes=settings.max_body_bytes,
-            max_depth=settings.max_json_depth,
-            max_containers=settings.max_json_containers,
-            max_header_bytes=settings.max_header_bytes,
-            max_future_skew=settings.max_future_skew,
-            allow_extra_fields=settings.allow_extra_fields,
-        )
 
 
 class _DuplicateKey(ValueError):

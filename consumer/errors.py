@@ -14,12 +14,18 @@
     │   └── PermanentError     no retry can fix it: the event is dead-lettered at once
     │       ├── SwallowedDatabaseError   the handler caught a database error and went on
     │       ├── HandlerEndedTransaction  the handler committed or rolled back the transaction
+    │       ├── BatchResultError         a batch handler's answer did not fit its events
     │       ├── HardTimeLimitExceeded    it blocked the event loop past the hard time limit
     │       ├── CrashedRepeatedly        processes died while it was being applied alone
     │       └── ConnectionLostRepeatedly its database connection broke each time it was applied
     ├── DatabaseUnavailable    the database cannot be reached: pause, count no attempt
     │   └── DatabaseStalled    it stopped answering the service's own statement in time
     ├── PipelineFault          the service itself cannot work (no receipts table): it stops
+    ├── BrokerUnreachable      RabbitMQ refused or did not answer (also a ConnectionError)
+    │   └── BrokerRejected     it answered, but rejects the credentials or certificate
+    ├── ConnectionLost         a session's connection or channel closed: reconnect
+    ├── ChannelGone            a delivery's channel is closed: its tag means nothing any more
+    ├── Poison                 a message that can never be processed, with its reason
     └── PublishFailed          the broker did not confirm a publish: return the original
         └── Unroutable         no queue is bound for the routing key
 
@@ -32,6 +38,40 @@ from __future__ import annotations
 import enum
 
 import asyncpg
+
+__all__ = [
+    "BatchResultError",
+    "BrokerRejected",
+    "BrokerUnreachable",
+    "ChannelGone",
+    "ConfigError",
+    "ConnectionLost",
+    "ConnectionLostRepeatedly",
+    "ConsumerError",
+    "CrashedRepeatedly",
+    "DatabaseStalled",
+    "DatabaseUnavailable",
+    "ErrorKind",
+    "HandlerEndedTransaction",
+    "HandlerError",
+    "HandlerTimeout",
+    "HardTimeLimitExceeded",
+    "MigrationError",
+    "PermanentError",
+    "PipelineFault",
+    "Poison",
+    "PoisonReason",
+    "PublishFailed",
+    "SwallowedDatabaseError",
+    "TopologyConflict",
+    "TopologyError",
+    "TopologyMissing",
+    "TransientError",
+    "Unroutable",
+    "classify",
+    "error_name",
+    "timed_out",
+]
 
 
 class ConsumerError(Exception):
@@ -116,6 +156,10 @@ class HandlerEndedTransaction(PermanentError):
         )
 
 
+class BatchResultError(PermanentError):
+    """A batch handler's answer is not one ``None`` or exception per event (a handler bug)."""
+
+
 class HardTimeLimitExceeded(PermanentError):
     """The handler blocked the event loop past ``CONSUMER_HARD_TIMEOUT``; the process exited."""
 
@@ -146,6 +190,60 @@ class DatabaseStalled(DatabaseUnavailable):
 
 class PipelineFault(ConsumerError):
     """Something no event can be blamed for is broken (no receipts table, a missing grant): stop."""
+
+
+class BrokerUnreachable(ConsumerError, ConnectionError):
+    """RabbitMQ refused or did not answer; the message names the URL without its password."""
+
+
+class BrokerRejected(BrokerUnreachable):
+    """RabbitMQ answered but the connection cannot work as configured: the broker refused the
+    credentials, or its TLS certificate did not verify. Waiting will not fix it."""
+
+
+class ConnectionLost(ConsumerError, ConnectionError):
+    """The broker connection or one of the session's channels closed."""
+
+
+class ChannelGone(ConsumerError):
+    """The channel a delivery came on is closed: its tag means nothing any more.
+
+    The broker has already put the message back in the queue; acking it on another channel would
+    ack a different message, so the service never tries.
+    """
+
+
+class PoisonReason(enum.StrEnum):
+    """Why a message can never be processed, whatever is retried."""
+
+    BODY_TOO_LARGE = "body_too_large"
+    WRONG_CONTENT_TYPE = "wrong_content_type"
+    NOT_UTF8 = "not_utf8"
+    NOT_JSON = "not_json"
+    INVALID_ENVELOPE = "invalid_envelope"
+    UNKNOWN_TYPE = "unknown_type"
+    INVALID_PAYLOAD = "invalid_payload"
+    TOO_DEEP = "too_deep"
+    DUPLICATE_KEY = "duplicate_key"
+    TOO_COMPLEX = "too_complex"
+    HEADERS_TOO_LARGE = "headers_too_large"
+    HEADERS_TOO_DEEP = "headers_too_deep"
+    HEADERS_UNREADABLE = "headers_unreadable"
+
+
+class Poison(ConsumerError):
+    """A message that can never be processed, with the reason and a short detail for people.
+
+    ``error_class`` names the exception a validator raised where pydantic lets it through
+    (anything but ``ValueError`` and ``AssertionError``): such poison is dead-lettered with the
+    class in its headers, since a nack could not say it.
+    """
+
+    def __init__(self, reason: PoisonReason, detail: str, error_class: str | None = None) -> None:
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+        self.detail = detail
+        self.error_class = error_class
 
 
 class PublishFailed(ConsumerError):

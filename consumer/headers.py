@@ -15,10 +15,35 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from topology.names import RETRY_RUNG
+
+__all__ = [
+    "ATTEMPT",
+    "DEAD_LETTERED_AT",
+    "ERROR_CLASS",
+    "ERROR_MESSAGE",
+    "ERROR_MESSAGE_LIMIT",
+    "FIRST_FAILURE_AT",
+    "LAST_FAILURE_AT",
+    "MAX_ATTEMPT",
+    "ORIGINAL_EXCHANGE",
+    "ORIGINAL_ROUTING_KEY",
+    "REASON",
+    "REPLAYS",
+    "SERVICE",
+    "Headers",
+    "attempts_so_far",
+    "dead_letter_headers",
+    "replay_headers",
+    "retry_headers",
+    "text",
+    "truncate",
+    "trusted_headers",
+    "without_broker_headers",
+]
+
 ATTEMPT = "consumer-attempt"
 """Retries published so far for this event (absent on the first delivery)."""
-RETRY_RUNG = "consumer-retry-rung"
-"""The rung a retry copy is for (``5s``); the retry exchange routes on it."""
 FIRST_FAILURE_AT = "consumer-first-failure-at"
 LAST_FAILURE_AT = "consumer-last-failure-at"
 ERROR_CLASS = "consumer-error-class"

@@ -19,6 +19,16 @@ from typing import Any, Protocol
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+__all__ = [
+    "MAX_CONNECTIONS",
+    "MAX_LIFETIME",
+    "MAX_PER_PEER",
+    "HttpServer",
+    "ReadinessCheck",
+    "ReadinessLike",
+    "build_app",
+]
+
 MAX_CONNECTIONS = 128
 MAX_PER_PEER = 16
 MAX_LIFETIME = 15.0

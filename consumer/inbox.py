@@ -7,6 +7,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+__all__ = ["Inbox"]
+
 T = TypeVar("T")
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import asyncpg
 
 from consumer.calls import connection_lost
-from consumer.delivery import Delivery
+from consumer.delivery import Delivery, Ready
 from consumer.errors import (
     ConfigError,
     ConnectionLostRepeatedly,
@@ -26,7 +26,6 @@ from consumer.errors import (
 )
 from consumer.headers import attempts_so_far
 from consumer.outcome import Failed
-from consumer.prepare import Ready
 from consumer.retry import DeadLetter, DeadLetterReason, RetryPolicy
 
 __all__ = [

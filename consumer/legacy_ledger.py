@@ -22,6 +22,8 @@ import asyncpg
 
 from consumer.migration_sets import SERVICE_SET, discover, reference_set, service_set
 
+__all__ = ["LEGACY_LEDGER", "UNCLAIMED", "take_over"]
+
 LEGACY_LEDGER = "schema_migrations"
 UNCLAIMED = LEGACY_LEDGER
 """The set name of rows carried over from the old ledger that no set has claimed."""

@@ -24,7 +24,8 @@ import structlog
 from structlog.typing import EventDict, FilteringBoundLogger, Processor, WrappedLogger
 
 from consumer.redact import scrub
-from consumer.settings import Settings
+
+__all__ = ["Logger", "TickFlushed", "make_logger", "route_library_logs", "scrub_secrets"]
 
 Logger = FilteringBoundLogger
 
@@ -77,22 +78,28 @@ def _processors(console: bool) -> list[Processor]:
     ]
 
 
-def _wants_console(settings: Settings, stream: TextIO) -> bool:
-    if settings.log_format == "auto":
+def _wants_console(log_format: str, stream: TextIO) -> bool:
+    if log_format == "auto":
         return stream.isatty()
-    return settings.log_format == "console"
+    return log_format == "console"
 
 
 def make_logger(
-    settings: Settings, stream: TextIO | None = None, *, lines: TickFlushed | None = None
+    service: str,
+    *,
+    level: str = "INFO",
+    log_format: str = "auto",
+    stream: TextIO | None = None,
+    lines: TickFlushed | None = None,
 ) -> Logger:
-    """The service's logger, writing to ``stream`` (stdout by default) at ``CONSUMER_LOG_LEVEL``.
+    """``service``'s logger, writing to ``stream`` (stdout by default) at ``level``, in
+    ``log_format`` (``json``, ``console``, or ``auto``: console on a terminal).
 
     JSON lines go through ``lines`` (made over ``stream``'s binary buffer if not given): pass one
     to be able to write out what it holds before an immediate exit.
     """
     out = stream if stream is not None else sys.stdout
-    console = _wants_console(settings, out)
+    console = _wants_console(log_format, out)
     # JSON lines are rendered to bytes (orjson) and written to the binary stream underneath.
     sink: Any = (
         structlog.PrintLogger(out)
@@ -102,10 +109,10 @@ def make_logger(
     logger: Logger = structlog.wrap_logger(
         sink,
         processors=_processors(console),
-        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[settings.log_level]),
+        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
         cache_logger_on_first_use=False,
     )
-    return logger.bind(service=settings.name)
+    return logger.bind(service=service)
 
 
 class TickFlushed:

@@ -11,14 +11,15 @@ worst case does not fit the memory limit stops start-up with one line naming the
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from consumer.errors import ConfigError
-from consumer.settings import Settings
 
 __all__ = [
     "BATCH_BYTES",
     "KEEP_PARSED_BYTES",
+    "MemoryBudget",
     "check_memory_budget",
     "container_memory_limit",
     "worst_case",
@@ -37,12 +38,23 @@ _CGROUP_LIMITS = (
 _NO_LIMIT = 1 << 60  # cgroup v1 says "no limit" with a huge number
 
 
-def worst_case(settings: Settings) -> int:
+@dataclass(frozen=True, slots=True)
+class MemoryBudget:
+    """The settings that decide how much deliveries can take, and the limit to fit (None: the
+    container's, if it has one)."""
+
+    prefetch: int
+    max_body_bytes: int
+    workers: int
+    limit: int | None = None
+
+
+def worst_case(budget: MemoryBudget) -> int:
     """The most memory the settings let deliveries take, in bytes, the process's own included."""
-    body = settings.max_body_bytes
-    held = settings.prefetch * body
-    parsed_while_held = settings.prefetch * min(body, KEEP_PARSED_BYTES) * PARSED_EXPANSION
-    being_applied = settings.db_pool_size * max(body, BATCH_BYTES) * PARSED_EXPANSION
+    body = budget.max_body_bytes
+    held = budget.prefetch * body
+    parsed_while_held = budget.prefetch * min(body, KEEP_PARSED_BYTES) * PARSED_EXPANSION
+    being_applied = budget.workers * max(body, BATCH_BYTES) * PARSED_EXPANSION
     return BASE_BYTES + held + parsed_while_held + being_applied
 
 
@@ -59,19 +71,19 @@ def container_memory_limit(paths: tuple[Path, ...] = _CGROUP_LIMITS) -> int | No
     return None
 
 
-def check_memory_budget(settings: Settings, limit: int | None = None) -> None:
-    """Raise :class:`ConfigError` if the settings' worst case does not fit ``limit``
-    (``CONSUMER_MEMORY_LIMIT``, else the container's; nothing to check without either)."""
-    if limit is None:
-        limit = settings.memory_limit or container_memory_limit()
+def check_memory_budget(budget: MemoryBudget, container: int | None = None) -> None:
+    """Raise :class:`ConfigError` if the worst case does not fit the limit (``budget.limit``,
+    ``CONSUMER_MEMORY_LIMIT``, else ``container``'s, read from the cgroup when not given; nothing
+    to check without either)."""
+    limit = budget.limit or (container if container is not None else container_memory_limit())
     if limit is None:
         return
-    needed = worst_case(settings)
+    needed = worst_case(budget)
     if needed > limit:
-        source = "CONSUMER_MEMORY_LIMIT" if settings.memory_limit else "the container's limit"
+        source = "CONSUMER_MEMORY_LIMIT" if budget.limit else "the container's limit"
         raise ConfigError(
-            f"CONSUMER_PREFETCH ({settings.prefetch}) x CONSUMER_MAX_BODY_BYTES "
-            f"({settings.max_body_bytes}) with CONSUMER_DB_POOL_SIZE ({settings.db_pool_size}) "
+            f"CONSUMER_PREFETCH ({budget.prefetch}) x CONSUMER_MAX_BODY_BYTES "
+            f"({budget.max_body_bytes}) with CONSUMER_DB_POOL_SIZE ({budget.workers}) "
             f"could take {_mib(needed)} of memory, more than {source} ({_mib(limit)}): lower "
             "CONSUMER_PREFETCH or CONSUMER_MAX_BODY_BYTES"
         )

@@ -12,10 +12,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from consumer.envelope import PoisonReason
+from consumer.errors import PoisonReason
 from consumer.outcome import OutcomeKind
 from consumer.retry import DeadLetterReason
 from consumer.version import __version__
+
+__all__ = ["UNKNOWN_TYPE", "Metrics"]
 
 UNKNOWN_TYPE = "unknown"
 

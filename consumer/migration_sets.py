@@ -29,6 +29,19 @@ from types import ModuleType
 from consumer.errors import ConfigError, MigrationError
 from consumer.registry import import_handler_module
 
+__all__ = [
+    "DECLARATION",
+    "REFERENCE_MODULE",
+    "SERVICE_SET",
+    "Migration",
+    "MigrationSet",
+    "declared_set",
+    "discover",
+    "migration_sets",
+    "reference_set",
+    "service_set",
+]
+
 SERVICE_SET = "consumer.sql"
 REFERENCE_MODULE = "consumer.handlers.inventory"
 """A module that declares the reference handlers' set (consumer.handlers.notifications too)."""

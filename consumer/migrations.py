@@ -28,6 +28,8 @@ from consumer.migration_sets import (
 )
 from consumer.settings import DEFAULT_HANDLER_MODULES
 
+__all__ = ["LEDGER", "MigrationReport", "Step", "create_database_if_missing", "migrate", "plan"]
+
 LEDGER = "consumer_migrations"
 
 # pg_advisory_lock takes a bigint; any constant works as long as every replica uses the same one.

@@ -11,7 +11,8 @@ from datetime import datetime
 from typing import Any
 
 from consumer.delivery import Delivery
-from consumer.envelope import Envelope, Poison
+from consumer.envelope import Envelope
+from consumer.errors import Poison
 from consumer.retry import DeadLetter, Decision, Retry
 
 __all__ = [

@@ -23,18 +23,18 @@ from uuid import UUID
 from consumer.alone import Alone
 from consumer.batch import BatchEngine
 from consumer.database import Database
-from consumer.delivery import Delivery
-from consumer.envelope import Poison
+from consumer.delivery import Delivery, Ready
 from consumer.errors import (
     CrashedRepeatedly,
     DatabaseUnavailable,
     HardTimeLimitExceeded,
+    Poison,
     timed_out,
 )
 from consumer.headers import attempts_so_far
 from consumer.judge import Judge
 from consumer.outcome import Applied, Failed, Outcome, Rejected, Verdict
-from consumer.prepare import Preparer, Ready
+from consumer.prepare import Preparer
 from consumer.retry import Retry
 
 __all__ = ["Pipeline"]
@@ -106,6 +106,11 @@ class Pipeline:
             return Outcome(delivery, Rejected(prepared))
         item = Ready(delivery, prepared.handler, prepared.event)
         (verdict,) = await self._unless_stalled([item], [await self._alone.apply_marked(item)])
+        if isinstance(verdict, Failed):
+            # Its transaction, which deletes the mark, may not have committed (a broken
+            # connection). This process lived: a mark left now would count its later death,
+            # of anything, against this event.
+            await self._alone.clear(envelope.event_id)
         return Outcome(delivery, verdict, item.event, item.handler_seconds)
 
     async def dead_lettered(self, outcome: Outcome) -> None:

@@ -5,58 +5,26 @@ Internal: the service's first step for every delivery (see the README's "How it 
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
 from pydantic import ValidationError
 
 from consumer.calls import HandlerCall, HandlerCalls
-from consumer.delivery import Delivery
+from consumer.delivery import Delivery, Prepared
 from consumer.envelope import (
     Envelope,
     EnvelopeParser,
-    Poison,
-    PoisonReason,
     RawEnvelope,
     check_content_type,
     one_line,
 )
-from consumer.errors import error_name
+from consumer.errors import Poison, PoisonReason, error_name
 from consumer.registry import Handler, HandlerRegistry
 
-__all__ = ["Prepared", "Preparer", "Ready"]
-
-
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """A delivery's event, validated by its handler's payload model, and that handler."""
-
-    handler: Handler
-    event: Envelope[Any]
-
-    def key(self) -> Hashable | None:
-        """What the handler locks (its ``key``), None without one or when the function fails:
-        a failing key function only costs the routing; the handler still meets the event."""
-        key = self.handler.key
-        if key is None:
-            return None
-        try:
-            return key(self.event.payload)
-        except Exception:
-            return None
-
-
-@dataclass(slots=True)
-class Ready:
-    """A prepared delivery on its way through a transaction, and the time its handler took."""
-
-    delivery: Delivery
-    handler: Handler
-    event: Envelope[Any]
-    handler_seconds: float | None = None
+__all__ = ["Preparer"]
 
 
 class Preparer:

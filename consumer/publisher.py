@@ -11,8 +11,10 @@ from aio_pika.abc import AbstractChannel
 from pamqp.commands import Basic
 
 from consumer.amqp import describe_amqp_error
-from consumer.durations import to_milliseconds
 from consumer.errors import PublishFailed, Unroutable
+from topology.durations import to_milliseconds
+
+__all__ = ["PERSISTENT", "Publisher", "copy_properties"]
 
 PERSISTENT = 2
 _READY_CHECK = 0.05

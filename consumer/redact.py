@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+__all__ = ["redact_url", "scrub"]
+
 # The password runs to the last "@" before the host's end: a password with an unescaped "@"
 # ("u:p@ss@host") is still hidden whole, as urlsplit reads it.
 _CREDENTIALS_IN_URL = re.compile(r"(?P<prefix>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)[^\s/?#]*@")

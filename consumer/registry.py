@@ -22,14 +22,25 @@ import asyncpg
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from consumer.durations import parse_duration
-from consumer.envelope import EVENT_TYPE_PATTERN, Envelope, Poison, PoisonReason, RawEnvelope
+from consumer.envelope import EVENT_TYPE_PATTERN, Envelope, RawEnvelope
 from consumer.envelope import describe_validation_error as _describe
-from consumer.errors import ConfigError
+from consumer.errors import BatchResultError, ConfigError, Poison, PoisonReason
 
 if TYPE_CHECKING:
     Connection: TypeAlias = asyncpg.Connection[Any]
 else:
     Connection = asyncpg.Connection
+
+__all__ = [
+    "BatchHandlerFunc",
+    "BatchResult",
+    "Handler",
+    "HandlerFunc",
+    "HandlerRegistry",
+    "import_handler_module",
+    "register",
+    "register_batch",
+]
 HandlerFunc: TypeAlias = Callable[[Envelope[Any], "asyncpg.Connection[Any]"], Awaitable[None]]
 BatchResult: TypeAlias = Sequence[Exception | None]
 BatchHandlerFunc: TypeAlias = Callable[
@@ -260,7 +271,3 @@ def _checked(qualname: str, results: object, expected: int) -> list[Exception | 
                 f"{qualname} returned a {type(result).__name__}: expected None or an exception"
             )
     return checked
-
-
-class BatchResultError(TypeError):
-    """A batch handler's answer is not one ``None`` or exception per event (a handler bug)."""

@@ -13,8 +13,11 @@ from consumer.headers import attempts_so_far, truncate
 from consumer.logs import Logger
 from consumer.metrics import Metrics
 from consumer.outcome import Applied, Failed, Outcome, OutcomeKind, Rejected
-from consumer.retry import DeadLetter, Retry, rung_label
+from consumer.retry import DeadLetter, Retry
 from consumer.settle import Settled
+from topology.names import rung_label
+
+__all__ = ["OutcomeReporter"]
 
 
 class OutcomeReporter:

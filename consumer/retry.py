@@ -13,8 +13,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
-from consumer.durations import format_duration
 from consumer.errors import ErrorKind, PermanentError, classify, timed_out
+
+__all__ = [
+    "MAX_CONNECTION_LOSSES",
+    "DeadLetter",
+    "DeadLetterReason",
+    "Decision",
+    "Retry",
+    "RetryPolicy",
+    "Return",
+    "jittered_expiration",
+]
 
 MAX_CONNECTION_LOSSES = 3
 """An event applied alone whose database connection breaks this many times in a row (with the
@@ -95,11 +105,6 @@ class RetryPolicy:
         return Retry(
             rung=attempts_so_far, delay=self.ladder[attempts_so_far], attempt=attempts_so_far + 1
         )
-
-
-def rung_label(delay: timedelta) -> str:
-    """The rung's name part: ``1s``, ``500ms``, ``2m``."""
-    return format_duration(delay)
 
 
 def jittered_expiration(delay: timedelta, jitter: float, rng: random.Random) -> timedelta | None:

@@ -17,19 +17,23 @@ from __future__ import annotations
 
 import asyncio
 import traceback
+from dataclasses import dataclass
 from typing import Any
 
 import aiormq
 
-from consumer.amqp import BrokerRejected, BrokerUnreachable
+from consumer.amqp import BrokerConfig
 from consumer.backoff import Backoff
-from consumer.broker import BrokerSession, ConnectionLost
+from consumer.broker import BrokerSession
 from consumer.crashes import Liveness
 from consumer.database import Database
 from consumer.delivery import Delivery
 from consumer.dispatch import Dispatcher, Phase
 from consumer.errors import (
+    BrokerRejected,
+    BrokerUnreachable,
     ConfigError,
+    ConnectionLost,
     DatabaseUnavailable,
     PipelineFault,
     TopologyMissing,
@@ -38,13 +42,12 @@ from consumer.errors import (
 from consumer.logs import Logger
 from consumer.metrics import Metrics
 from consumer.readiness import DatabaseAnswer, Readiness
-from consumer.settings import Settings
 from consumer.settle import Settler
 from consumer.workers import Workers
 from topology.model import Topology
 from topology.names import Names
 
-__all__ = ["Service"]
+__all__ = ["Service", "ServiceConfig"]
 
 _BROKER_ERRORS: tuple[type[BaseException], ...] = (
     BrokerUnreachable,
@@ -61,13 +64,20 @@ _BROKER_ERRORS: tuple[type[BaseException], ...] = (
 _TABLES = ["receipts", "consumer_in_progress"]
 
 
+@dataclass(frozen=True)
+class ServiceConfig:
+    broker: BrokerConfig
+    reconnect_max_delay: float = 30.0
+    shutdown_grace: float = 30.0
+
+
 class Service:
     """Consumes the work queue until told to stop. See the module docstring for the flow."""
 
     def __init__(
         self,
         *,
-        settings: Settings,
+        config: ServiceConfig,
         names: Names,
         topology: Topology,
         database: Database,
@@ -78,7 +88,7 @@ class Service:
         logger: Logger,
         metrics: Metrics,
     ) -> None:
-        self._settings = settings
+        self._config = config
         self._names = names
         self._topology = topology
         self._database = database
@@ -108,9 +118,10 @@ class Service:
                 for index, inbox in enumerate(self._dispatcher.inboxes)
             ]
             self._tasks.append(asyncio.create_task(self._workers.lane(), name="lane"))
-            self._tasks.append(asyncio.create_task(self._liveness.keep(), name="liveness"))
             for task in self._tasks:
                 task.add_done_callback(self._task_ended)
+            # Not watched like the workers: it ends by design at a graceful stop, before them.
+            liveness = asyncio.create_task(self._liveness.keep(), name="liveness")
             try:
                 await self._run_broker(stop)
             finally:
@@ -118,7 +129,8 @@ class Service:
                 for task in tasks:
                     task.remove_done_callback(self._task_ended)
                     task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                liveness.cancel()
+                await asyncio.gather(*tasks, liveness, return_exceptions=True)
         if self._fatal is not None:
             raise self._fatal
 
@@ -168,7 +180,7 @@ class Service:
 
     async def _wait_for_database(self, stop: asyncio.Event) -> bool:
         """Probe until the database answers (False if stopped first); check the schema is there."""
-        backoff = Backoff(0.5, self._settings.reconnect_max_delay.total_seconds())
+        backoff = Backoff(0.5, self._config.reconnect_max_delay)
         while not stop.is_set():
             try:
                 await self._database.probe()
@@ -204,7 +216,7 @@ class Service:
         """
         self._logger.warning("paused", holding=self._dispatcher.held)
         started = self._database.server_started
-        backoff = Backoff(0.25, self._settings.reconnect_max_delay.total_seconds())
+        backoff = Backoff(0.25, self._config.reconnect_max_delay)
         while not stop.is_set() and self._fatal is None and not session.closed.done():
             try:
                 await self._database.probe()
@@ -226,12 +238,12 @@ class Service:
     # -- broker -------------------------------------------------------------------------------
 
     async def _run_broker(self, stop: asyncio.Event) -> None:
-        backoff = Backoff(0.2, self._settings.reconnect_max_delay.total_seconds())
+        backoff = Backoff(0.2, self._config.reconnect_max_delay)
         connected_once = False
         while not stop.is_set() and self._fatal is None:
             try:
                 async with BrokerSession(
-                    self._settings,
+                    self._config.broker,
                     self._topology,
                     self._names.work,
                     self._names.redeliver,
@@ -244,9 +256,9 @@ class Service:
                     self._metrics.broker_connected.set(1)
                     self._logger.info(
                         "connected to RabbitMQ",
-                        url=self._settings.safe_amqp_url,
+                        url=self._config.broker.safe_url,
                         queue=self._names.work,
-                        prefetch=self._settings.prefetch,
+                        prefetch=self._config.broker.prefetch,
                     )
                     connected_once = True
                     backoff.reset()
@@ -296,7 +308,7 @@ class Service:
         await session.stop_consuming()
         self._metrics.consuming.set(0)
         returned = await self._dispatcher.give_back_waiting()
-        grace = self._settings.shutdown_grace.total_seconds()
+        grace = self._config.shutdown_grace
         self._logger.info(
             "draining", returned_to_queue=returned, in_flight=self._workers.busy, grace_s=grace
         )

@@ -32,9 +32,24 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from consumer.durations import format_duration, parse_duration
+from consumer.durations import parse_duration
 from consumer.redact import redact_url
 from consumer.tls import no_passphrase
+from topology.durations import format_duration
+
+__all__ = [
+    "DEFAULT_HANDLER_MODULES",
+    "ENV_PREFIX",
+    "VERIFYING_SSLMODES",
+    "Duration",
+    "LogFormat",
+    "LogLevel",
+    "Settings",
+    "SslMode",
+    "describe_settings_error",
+    "split_urls",
+    "unknown_variables",
+]
 
 ENV_PREFIX = "CONSUMER_"
 
@@ -132,6 +147,31 @@ def _readable_file(value: Path | None) -> Path | None:
     return value
 
 
+def split_urls(urls: str) -> list[str]:
+    """``CONSUMER_AMQP_URL`` may list a cluster's nodes, comma-separated."""
+    return [url.strip() for url in urls.split(",") if url.strip()]
+
+
+def _check_one_amqp_url(url: str, *, several: bool) -> None:
+    parts = urlsplit(url)
+    where = f" ({redact_url(url)})" if several else ""
+    if parts.scheme not in ("amqp", "amqps"):
+        raise ValueError(f"must be an amqp:// or amqps:// URL{where}")
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number in range
+    except ValueError:
+        raise ValueError(f"has a port that is not a number from 0 to 65535{where}") from None
+    if not parts.hostname:
+        raise ValueError(f"names no host{where}")
+    refused = sorted(_AMQP_TLS_QUERY & parse_qs(parts.query).keys())
+    if refused:
+        raise ValueError(
+            f"TLS options in the URL ({', '.join(refused)}) are not used: set "
+            "CONSUMER_AMQP_CA_FILE, CONSUMER_AMQP_CERT_FILE, CONSUMER_AMQP_KEY_FILE or "
+            "CONSUMER_AMQP_VERIFY_HOSTNAME instead"
+        )
+
+
 class Settings(BaseSettings):
     """Everything the service can be told. Field ``x`` is read from ``CONSUMER_X``."""
 
@@ -162,7 +202,9 @@ class Settings(BaseSettings):
         timedelta(minutes=10),
     )
     retry_jitter: float = Field(default=0.0, ge=0.0, le=1.0)
-    delivery_limit: int = Field(default=5, ge=1, le=1000)
+    delivery_limit: int = Field(default=20, ge=1, le=1000)
+    quorum_initial_group_size: int | None = Field(default=None, ge=1, le=99)
+    """Replicas for each quorum queue at creation; unset, the broker's default."""
     handlers: Annotated[
         tuple[Annotated[str, AfterValidator(_module_name)], ...],
         NoDecode,
@@ -219,22 +261,16 @@ class Settings(BaseSettings):
     @field_validator("amqp_url")
     @classmethod
     def _check_amqp_url(cls, value: SecretStr) -> SecretStr:
-        parts = urlsplit(value.get_secret_value())
-        if parts.scheme not in ("amqp", "amqps"):
-            raise ValueError("must be an amqp:// or amqps:// URL")
-        try:
-            parts.port  # noqa: B018 - raises on a port that is not a number in range
-        except ValueError:
-            raise ValueError("has a port that is not a number from 0 to 65535") from None
-        if not parts.hostname:
-            raise ValueError("names no host")
-        refused = sorted(_AMQP_TLS_QUERY & parse_qs(parts.query).keys())
-        if refused:
-            raise ValueError(
-                f"TLS options in the URL ({', '.join(refused)}) are not used: set "
-                "CONSUMER_AMQP_CA_FILE, CONSUMER_AMQP_CERT_FILE, CONSUMER_AMQP_KEY_FILE or "
-                "CONSUMER_AMQP_VERIFY_HOSTNAME instead"
-            )
+        urls = split_urls(value.get_secret_value())
+        if not urls:
+            raise ValueError("is empty")
+        schemes = set()
+        for url in urls:
+            _check_one_amqp_url(url, several=len(urls) > 1)
+            schemes.add(urlsplit(url).scheme)
+        if len(schemes) > 1:
+            # One set of TLS files serves every node: a mixed list would silently drop TLS.
+            raise ValueError("mixes amqp:// and amqps:// URLs: use one scheme for every node")
         return value
 
     @field_validator("database_url")
@@ -353,11 +389,11 @@ class Settings(BaseSettings):
 
     @property
     def amqp_uses_tls(self) -> bool:
-        return urlsplit(self.amqp_url.get_secret_value()).scheme == "amqps"
+        return urlsplit(split_urls(self.amqp_url.get_secret_value())[0]).scheme == "amqps"
 
     @property
     def safe_amqp_url(self) -> str:
-        return redact_url(self.amqp_url.get_secret_value())
+        return ",".join(redact_url(url) for url in split_urls(self.amqp_url.get_secret_value()))
 
     @property
     def safe_database_url(self) -> str:

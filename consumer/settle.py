@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from consumer.delivery import ChannelGone, Delivery
-from consumer.errors import PublishFailed, error_name
+from consumer.delivery import Delivery
+from consumer.errors import ChannelGone, PublishFailed, error_name
 from consumer.headers import dead_letter_headers, retry_headers
 from consumer.outcome import (
     Failed,
@@ -38,8 +38,8 @@ from consumer.outcome import (
     VerdictKind,
 )
 from consumer.publisher import Publisher, copy_properties
-from consumer.retry import DeadLetter, Retry, jittered_expiration, rung_label
-from topology.names import Names
+from consumer.retry import DeadLetter, Retry, jittered_expiration
+from topology.names import Names, rung_label
 
 __all__ = ["Settled", "Settler"]
 

@@ -12,6 +12,8 @@ from consumer.errors import ConfigError
 from consumer.registry import HandlerRegistry
 from consumer.settings import Settings, describe_settings_error, unknown_variables
 
+__all__ = ["EXIT_CONFIG", "EXIT_FAILURE", "fail", "load_handlers", "load_settings"]
+
 EXIT_CONFIG = 2
 EXIT_FAILURE = 1
 

@@ -1,28 +1,39 @@
-"""TLS for the connections to RabbitMQ and PostgreSQL, built from the settings.
+"""TLS for the connections to RabbitMQ and PostgreSQL, from the files and modes configured.
 
-RabbitMQ: an ``amqps://`` URL gets an :class:`ssl.SSLContext` that trusts ``CONSUMER_AMQP_CA_FILE``
-(else the system's CAs), presents ``CONSUMER_AMQP_CERT_FILE``/``CONSUMER_AMQP_KEY_FILE`` when
-set, and checks that the certificate names the URL's host unless
-``CONSUMER_AMQP_VERIFY_HOSTNAME=false``. The chain is always verified.
+RabbitMQ: an ``amqps://`` URL gets an :class:`ssl.SSLContext` that trusts the CA file
+(``CONSUMER_AMQP_CA_FILE``, else the system's CAs), presents a client certificate and key when
+given, and checks that the certificate names the URL's host unless told not to. The chain is always
+verified.
 
-PostgreSQL: ``CONSUMER_DATABASE_SSLMODE`` and ``CONSUMER_DATABASE_SSLROOTCERT`` become the DSN's
-``sslmode`` and ``sslrootcert`` (libpq's meaning, which asyncpg follows), replacing any in the URL.
-A certificate the client rejects is a :class:`CertificateRejected`: waiting will not fix it.
+PostgreSQL: an ``sslmode`` and ``sslrootcert`` given become the DSN's (libpq's meaning, which
+asyncpg follows), replacing any in the URL. A certificate the client rejects is a
+:class:`CertificateRejected`: waiting will not fix it.
 """
 
 from __future__ import annotations
 
 import ssl
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 
 from consumer.errors import ConfigError
 
-if TYPE_CHECKING:  # settings imports no_passphrase from here
-    from consumer.settings import Settings
+__all__ = [
+    "CertificateRejected",
+    "DatabaseConnect",
+    "TlsFiles",
+    "amqp_ssl_context",
+    "database_connector",
+    "database_dsn",
+    "describe_tls_error",
+    "find_tls_error",
+    "no_passphrase",
+]
 
 DatabaseConnect = Callable[..., Coroutine[Any, Any, "asyncpg.Connection[Any]"]]
 
@@ -36,30 +47,38 @@ def no_passphrase() -> bytes:
     return b""
 
 
-def amqp_ssl_context(settings: Settings) -> ssl.SSLContext | None:
-    """The context for an ``amqps://`` URL; None for ``amqp://``. Raises OSError, ssl.SSLError."""
-    if not settings.amqp_uses_tls:
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """TLS to RabbitMQ: the CA to trust (None: the system's), a client certificate and key."""
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    verify_hostname: bool = True
+
+
+def amqp_ssl_context(tls: TlsFiles | None) -> ssl.SSLContext | None:
+    """The context for an ``amqps://`` URL (``tls`` given); None for ``amqp://``. Raises OSError,
+    ssl.SSLError."""
+    if tls is None:
         return None
-    cafile = str(settings.amqp_ca_file) if settings.amqp_ca_file is not None else None
+    cafile = str(tls.ca_file) if tls.ca_file is not None else None
     context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=cafile)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    if settings.amqp_cert_file is not None and settings.amqp_key_file is not None:
-        context.load_cert_chain(
-            str(settings.amqp_cert_file), str(settings.amqp_key_file), password=no_passphrase
-        )
+    if tls.cert_file is not None and tls.key_file is not None:
+        context.load_cert_chain(str(tls.cert_file), str(tls.key_file), password=no_passphrase)
     # Verifying the chain stays on (CERT_REQUIRED); only the name check can be turned off.
-    context.check_hostname = settings.amqp_verify_hostname
+    context.check_hostname = tls.verify_hostname
     return context
 
 
-def database_dsn(settings: Settings) -> str:
-    """``CONSUMER_DATABASE_URL`` with the TLS settings in its query (they win over the URL's)."""
-    url = settings.database_url.get_secret_value()
+def database_dsn(url: str, *, sslmode: str | None = None, sslrootcert: Path | None = None) -> str:
+    """``url`` with ``sslmode`` and ``sslrootcert`` in its query (they win over the URL's)."""
     overrides: dict[str, str] = {}
-    if settings.database_sslmode is not None:
-        overrides["sslmode"] = settings.database_sslmode
-    if settings.database_sslrootcert is not None:
-        overrides["sslrootcert"] = str(settings.database_sslrootcert)
+    if sslmode is not None:
+        overrides["sslmode"] = sslmode
+    if sslrootcert is not None:
+        overrides["sslrootcert"] = str(sslrootcert)
     if not overrides:
         return url
     parts = urlsplit(url)
@@ -89,8 +108,9 @@ def describe_tls_error(error: ssl.SSLError) -> str:
     return f"TLS failed: {reason.replace('_', ' ').lower()}"
 
 
-def database_connector(settings: Settings) -> DatabaseConnect:
-    """``asyncpg.connect`` that turns a rejected certificate into :class:`CertificateRejected`.
+def database_connector(safe_url: str) -> DatabaseConnect:
+    """``asyncpg.connect`` that turns a rejected certificate into :class:`CertificateRejected`
+    (``safe_url``, without its password, names the server in the error).
 
     Given to the pool (``connect=``) and used by ``migrate``: a wrong CA stops start-up with one
     line instead of passing for an outage.
@@ -101,7 +121,7 @@ def database_connector(settings: Settings) -> DatabaseConnect:
             connection: asyncpg.Connection[Any] = await asyncpg.connect(*args, **kwargs)
         except ssl.SSLCertVerificationError as error:
             raise CertificateRejected(
-                f"cannot connect to PostgreSQL at {settings.safe_database_url}: "
+                f"cannot connect to PostgreSQL at {safe_url}: "
                 f"{describe_tls_error(error)} (check CONSUMER_DATABASE_SSLROOTCERT and "
                 "CONSUMER_DATABASE_SSLMODE)"
             ) from None

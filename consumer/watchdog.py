@@ -21,6 +21,8 @@ from types import TracebackType
 from consumer.calls import HandlerCall, HandlerCalls
 from consumer.logs import Logger
 
+__all__ = ["EXIT_HARD_TIMEOUT", "Convict", "LoopWatchdog"]
+
 EXIT_HARD_TIMEOUT = 3
 
 Convict = Callable[[HandlerCall, float], bool]

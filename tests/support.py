@@ -25,13 +25,13 @@ import asyncpg
 from aio_pika.abc import AbstractChannel, AbstractConnection, DeliveryMode
 from prometheus_client.parser import text_string_to_metric_families
 
-from consumer.publish import envelope_body
+from consumer.config import names_for, topology_for
+from consumer.producer import envelope_body
 from consumer.registry import HandlerRegistry
 from consumer.settings import Settings
 from topology.apply import apply_topology
 from topology.model import Topology
 from topology.names import Names
-from topology.plan import build_topology, names_for
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_HANDLERS = "consumer.handlers.inventory,consumer.handlers.notifications,tests.handlers.behave"
@@ -112,7 +112,7 @@ class TestEnv:
 
     def topology(self, **overrides: str) -> Topology:
         settings = self.settings(**overrides)
-        return build_topology(settings, HandlerRegistry.from_modules(settings.handlers))
+        return topology_for(settings, HandlerRegistry.from_modules(settings.handlers))
 
     async def apply_topology(self, **overrides: str) -> Topology:
         topology = self.topology(**overrides)

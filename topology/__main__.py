@@ -1,6 +1,10 @@
-"""``python -m topology apply [--dry-run]`` and ``python -m topology check``: the same as
-``consumer topology``."""
+"""``python -m topology``: the same command as ``consumer topology``.
 
-from topology.cli import main
+The topology package is the lower layer and imports nothing of the consumer's; this alias runs the
+consumer's command in its place rather than importing it.
+"""
 
-raise SystemExit(main())
+import os
+import sys
+
+os.execv(sys.executable, [sys.executable, "-m", "consumer", "topology", *sys.argv[1:]])

@@ -17,8 +17,9 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.abc import ExchangeType as AmqpExchangeType
 
-from consumer.errors import TopologyConflict, TopologyMissing
 from topology.model import Exchange, Queue, Topology
+
+__all__ = ["ApplyReport", "Difference", "apply_topology", "find_conflicts", "missing"]
 
 _INEQUIVALENT = re.compile(
     r"inequivalent arg '(?P<argument>[^']+)' for (?P<kind>queue|exchange) '(?P<name>[^']*)'"
@@ -51,9 +52,13 @@ class Difference:
 
 @dataclass(frozen=True, slots=True)
 class ApplyReport:
-    created: tuple[str, ...]
-    unchanged: tuple[str, ...]
-    bindings: int
+    """What applying a plan did; with ``conflicts``, nothing (an existing queue or exchange
+    differs from the plan, and a declaration cannot change its arguments)."""
+
+    created: tuple[str, ...] = ()
+    unchanged: tuple[str, ...] = ()
+    bindings: int = 0
+    conflicts: tuple[Difference, ...] = ()
 
 
 def _parse_value(text: str) -> tuple[str, Any]:
@@ -166,14 +171,11 @@ async def find_conflicts(connection: AbstractConnection, topology: Topology) -> 
 
 
 async def apply_topology(connection: AbstractConnection, topology: Topology) -> ApplyReport:
-    """Declare everything in the plan. Raises :class:`TopologyConflict`, having changed nothing,
-    when an existing exchange or queue differs from it."""
+    """Declare everything in the plan; or, when an existing exchange or queue differs from it,
+    nothing, and say what differs (:attr:`ApplyReport.conflicts`)."""
     differences = await find_conflicts(connection, topology)
     if differences:
-        raise TopologyConflict(
-            "existing topology differs from the plan, nothing was changed: "
-            + "; ".join(difference.describe() for difference in differences)
-        )
+        return ApplyReport(conflicts=tuple(differences))
     created: list[str] = []
     unchanged: list[str] = []
     for thing in topology.declarables:
@@ -197,12 +199,8 @@ async def apply_topology(connection: AbstractConnection, topology: Topology) -> 
     return ApplyReport(tuple(created), tuple(unchanged), len(topology.bindings))
 
 
-async def check_topology(connection: AbstractConnection, topology: Topology) -> None:
-    """Check passively that every exchange and queue exists, or raise :class:`TopologyMissing`."""
-    missing = [
+async def missing(connection: AbstractConnection, topology: Topology) -> list[str]:
+    """What of the plan's exchanges and queues the broker lacks (passive declarations)."""
+    return [
         thing.describe() for thing in topology.declarables if not await _exists(connection, thing)
     ]
-    if missing:
-        raise TopologyMissing(
-            f"the broker lacks {', '.join(missing)}: run `consumer topology apply` first"
-        )

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+__all__ = ["Arguments", "Binding", "Exchange", "ExchangeType", "Queue", "QueueType", "Topology"]
+
 Arguments = Mapping[str, Any]
 
 

@@ -1,11 +1,22 @@
-"""The names of everything the service owns on the broker, derived from ``CONSUMER_NAME``."""
+"""The names of everything the service owns on the broker, derived from ``CONSUMER_NAME``, and
+the header its retry exchange routes on."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
 
-from consumer.durations import format_duration
+from topology.durations import format_duration
+
+__all__ = ["RETRY_RUNG", "Names", "rung_label"]
+
+RETRY_RUNG = "consumer-retry-rung"
+"""The header a retry copy carries its rung in (``5s``); the retry exchange routes on it."""
+
+
+def rung_label(delay: timedelta) -> str:
+    """A rung's name part, and the value of :data:`RETRY_RUNG` for it: ``1s``, ``500ms``, ``2m``."""
+    return format_duration(delay)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""Build the topology from the settings and the handlers' event types.
+"""The topology of one service: what ``consumer topology apply`` declares, as data.
 
 ::
 
@@ -10,15 +10,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
-from consumer.durations import to_milliseconds
-from consumer.headers import RETRY_RUNG
-from consumer.retry import rung_label
-from consumer.settings import Settings
+from topology.durations import to_milliseconds
 from topology.model import Binding, Exchange, ExchangeType, Queue, QueueType, Topology
-from topology.names import Names
+from topology.names import RETRY_RUNG, Names, rung_label
+
+__all__ = ["DEAD_QUEUE_DELIVERY_LIMIT", "TopologySpec", "build_topology"]
 
 # Dead-lettering out of a quorum queue is lossless only with at-least-once, which needs
 # reject-publish overflow (RabbitMQ 3.10 and later).
@@ -33,13 +34,26 @@ _LOSSLESS_DEAD_LETTERING: dict[str, Any] = {
 DEAD_QUEUE_DELIVERY_LIMIT = 1_000_000
 
 
-def names_for(settings: Settings) -> Names:
-    return Names(service=settings.name, ingress=settings.exchange)
+@dataclass(frozen=True, slots=True)
+class TopologySpec:
+    """What the plan depends on: the service's names, its retry ladder, its delivery limit and
+    the event types its handlers take."""
+
+    names: Names
+    retry_delays: Sequence[timedelta]
+    delivery_limit: int
+    event_types: Iterable[str]
+    quorum_group_size: int | None = None
+    """How many nodes hold each queue's replicas when it is created; ``None``: the broker's
+    default. Fixed at creation: RabbitMQ refuses a different value for an existing queue."""
 
 
-def build_topology(settings: Settings, event_types: Iterable[str]) -> Topology:
-    """The full plan for one service: what ``consumer topology apply`` declares."""
-    names = names_for(settings)
+def build_topology(spec: TopologySpec) -> Topology:
+    """The full plan for one service."""
+    names = spec.names
+    replicas: dict[str, Any] = {}
+    if spec.quorum_group_size is not None:
+        replicas["x-quorum-initial-group-size"] = spec.quorum_group_size
     exchanges = (
         Exchange(names.ingress, ExchangeType.TOPIC),
         Exchange(names.dlx, ExchangeType.FANOUT),
@@ -51,11 +65,14 @@ def build_topology(settings: Settings, event_types: Iterable[str]) -> Topology:
         QueueType.QUORUM,
         {
             "x-dead-letter-exchange": names.dlx,
-            "x-delivery-limit": settings.delivery_limit,
+            "x-delivery-limit": spec.delivery_limit,
             **_LOSSLESS_DEAD_LETTERING,
+            **replicas,
         },
     )
-    dead = Queue(names.dead, QueueType.QUORUM, {"x-delivery-limit": DEAD_QUEUE_DELIVERY_LIMIT})
+    dead = Queue(
+        names.dead, QueueType.QUORUM, {"x-delivery-limit": DEAD_QUEUE_DELIVERY_LIMIT, **replicas}
+    )
     rungs = tuple(
         Queue(
             names.rung(delay),
@@ -64,12 +81,16 @@ def build_topology(settings: Settings, event_types: Iterable[str]) -> Topology:
                 "x-message-ttl": to_milliseconds(delay),
                 "x-dead-letter-exchange": names.redeliver,
                 **_LOSSLESS_DEAD_LETTERING,
+                **replicas,
             },
         )
-        for delay in settings.retry_delays
+        for delay in spec.retry_delays
     )
     bindings = (
-        *(Binding(names.ingress, names.work, event_type) for event_type in sorted(event_types)),
+        *(
+            Binding(names.ingress, names.work, event_type)
+            for event_type in sorted(spec.event_types)
+        ),
         Binding(names.redeliver, names.work),
         Binding(names.dlx, names.dead),
         *(
@@ -78,7 +99,7 @@ def build_topology(settings: Settings, event_types: Iterable[str]) -> Topology:
                 names.rung(delay),
                 arguments={"x-match": "all", RETRY_RUNG: rung_label(delay)},
             )
-            for delay in settings.retry_delays
+            for delay in spec.retry_delays
         ),
     )
     return Topology(exchanges=exchanges, queues=(dead, work, *rungs), bindings=bindings)

@@ -8,9 +8,9 @@ from typing import Any
 import asyncpg
 from pydantic import BaseModel, ConfigDict, Field
 
-from consumer.envelope import Envelope
-from consumer.errors import PermanentError
-from consumer.registry import register, register_batch
+from consumer import Envelope, PermanentError, register, register_batch
+
+__all__ = ["MIGRATIONS", "Quantity", "Reserve", "Restock", "Sku", "reserve", "restock"]
 
 # The reference handlers' tables and grants: consumer/handlers/sql, applied by `consumer migrate`
 # when this module (or the other reference module) is in CONSUMER_HANDLERS.

@@ -8,8 +8,9 @@ from typing import Any
 import asyncpg
 from pydantic import BaseModel, ConfigDict, Field
 
-from consumer.envelope import Envelope
-from consumer.registry import register
+from consumer import Envelope, register
+
+__all__ = ["MIGRATIONS", "NotificationRequested", "notification_requested"]
 
 # The reference handlers' tables and grants: consumer/handlers/sql, applied by `consumer migrate`
 # when this module (or the other reference module) is in CONSUMER_HANDLERS.

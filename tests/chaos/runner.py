@@ -29,7 +29,6 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 
-from consumer.durations import format_duration
 from consumer.migrations import migrate
 from tests.chaos.faults import Fault
 from tests.chaos.observe import (
@@ -48,6 +47,7 @@ from tests.chaos.workload import SEED_STOCK, SKUS, Workload, plan_workload
 from tests.chaos.world import World
 from tests.servers import ThrowawayPostgres, ThrowawayRabbit, free_port
 from tests.support import REPO, TestEnv
+from topology.durations import format_duration
 
 SCHEMA = Path(__file__).with_name("schema.sql")
 RESULTS = Path(__file__).with_name("results")

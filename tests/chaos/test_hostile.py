@@ -10,7 +10,8 @@ from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
 from consumer import wire
-from consumer.envelope import EnvelopeLimits, EnvelopeParser, Poison, PoisonReason
+from consumer.envelope import EnvelopeLimits, EnvelopeParser
+from consumer.errors import Poison, PoisonReason
 from consumer.headers import attempts_so_far, trusted_headers
 from tests.chaos import hostile
 from tests.chaos.hostile import Wire

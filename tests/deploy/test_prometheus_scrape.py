@@ -17,6 +17,7 @@ from typing import Any
 import aio_pika
 import aiohttp
 
+from consumer.config import topology_for
 from consumer.registry import HandlerRegistry
 from tests.deploy.support import (
     PROMETHEUS_DIR,
@@ -32,7 +33,6 @@ from tests.deploy.support import (
 )
 from tests.support import Producer, ServiceProcess, TestEnv, behave, fetchval, wait_until
 from topology.apply import apply_topology
-from topology.plan import build_topology
 
 WAITING_ON_THE_NODE = 7
 
@@ -56,7 +56,7 @@ async def _fill_work_queue_on(rabbit: RabbitWithPrometheus, env: TestEnv) -> Non
     that nobody consumes."""
     # The default names on a node of the test's own: no other test or service is on it.
     settings = env.settings(amqp_url=rabbit.url, name="consumer", exchange="events")
-    topology = build_topology(settings, HandlerRegistry.from_modules(settings.handlers))
+    topology = topology_for(settings, HandlerRegistry.from_modules(settings.handlers))
     connection = await aio_pika.connect(rabbit.url)
     try:
         await apply_topology(connection, topology)

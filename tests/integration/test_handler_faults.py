@@ -207,6 +207,12 @@ async def test_an_event_that_breaks_its_connection_each_time_is_dead_lettered(
         env.database_url, "SELECT count(*) FROM handler_calls WHERE event_id = $1", killer[2]
     )
     assert calls == 1 + MAX_CONNECTION_LOSSES  # once in its batch, then alone each time
+    # and no mark of it is left behind: this process lived, and if it died later of something
+    # else, a leftover mark would count that death against the killer (then "crashed")
+    marks = await fetchval(
+        env.database_url, "SELECT count(*) FROM consumer_in_progress WHERE event_id = $1", killer[2]
+    )
+    assert marks == 0
     await service.wait_ready()
     await all_settled(service)
     assert await service.stop() == 0

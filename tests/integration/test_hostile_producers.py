@@ -18,7 +18,7 @@ from aio_pika.abc import DeliveryMode
 from pamqp import encode
 
 from consumer import headers as h
-from consumer.publish import envelope_body
+from consumer.producer import envelope_body
 from tests.support import (
     ServiceProcess,
     TestEnv,

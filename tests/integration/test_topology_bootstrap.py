@@ -53,7 +53,7 @@ async def test_a_conflicting_queue_is_reported_not_changed(env: TestEnv) -> None
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1, result.stderr
     message = result.stderr
-    assert f"queue {env.names.work}: x-delivery-limit is 9, the plan wants 5" in message
+    assert f"queue {env.names.work}: x-delivery-limit is 9, the plan wants 20" in message
     for argument in ("x-dead-letter-exchange", "x-dead-letter-strategy", "x-overflow"):
         assert f"queue {env.names.work}: {argument} is none" in message
     assert "nothing was changed" in message

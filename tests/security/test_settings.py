@@ -12,9 +12,10 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from pydantic import ValidationError
 
+from consumer.config import broker_config, database_config
 from consumer.redact import redact_url, scrub
 from consumer.settings import Settings, describe_settings_error
-from consumer.tls import amqp_ssl_context, database_dsn
+from consumer.tls import amqp_ssl_context
 from tests.security.certs import Pki, make_pki
 from tests.security.support import one_line_error, write_secret
 from tests.support import REPO, run_cli
@@ -138,7 +139,7 @@ def test_amqps_verifies_the_chain_and_the_host_by_default(
         amqp_cert_file=str(files.client_cert),
         amqp_key_file=str(files.client_key),
     )
-    context = amqp_ssl_context(values)
+    context = amqp_ssl_context(broker_config(values).tls)
     assert context is not None
     assert context.verify_mode == ssl.CERT_REQUIRED
     assert context.check_hostname is True
@@ -147,12 +148,12 @@ def test_amqps_verifies_the_chain_and_the_host_by_default(
     opted_out = settings(
         monkeypatch, amqp_url="amqps://u:p@broker:5671/", amqp_verify_hostname="false"
     )
-    context = amqp_ssl_context(opted_out)
+    context = amqp_ssl_context(broker_config(opted_out).tls)
     assert context is not None
     assert context.check_hostname is False
     assert context.verify_mode == ssl.CERT_REQUIRED  # the chain is still checked
 
-    assert amqp_ssl_context(settings(monkeypatch)) is None  # amqp://: no TLS
+    assert amqp_ssl_context(broker_config(settings(monkeypatch)).tls) is None  # amqp://: no TLS
 
 
 @pytest.mark.parametrize(
@@ -229,21 +230,21 @@ def test_the_database_tls_settings_go_into_the_dsn_and_win_over_the_url(
         database_sslmode="VERIFY-FULL",
         database_sslrootcert=str(files.ca),
     )
-    query = parse_qs(urlsplit(database_dsn(values)).query)
+    query = parse_qs(urlsplit(database_config(values).dsn).query)
     assert query == {
         "sslmode": ["verify-full"],
         "sslrootcert": [str(files.ca)],
         "application_name": ["x"],
     }
-    assert database_dsn(values).startswith(f"postgresql://app:{PASSWORD}@db:5432/app?")
+    assert database_config(values).dsn.startswith(f"postgresql://app:{PASSWORD}@db:5432/app?")
     # Left alone, the URL is used as it is, its own sslmode included.
-    assert database_dsn(settings(monkeypatch, database_url=url)) == url
+    assert database_config(settings(monkeypatch, database_url=url)).dsn == url
     verified = settings(
         monkeypatch,
         database_url=url.replace("prefer", "verify-ca"),
         database_sslrootcert=str(files.ca),
     )
-    assert "sslmode=verify-ca" in database_dsn(verified)
+    assert "sslmode=verify-ca" in database_config(verified).dsn
 
 
 @pytest.mark.parametrize(

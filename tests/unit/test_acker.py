@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from consumer.acker import Acker, ChannelGone
+from consumer.acker import Acker
+from consumer.errors import ChannelGone
 
 
 class RecordingChannel:

@@ -2,7 +2,8 @@ from datetime import timedelta
 
 import pytest
 
-from consumer.durations import format_duration, parse_duration, to_milliseconds
+from consumer.durations import parse_duration
+from topology.durations import format_duration, to_milliseconds
 
 
 @pytest.mark.parametrize(

@@ -7,10 +7,9 @@ import pytest
 from consumer.envelope import (
     EnvelopeLimits,
     EnvelopeParser,
-    Poison,
-    PoisonReason,
     check_content_type,
 )
+from consumer.errors import Poison, PoisonReason
 
 LIMIT = 4096
 PARSER = EnvelopeParser(EnvelopeLimits(max_bytes=LIMIT, max_depth=8))

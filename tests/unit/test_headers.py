@@ -3,6 +3,7 @@ from datetime import UTC, datetime
 import pytest
 
 from consumer import headers as h
+from topology.names import RETRY_RUNG
 
 NOW = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 
@@ -39,7 +40,7 @@ def test_retry_headers_strip_broker_headers_and_record_the_failure() -> None:
     assert not [key for key in copy if key.startswith("x-")]
     assert copy["tenant"] == "acme"
     assert copy[h.ATTEMPT] == 2
-    assert copy[h.RETRY_RUNG] == "5s"
+    assert copy[RETRY_RUNG] == "5s"
     assert copy[h.FIRST_FAILURE_AT] == "earlier"
     assert copy[h.LAST_FAILURE_AT] == NOW.isoformat()
     assert "\n" not in copy[h.ERROR_MESSAGE]
@@ -49,7 +50,7 @@ def test_retry_headers_strip_broker_headers_and_record_the_failure() -> None:
 
 def test_dead_letter_headers_say_what_happened() -> None:
     copy = h.dead_letter_headers(
-        {h.RETRY_RUNG: "1s", h.ATTEMPT: 3, "x-death": []},
+        {RETRY_RUNG: "1s", h.ATTEMPT: 3, "x-death": []},
         reason="retries_exhausted",
         attempts=3,
         error_class="TransientError",
@@ -63,7 +64,7 @@ def test_dead_letter_headers_say_what_happened() -> None:
     assert copy[h.ATTEMPT] == 3
     assert copy[h.SERVICE] == "svc"
     assert copy[h.DEAD_LETTERED_AT] == NOW.isoformat()
-    assert h.RETRY_RUNG not in copy
+    assert RETRY_RUNG not in copy
     assert "x-death" not in copy
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from consumer.config import memory_budget
 from consumer.errors import ConfigError
 from consumer.memory import check_memory_budget, container_memory_limit, worst_case
 from consumer.settings import Settings
@@ -14,14 +15,14 @@ MIB = 1024 * 1024
 
 
 def test_the_defaults_fit_the_shipped_kubernetes_limit_of_512_mib() -> None:
-    assert worst_case(Settings()) < 512 * MIB
-    check_memory_budget(Settings(), limit=512 * MIB)
+    assert worst_case(memory_budget(Settings())) < 512 * MIB
+    check_memory_budget(memory_budget(Settings()), container=512 * MIB)
 
 
 def test_too_much_prefetch_for_the_limit_stops_start_up_naming_the_settings() -> None:
     settings = Settings(prefetch=2000, max_body_bytes=MIB)
     with pytest.raises(ConfigError) as refused:
-        check_memory_budget(settings, limit=512 * MIB)
+        check_memory_budget(memory_budget(settings), container=512 * MIB)
     message = str(refused.value)
     assert "CONSUMER_PREFETCH (2000)" in message
     assert "CONSUMER_MAX_BODY_BYTES (1048576)" in message
@@ -38,4 +39,4 @@ def test_the_limit_is_the_setting_else_the_containers_else_none(tmp_path: Path) 
     v1.write_text(str(1 << 62))
     assert container_memory_limit((tmp_path / "absent", v1)) is None
     with pytest.raises(ConfigError):
-        check_memory_budget(Settings(prefetch=60000, memory_limit="512MiB"))
+        check_memory_budget(memory_budget(Settings(prefetch=60000, memory_limit="512MiB")))

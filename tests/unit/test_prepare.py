@@ -11,7 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import RootModel
 
-from consumer.envelope import EnvelopeLimits, EnvelopeParser, Poison
+from consumer.config import envelope_limits
+from consumer.envelope import EnvelopeLimits, EnvelopeParser
+from consumer.errors import Poison
 from consumer.handlers.inventory import Reserve
 from consumer.prepare import Preparer
 from consumer.registry import HandlerRegistry
@@ -24,7 +26,7 @@ REGISTRY = HandlerRegistry.from_modules(
 
 def _preparer(**overrides: Any) -> Preparer:
     configured = Settings.model_validate(overrides)
-    return Preparer(REGISTRY, EnvelopeParser(EnvelopeLimits.from_settings(configured)))
+    return Preparer(REGISTRY, EnvelopeParser(envelope_limits(configured)))
 
 
 def _prepare(preparer: Preparer, delivery: Any) -> tuple[Any, Any]:

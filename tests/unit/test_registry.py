@@ -13,9 +13,9 @@ import pytest
 from pydantic import BaseModel
 
 from consumer.envelope import Envelope
-from consumer.errors import ConfigError, PermanentError
+from consumer.errors import BatchResultError, ConfigError, PermanentError
 from consumer.handlers.inventory import Reserve, Restock
-from consumer.registry import BatchResultError, Handler, HandlerRegistry, register_batch
+from consumer.registry import Handler, HandlerRegistry, register_batch
 
 REGISTRY = HandlerRegistry.from_modules(["consumer.handlers.inventory"])
 

@@ -17,7 +17,8 @@ import pytest
 from pamqp import decode
 
 from consumer import wire
-from consumer.envelope import EnvelopeLimits, EnvelopeParser, Poison
+from consumer.envelope import EnvelopeLimits, EnvelopeParser
+from consumer.errors import Poison
 from consumer.headers import trusted_headers
 
 

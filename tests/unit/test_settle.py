@@ -13,12 +13,11 @@ from pamqp.commands import Basic
 from consumer import headers as h
 from consumer.acker import Acker
 from consumer.delivery import Delivery
-from consumer.envelope import Poison, PoisonReason
-from consumer.errors import PermanentError, PublishFailed, TransientError
+from consumer.errors import PermanentError, Poison, PoisonReason, PublishFailed, TransientError
 from consumer.outcome import Applied, Failed, Outcome, OutcomeKind, Rejected
 from consumer.retry import DeadLetter, DeadLetterReason, Retry, Return
 from consumer.settle import Settler
-from topology.names import Names
+from topology.names import RETRY_RUNG, Names
 
 NAMES = Names(service="svc", ingress="events")
 
@@ -122,7 +121,7 @@ async def test_every_kind_of_verdict_becomes_its_one_action() -> None:
     ]
     retry_headers, dead_headers = (headers for *_, headers in publisher.published)
     assert retry_headers[h.ATTEMPT] == 1
-    assert retry_headers[h.RETRY_RUNG] == "1s"
+    assert retry_headers[RETRY_RUNG] == "1s"
     assert dead_headers[h.REASON] == "permanent_failure"
     # acks for 1, 2 (joined into one multiple ack), 4 and 5 after their copies; the poison nacked;
     # the held one untouched

@@ -1,12 +1,12 @@
+from consumer.config import topology_for
 from consumer.settings import Settings
 from topology.apply import _parse_value
 from topology.model import ExchangeType, QueueType, Topology
-from topology.plan import build_topology
 
 
 def plan(**overrides: object) -> Topology:
     settings = Settings.model_validate({"name": "svc", "retry_delays": "1s,5s", **overrides})
-    return build_topology(settings, ["b.type", "a.type"])
+    return topology_for(settings, ["b.type", "a.type"])
 
 
 def test_work_queue_is_quorum_with_dead_lettering_and_a_delivery_limit() -> None:
@@ -62,3 +62,9 @@ def test_reads_rabbitmqs_descriptions_of_argument_values() -> None:
     assert _parse_value("the value '5' of type 'byte'") == ("5", 5)
     assert _parse_value("the value 'svc.dlx' of type 'longstr'") == ("svc.dlx", "svc.dlx")
     assert _parse_value("'true'") == ("true", True)
+
+
+def test_quorum_group_size_is_the_brokers_default_unless_set() -> None:
+    assert all("x-quorum-initial-group-size" not in q.arguments for q in plan().queues)
+    sized = plan(quorum_initial_group_size=3)
+    assert {q.arguments["x-quorum-initial-group-size"] for q in sized.queues} == {3}

@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pamqp.commands import Basic
 
-from consumer.amqp import connect
+from consumer.amqp import BrokerConfig, connect
 from consumer.errors import ConfigError, Unroutable
 from consumer.publisher import PERSISTENT, Publisher
-from consumer.settings import Settings
+
+__all__ = ["PublishRequest", "envelope_body", "event_properties", "publish_event"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +53,8 @@ def event_properties(*, message_id: str | None = None) -> Basic.Properties:
     )
 
 
-async def publish_event(settings: Settings, request: PublishRequest) -> uuid.UUID:
-    """Publish one event to the ingress exchange and wait for the confirm; return its event id."""
+async def publish_event(broker: BrokerConfig, exchange: str, request: PublishRequest) -> uuid.UUID:
+    """Publish one event to ``exchange`` (the ingress) and wait for the confirm; its event id."""
     event_id = request.event_id or uuid.uuid4()
     if request.raw_body is not None:
         body = request.raw_body
@@ -64,15 +65,17 @@ async def publish_event(settings: Settings, request: PublishRequest) -> uuid.UUI
             event_id=event_id,
             correlation_id=request.correlation_id,
         )
-    connection = await connect(settings, "publish")
+    connection = await connect(broker, "publish")
     try:
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        publisher = await Publisher.on(channel, confirm_within=settings.publish_timeout)
+        publisher = await Publisher.on(
+            channel, confirm_within=timedelta(seconds=broker.publish_timeout)
+        )
         try:
             await publisher.publish(
                 body,
                 event_properties(message_id=str(event_id)),
-                exchange=settings.exchange,
+                exchange=exchange,
                 routing_key=request.event_type,
             )
         except Unroutable as error:

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import Sequence
 from typing import Any
 
 import aiormq
 
-from consumer.amqp import BrokerUnreachable, connect, describe_amqp_error
-from consumer.errors import TopologyError
+from consumer.amqp import BrokerConfig, connect, describe_amqp_error
+from consumer.config import broker_config, topology_for
+from consumer.errors import BrokerUnreachable, TopologyConflict, TopologyError, TopologyMissing
 from consumer.settings import Settings
-from consumer.startup import fail, load_handlers, load_settings
-from topology.apply import apply_topology, check_topology, find_conflicts
+from consumer.startup import fail, load_handlers
+from topology.apply import apply_topology, find_conflicts, missing
 from topology.model import Topology
-from topology.plan import build_topology
+
+__all__ = ["add_topology_parser", "run_topology"]
 
 _DESCRIPTION = "Declare (or check) the exchanges, queues and bindings the consumer needs."
 
@@ -37,12 +38,17 @@ def _add_actions(parser: argparse.ArgumentParser) -> None:
     actions.add_parser("check", help="report what is missing or differs; change nothing")
 
 
-async def _apply(settings: Settings, topology: Topology) -> int:
-    connection = await connect(settings, "topology")
+async def _apply(broker: BrokerConfig, topology: Topology) -> int:
+    connection = await connect(broker, "topology")
     try:
         report = await apply_topology(connection, topology)
     finally:
         await connection.close()
+    if report.conflicts:
+        raise TopologyConflict(
+            "existing topology differs from the plan, nothing was changed: "
+            + "; ".join(difference.describe() for difference in report.conflicts)
+        )
     for line in report.created:
         print(f"created {line}")
     for line in report.unchanged:
@@ -51,10 +57,14 @@ async def _apply(settings: Settings, topology: Topology) -> int:
     return 0
 
 
-async def _check(settings: Settings, topology: Topology) -> int:
-    connection = await connect(settings, "topology")
+async def _check(broker: BrokerConfig, topology: Topology) -> int:
+    connection = await connect(broker, "topology")
     try:
-        await check_topology(connection, topology)
+        lacking = await missing(connection, topology)
+        if lacking:
+            raise TopologyMissing(
+                f"the broker lacks {', '.join(lacking)}: run `consumer topology apply` first"
+            )
         differences = await find_conflicts(connection, topology)
     finally:
         await connection.close()
@@ -68,23 +78,15 @@ async def _check(settings: Settings, topology: Topology) -> int:
 
 def run_topology(settings: Settings, arguments: argparse.Namespace) -> int:
     registry = load_handlers(settings)
-    topology = build_topology(settings, registry)
+    topology = topology_for(settings, registry)
     if arguments.topology_command == "apply" and arguments.dry_run:
         for line in topology.describe():
             print(line)
         return 0
     runner = _apply if arguments.topology_command == "apply" else _check
     try:
-        return asyncio.run(runner(settings, topology))
+        return asyncio.run(runner(broker_config(settings), topology))
     except (TopologyError, BrokerUnreachable) as error:
         fail(str(error))
     except aiormq.exceptions.ChannelAccessRefused as error:
         fail(f"RabbitMQ refused: {describe_amqp_error(error)} (the bootstrap user needs configure)")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m topology``: the same as ``consumer topology``."""
-    parser = argparse.ArgumentParser(prog="consumer topology", description=_DESCRIPTION)
-    _add_actions(parser)
-    arguments = parser.parse_args(argv)
-    return run_topology(load_settings(), arguments)

@@ -1,0 +1,102 @@
+"""Each component's part of the configuration, read from the settings in one place.
+
+Internal. Components take their own small frozen configuration (a broker's addresses and TLS files,
+a database's DSN and pool, the envelope's limits, the topology's spec), never the whole
+:class:`~consumer.settings.Settings`: what a component can see is what it uses, and a test can
+build one without the environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pydantic import SecretStr
+
+from consumer.amqp import BrokerConfig
+from consumer.database import DatabaseConfig
+from consumer.envelope import EnvelopeLimits
+from consumer.memory import MemoryBudget
+from consumer.settings import Settings, split_urls
+from consumer.tls import TlsFiles
+from topology.model import Topology
+from topology.names import Names
+from topology.plan import TopologySpec, build_topology
+
+__all__ = [
+    "broker_config",
+    "database_config",
+    "envelope_limits",
+    "memory_budget",
+    "names_for",
+    "topology_for",
+]
+
+
+def names_for(settings: Settings) -> Names:
+    return Names(service=settings.name, ingress=settings.exchange)
+
+
+def topology_for(settings: Settings, event_types: Iterable[str]) -> Topology:
+    """The plan for this service, its handlers' event types bound to its work queue."""
+    return build_topology(
+        TopologySpec(
+            names=names_for(settings),
+            retry_delays=settings.retry_delays,
+            delivery_limit=settings.delivery_limit,
+            event_types=tuple(event_types),
+            quorum_group_size=settings.quorum_initial_group_size,
+        )
+    )
+
+
+def broker_config(settings: Settings) -> BrokerConfig:
+    tls = None
+    if settings.amqp_uses_tls:
+        tls = TlsFiles(
+            ca_file=settings.amqp_ca_file,
+            cert_file=settings.amqp_cert_file,
+            key_file=settings.amqp_key_file,
+            verify_hostname=settings.amqp_verify_hostname,
+        )
+    return BrokerConfig(
+        urls=tuple(SecretStr(url) for url in split_urls(settings.amqp_url.get_secret_value())),
+        safe_url=settings.safe_amqp_url,
+        tls=tls,
+        service=settings.name,
+        prefetch=settings.prefetch,
+        publish_timeout=settings.publish_timeout.total_seconds(),
+    )
+
+
+def database_config(settings: Settings) -> DatabaseConfig:
+    return DatabaseConfig(
+        url=settings.database_url,
+        safe_url=settings.safe_database_url,
+        sslmode=settings.database_sslmode,
+        sslrootcert=settings.database_sslrootcert,
+        pool_size=settings.db_pool_size,
+        # Handlers run under the soft time limit; this only stops a hung server holding a
+        # connection for ever.
+        command_timeout=settings.hard_timeout.total_seconds() * 3,
+        application_name=settings.name,
+    )
+
+
+def envelope_limits(settings: Settings) -> EnvelopeLimits:
+    return EnvelopeLimits(
+        max_bytes=settings.max_body_bytes,
+        max_depth=settings.max_json_depth,
+        max_containers=settings.max_json_containers,
+        max_header_bytes=settings.max_header_bytes,
+        max_future_skew=settings.max_future_skew,
+        allow_extra_fields=settings.allow_extra_fields,
+    )
+
+
+def memory_budget(settings: Settings) -> MemoryBudget:
+    return MemoryBudget(
+        prefetch=settings.prefetch,
+        max_body_bytes=settings.max_body_bytes,
+        workers=settings.db_pool_size,
+        limit=settings.memory_limit,
+    )

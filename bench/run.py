@@ -22,6 +22,7 @@ from bench import measure, report
 from bench.events import Workload
 from bench.infra import BenchError, Infra
 from bench.measure import Measurement
+from consumer.config import batch_size
 from consumer.settings import Settings
 from topology.durations import format_duration
 
@@ -72,11 +73,20 @@ def progress(message: str) -> None:
 
 
 def effective_knobs(service_env: Mapping[str, str]) -> dict[str, str]:
-    """The service settings in force: --service-env, else the environment, else the default."""
-    return {
+    """The service settings in force: --service-env, else the environment, else the default
+    (the batch size's follows from the prefetch and the pool, as the service derives it)."""
+    knobs = {
         key: service_env.get(key) or os.environ.get(key) or default
         for key, default in SERVICE_KNOBS.items()
     }
+    if knobs["CONSUMER_BATCH_SIZE"] == "None":
+        sizes = Settings.model_construct(
+            prefetch=positive_int(knobs, "CONSUMER_PREFETCH"),
+            db_pool_size=positive_int(knobs, "CONSUMER_DB_POOL_SIZE"),
+            batch_size=None,
+        )
+        knobs["CONSUMER_BATCH_SIZE"] = str(batch_size(sizes))
+    return knobs
 
 
 def positive_int(knobs: Mapping[str, str], key: str) -> int:

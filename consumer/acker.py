@@ -4,8 +4,10 @@ Delivery tags on a channel only grow. A single ``basic.ack(tag, multiple=true)``
 outstanding delivery up to ``tag``, so it is sent only when every delivery up to it has committed
 (or was already settled on its own). A delivery that is still being applied blocks the multiple ack
 past it; deliveries done behind it are acked one by one once they have waited ``max_delay``, so a
-slow event never holds the prefetch window hostage. Nacks are never coalesced: ``multiple=true``
-would reject innocent deliveries too.
+slow event never holds the prefetch window hostage, or at once when they hold a quarter of the
+``window`` (the prefetch): the broker sends nothing in their place until they are acked, and at a
+small prefetch a few such deliveries are most of what it may send. Nacks are never coalesced:
+``multiple=true`` would reject innocent deliveries too.
 """
 
 from __future__ import annotations
@@ -40,11 +42,13 @@ class Acker:
         channel: Any,
         *,
         max_delay: float = 0.05,
+        window: int | None = None,
         on_lost: Callable[[int], None] | None = None,
         on_settled_twice: Callable[[], None] | None = None,
     ) -> None:
         self._channel = channel
         self._max_delay = max_delay
+        self._scarce = max(1, window // 4) if window is not None else None
         self._on_lost = on_lost or (lambda _: None)
         self._on_settled_twice = on_settled_twice or (lambda: None)
         self._outstanding: deque[int] = deque()
@@ -177,6 +181,8 @@ class Acker:
         if self._done:
             # Done, but behind a delivery still being applied: ack alone once they have waited.
             cutoff = time.monotonic() - self._max_delay
+            if self._scarce is not None and len(self._done) >= self._scarce:
+                cutoff = float("inf")
             for tag, since in list(self._done.items()):
                 if since <= cutoff:
                     del self._done[tag]

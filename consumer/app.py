@@ -20,7 +20,14 @@ from prometheus_client import CollectorRegistry
 from consumer.alone import Alone
 from consumer.batch import BatchEngine
 from consumer.calls import HandlerCall, HandlerCaller, HandlerCalls
-from consumer.config import broker_config, database_config, envelope_limits, names_for, topology_for
+from consumer.config import (
+    batch_size,
+    broker_config,
+    database_config,
+    envelope_limits,
+    names_for,
+    topology_for,
+)
 from consumer.crashes import CrashLedger, Liveness
 from consumer.database import Database, Guard
 from consumer.dispatch import Dispatcher
@@ -116,12 +123,18 @@ def build_service(
         database=database,
     )
     settler = Settler(names=names, jitter=settings.retry_jitter)
+    service: Service | None = None
+
+    def window_full() -> bool:
+        return service is not None and service.in_flight() >= settings.prefetch
+
     dispatcher = Dispatcher(
         workers=settings.db_pool_size,
-        batch_size=settings.batch_size,
+        batch_size=batch_size(settings),
         batch_wait=settings.batch_wait.total_seconds(),
         preparer=preparer,
         settler=settler,
+        window_full=window_full,
     )
 
     def on_pause(error: BaseException) -> None:
@@ -135,7 +148,7 @@ def build_service(
         reporter=OutcomeReporter(logger, metrics, log_payloads=settings.log_payloads),
         on_pause=on_pause,
     )
-    return Service(
+    service = Service(
         config=ServiceConfig(
             broker=broker_config(settings),
             reconnect_max_delay=settings.reconnect_max_delay.total_seconds(),
@@ -151,6 +164,7 @@ def build_service(
         logger=logger,
         metrics=metrics,
     )
+    return service
 
 
 async def serve(

@@ -80,6 +80,7 @@ class BrokerSession:
             self._consume_underlay.on_consumer_cancel_callbacks.add(self._cancelled_by_broker)
             self._acker = Acker(
                 self._consume_underlay,
+                window=self._config.prefetch,
                 on_lost=self._on_lost_acks,
                 on_settled_twice=self._on_settled_twice,
             )

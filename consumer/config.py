@@ -23,6 +23,8 @@ from topology.names import Names
 from topology.plan import TopologySpec, build_topology
 
 __all__ = [
+    "MAX_BATCH_SIZE",
+    "batch_size",
     "broker_config",
     "database_config",
     "envelope_limits",
@@ -30,6 +32,19 @@ __all__ = [
     "names_for",
     "topology_for",
 ]
+
+
+MAX_BATCH_SIZE = 50
+"""The batch size when the prefetch allows it: past it a batch saves little per event and makes
+a conflict's retry (event by event) longer."""
+
+
+def batch_size(settings: Settings) -> int:
+    """``CONSUMER_BATCH_SIZE``, or the workers' share of the prefetch window, at most
+    :data:`MAX_BATCH_SIZE`: a batch never waits for deliveries the window cannot hold."""
+    if settings.batch_size is not None:
+        return settings.batch_size
+    return min(MAX_BATCH_SIZE, -(-settings.prefetch // settings.db_pool_size))
 
 
 def names_for(settings: Settings) -> Names:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from consumer.delivery import Delivery, Prepared
@@ -54,11 +55,21 @@ class Dispatcher:
         batch_wait: float,
         preparer: Preparer,
         settler: Settler,
+        window_full: Callable[[], bool] = lambda: False,
     ) -> None:
+        """``window_full``: the deliveries in hand fill the prefetch window, so the broker sends
+        no more until one is settled and no batch should wait for another."""
         self.state = State()
         self.database_down = asyncio.Event()
+        self._window_full = window_full
         self.inboxes: list[Inbox[Delivery]] = [
-            Inbox(size=batch_size, wait=batch_wait, max_weight=BATCH_BYTES, weight=_body_bytes)
+            Inbox(
+                size=batch_size,
+                wait=batch_wait,
+                max_weight=BATCH_BYTES,
+                weight=_body_bytes,
+                more_coming=lambda: not window_full(),
+            )
             for _ in range(workers)
         ]
         self.lane: Isolation[Delivery] = Isolation()
@@ -153,6 +164,10 @@ class Dispatcher:
             # prefetch holds bodies, not their many times larger objects (consumer.memory).
             delivery.prepared = None
         self.inboxes[index].put(delivery)
+        if self._window_full():
+            # This was the last delivery the window lets in: waiting batches go as they are.
+            for inbox in self.inboxes:
+                inbox.wake()
 
 
 def _body_bytes(delivery: Delivery) -> int:

@@ -19,7 +19,9 @@ class Inbox(Generic[T]):
     already waiting (it is the bottleneck) does a batch wait up to ``wait`` for more: there,
     fuller batches cost less CPU per event in the service, PostgreSQL and RabbitMQ, and on a busy
     machine that CPU is what the latency is made of. A worker that was idle takes the next arrival
-    and goes, so a lone event is never held back.
+    and goes, so a lone event is never held back. Nor does a batch wait for deliveries that cannot
+    come: when ``more_coming`` says the prefetch window is full (the broker sends nothing until
+    something settles), and when :meth:`wake` says it has filled meanwhile.
 
     ``max_weight`` bounds a batch by the sum of its items' ``weight`` (their bodies' bytes).
 
@@ -35,8 +37,10 @@ class Inbox(Generic[T]):
         wait: float,
         max_weight: int | None = None,
         weight: Callable[[T], int] = lambda _: 0,
+        more_coming: Callable[[], bool] = lambda: True,
     ) -> None:
         self._items: deque[T] = deque()
+        self._more_coming = more_coming
         self._size = size
         self._wait = wait
         self._max_weight = max_weight
@@ -48,6 +52,12 @@ class Inbox(Generic[T]):
         self._items.append(item)
         waiter = self._waiter
         if waiter is not None and len(self._items) >= self._wanted:
+            _wake(waiter)
+
+    def wake(self) -> None:
+        """Hand out what is queued now instead of waiting for more (none is coming)."""
+        waiter = self._waiter
+        if waiter is not None and self._items:
             _wake(waiter)
 
     def take_all(self) -> list[T]:
@@ -63,7 +73,7 @@ class Inbox(Generic[T]):
         backlog = bool(self._items)
         if not backlog:
             await self._until(1, None)
-        elif len(self._items) < self._size and self._wait > 0:
+        elif len(self._items) < self._size and self._wait > 0 and self._more_coming():
             loop = asyncio.get_running_loop()
             await self._until(self._size, loop.time() + self._wait)
         items = self._items

@@ -188,7 +188,8 @@ class Settings(BaseSettings):
     exchange: str = "events"
     prefetch: int = Field(default=400, ge=1, le=65535)
     db_pool_size: int = Field(default=4, ge=1, le=1000)
-    batch_size: int = Field(default=50, ge=1, le=1000)
+    batch_size: int | None = Field(default=None, ge=1, le=1000)
+    """Unset: follows from the prefetch (:func:`consumer.config.batch_size`)."""
     batch_wait: Annotated[timedelta, BeforeValidator(parse_duration)] = timedelta(milliseconds=10)
     batch_lock_timeout: Duration = timedelta(milliseconds=100)
     db_stall_timeout: Duration = timedelta(seconds=5)

@@ -34,10 +34,12 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-async def make(*tags: int, max_delay: float = 0.05) -> tuple[Acker, RecordingChannel, list[int]]:
+async def make(
+    *tags: int, max_delay: float = 0.05, window: int | None = None
+) -> tuple[Acker, RecordingChannel, list[int]]:
     channel = RecordingChannel()
     lost: list[int] = []
-    acker = Acker(channel, max_delay=max_delay, on_lost=lost.append)
+    acker = Acker(channel, max_delay=max_delay, window=window, on_lost=lost.append)
     for tag in tags:
         acker.received(tag)
     return acker, channel, lost
@@ -63,6 +65,18 @@ async def test_a_delivery_in_flight_blocks_the_multiple_ack_past_it() -> None:
     acker.ack(2)
     await settle()
     assert channel.frames[-1] == ("ack", 2, True)
+
+
+async def test_at_a_small_prefetch_deliveries_behind_one_in_flight_are_acked_at_once() -> None:
+    # A prefetch of 8: two done deliveries are a quarter of what the broker may send, and it
+    # sends nothing in their place until they are acked
+    acker, channel, _ = await make(1, 2, 3, 4, max_delay=60.0, window=8)
+    acker.ack(3)
+    await settle()
+    assert channel.frames == []  # one alone may wait for the multiple ack
+    acker.ack(4)
+    await settle()
+    assert channel.frames == [("ack", 3, False), ("ack", 4, False)]
 
 
 async def test_nacks_are_single_and_immediate_and_acks_skip_over_them() -> None:

@@ -66,3 +66,23 @@ async def test_an_empty_wait_that_is_cancelled_lets_the_next_one_work() -> None:
     await asyncio.gather(taking, return_exceptions=True)
     inbox.put(7)
     assert await asyncio.wait_for(inbox.next_batch(), 30) == [7]
+
+
+async def test_with_the_prefetch_window_full_a_backlog_goes_without_waiting() -> None:
+    # The broker sends nothing more until something settles: waiting for company is waiting for
+    # nothing (at a small prefetch, the whole difference from a consumer that acks each message)
+    inbox: Inbox[int] = Inbox(size=50, wait=60.0, more_coming=lambda: False)
+    inbox.put(0)
+    inbox.put(1)
+    assert await asyncio.wait_for(inbox.next_batch(), 10) == [0, 1]
+
+
+async def test_a_wait_ends_when_the_window_fills_meanwhile() -> None:
+    inbox: Inbox[int] = Inbox(size=50, wait=60.0)
+    inbox.put(0)
+    taking = asyncio.create_task(inbox.next_batch())
+    await asyncio.sleep(0.01)
+    assert not taking.done()
+    inbox.put(1)
+    inbox.wake()  # the dispatcher: that delivery was the last the window lets in
+    assert await asyncio.wait_for(taking, 10) == [0, 1]

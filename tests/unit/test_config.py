@@ -1,0 +1,24 @@
+"""Each component's configuration as derived from the settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from consumer.config import MAX_BATCH_SIZE, batch_size
+from consumer.settings import Settings
+
+
+@pytest.mark.parametrize(
+    ("prefetch", "pool", "expected"),
+    [(400, 4, MAX_BATCH_SIZE), (50, 4, 13), (10, 4, 3), (1, 4, 1), (3, 1, 3)],
+)
+def test_the_batch_size_is_the_workers_share_of_the_prefetch_window(
+    prefetch: int, pool: int, expected: int
+) -> None:
+    # A batch that waited for more than the window lets in would wait for nothing
+    settings = Settings(prefetch=prefetch, db_pool_size=pool)
+    assert batch_size(settings) == expected
+
+
+def test_a_batch_size_that_is_set_is_kept() -> None:
+    assert batch_size(Settings(prefetch=10, db_pool_size=4, batch_size=25)) == 25

@@ -144,7 +144,7 @@ async def test_a_batch_handler_that_miscounts_is_a_permanent_failure_with_its_re
     # Then it is dead-lettered once, with no effect, naming the handler's mistake
     await wait_until(lambda: _depth_is(env, env.names.dead, 1), timeout=30, what="a dead letter")
     [letter] = await drain_queue(env.amqp_url, env.names.dead, ack=False)
-    assert letter.headers[h.ERROR_CLASS] == "consumer.registry.BatchResultError"
+    assert letter.headers[h.ERROR_CLASS] == "BatchResultError"
     assert "returned 0 results for 1 events" in str(letter.headers[h.ERROR_MESSAGE])
     assert await _effects(env) == 0
     assert await fetchval(env.database_url, "SELECT count(*) FROM receipts") == 0

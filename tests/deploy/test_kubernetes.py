@@ -1,6 +1,7 @@
 """deploy/k8s.
 
-Built-in kinds (Namespace, ConfigMap, Secret, Deployment, Job, Service, PodDisruptionBudget) are
+Built-in kinds (Namespace, ConfigMap, Secret, Deployment, Job, Service, PodDisruptionBudget,
+NetworkPolicy) are
 validated offline by kubernetes-validate against the Kubernetes OpenAPI schemas it ships, in
 strict mode (an unknown field fails). The Operator and KEDA kinds (ServiceMonitor, PrometheusRule,
 ScaledObject, TriggerAuthentication) and the Kustomizations have no schema there: they are parsed
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -26,6 +28,7 @@ BUILT_IN = {
     "apps/v1": {"Deployment"},
     "batch/v1": {"Job"},
     "policy/v1": {"PodDisruptionBudget"},
+    "networking.k8s.io/v1": {"NetworkPolicy"},
 }
 CUSTOM = {
     "monitoring.coreos.com/v1": {"ServiceMonitor", "PrometheusRule"},
@@ -50,8 +53,12 @@ def _is(document: dict[str, Any], kinds: dict[str, set[str]]) -> bool:
     return document.get("kind") in kinds.get(document.get("apiVersion", ""), set())
 
 
+def _all(kind: str) -> list[dict[str, Any]]:
+    return [doc for doc in _manifests().values() if doc["kind"] == kind]
+
+
 def _one(kind: str) -> dict[str, Any]:
-    (document,) = [doc for doc in _manifests().values() if doc["kind"] == kind]
+    (document,) = _all(kind)
     return document
 
 
@@ -84,7 +91,7 @@ def test_built_in_kinds_validate_against_the_kubernetes_schemas(version: str) ->
 
     assert result.returncode == 0, result.stdout + result.stderr
     assert not result.stdout.strip(), result.stdout
-    assert len(paths) == 7
+    assert len(paths) == 9
 
 
 def test_each_kustomization_lists_its_folders_manifests() -> None:
@@ -208,3 +215,130 @@ def test_the_largest_scale_fits_postgres_default_connection_budget() -> None:
     setup_job = 1
 
     assert replicas * _settings().db_pool_size + setup_job <= POSTGRES_CONNECTION_BUDGET
+
+
+# -- NetworkPolicy -------------------------------------------------------------------------------
+
+# Where the example Secrets and monitoring/ put the peers (networkpolicy.yaml's header).
+PROMETHEUS_NAMESPACE = "monitoring"
+PROMETHEUS_POD = {"app.kubernetes.io/name": "prometheus"}
+DNS_NAMESPACE = "kube-system"
+DNS_POD = {"k8s-app": "kube-dns"}
+BROKER_PORTS = {("TCP", 5672), ("TCP", 5671)}  # amqp:// and amqps://
+DATABASE_PORTS = {("TCP", 5432)}
+DNS_PORTS = {("UDP", 53), ("TCP", 53)}
+
+
+def _pod_labels(kind: str) -> dict[str, str]:
+    labels = _one(kind)["spec"]["template"]["metadata"]["labels"]
+    assert isinstance(labels, dict)
+    return labels
+
+
+def _policy_for(kind: str) -> dict[str, Any]:
+    """The one NetworkPolicy whose podSelector selects the pods of the Deployment or the Job."""
+    labels = _pod_labels(kind)
+    (policy,) = [
+        policy
+        for policy in _all("NetworkPolicy")
+        if policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    ]
+    return policy
+
+
+def _ports(rule: dict[str, Any]) -> set[tuple[str, int]]:
+    return {(port.get("protocol", "TCP"), port["port"]) for port in rule["ports"]}
+
+
+def _namespace(peer: dict[str, Any]) -> str:
+    selector = peer["namespaceSelector"]
+    assert set(selector) == {"matchLabels"}, selector
+    (name,) = selector["matchLabels"].values()
+    assert selector["matchLabels"] == {"kubernetes.io/metadata.name": name}
+    return str(name)
+
+
+def _egress(policy: dict[str, Any]) -> dict[str, set[tuple[str, int]]]:
+    """Each egress peer's namespace and the ports opened to it; every rule names its peers."""
+    opened: dict[str, set[tuple[str, int]]] = {}
+    for rule in policy["spec"]["egress"]:
+        assert rule.get("to"), f"{policy['metadata']['name']}: egress to anywhere: {rule}"
+        assert rule.get("ports"), f"{policy['metadata']['name']}: egress on any port: {rule}"
+        for peer in rule["to"]:
+            assert "ipBlock" not in peer, peer
+            opened.setdefault(_namespace(peer), set()).update(_ports(rule))
+            if "podSelector" in peer:
+                assert _namespace(peer) == DNS_NAMESPACE
+                assert peer["podSelector"] == {"matchLabels": DNS_POD}
+    return opened
+
+
+def _example_servers() -> dict[str, tuple[str, int]]:
+    """``scheme -> (namespace, port)`` of every URL in the example Secrets (host.namespace.svc)."""
+    servers: dict[str, tuple[str, int]] = {}
+    for secret in _all("Secret"):
+        for value in secret["stringData"].values():
+            url = urlsplit(value)
+            assert url.hostname is not None, value
+            assert url.port is not None, value
+            _, namespace, *_ = url.hostname.split(".")
+            servers[url.scheme] = (namespace, url.port)
+    return servers
+
+
+def test_one_network_policy_isolates_each_workload_both_ways() -> None:
+    consumer = _policy_for("Deployment")
+    setup = _policy_for("Job")
+
+    assert consumer is not setup
+    assert len(_all("NetworkPolicy")) == 2
+    for policy in (consumer, setup):
+        assert sorted(policy["spec"]["policyTypes"]) == ["Egress", "Ingress"]
+        assert set(policy["spec"]["podSelector"]) == {"matchLabels"}
+    # Each selects its own pods only: the consumer's policy not the Job's, and the other way
+    selector = consumer["spec"]["podSelector"]["matchLabels"]
+    assert not selector.items() <= _pod_labels("Job").items()
+    selector = setup["spec"]["podSelector"]["matchLabels"]
+    assert not selector.items() <= _pod_labels("Deployment").items()
+
+
+def test_the_consumers_accept_only_prometheus_and_only_on_the_http_port() -> None:
+    (container,) = _one("Deployment")["spec"]["template"]["spec"]["containers"]
+    http = {port["name"]: port["containerPort"] for port in container["ports"]}["http"]
+
+    (rule,) = _policy_for("Deployment")["spec"]["ingress"]
+
+    assert _ports(rule) == {("TCP", http)}
+    assert http == _settings().http_port
+    # The port the ServiceMonitor scrapes (through the Service's targetPort)
+    (service_port,) = _one("Service")["spec"]["ports"]
+    (endpoint,) = _one("ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["port"] == service_port["name"]
+    assert service_port["targetPort"] == "http"
+    # from Prometheus's pods in its namespace: one peer with both selectors (two would be "or")
+    (peer,) = rule["from"]
+    assert set(peer) == {"namespaceSelector", "podSelector"}
+    assert _namespace(peer) == PROMETHEUS_NAMESPACE
+    assert peer["podSelector"] == {"matchLabels": PROMETHEUS_POD}
+
+
+def test_the_setup_job_accepts_nothing() -> None:
+    assert _policy_for("Job")["spec"]["ingress"] == []
+
+
+def test_both_reach_only_rabbitmq_postgresql_and_dns() -> None:
+    servers = _example_servers()
+    broker_namespace, broker_port = servers["amqp"]
+    database_namespace, database_port = servers["postgresql"]
+
+    for kind in ("Deployment", "Job"):
+        opened = _egress(_policy_for(kind))
+
+        assert opened == {
+            broker_namespace: BROKER_PORTS,
+            database_namespace: DATABASE_PORTS,
+            DNS_NAMESPACE: DNS_PORTS,
+        }, kind
+        # the example URLs' servers are among them
+        assert ("TCP", broker_port) in opened[broker_namespace]
+        assert ("TCP", database_port) in opened[database_namespace]

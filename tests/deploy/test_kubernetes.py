@@ -11,7 +11,6 @@ No cluster, kubectl or kustomize runs here.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -19,10 +18,21 @@ import pytest
 
 from consumer.durations import parse_duration
 from consumer.settings import Settings
-from tests.deploy.support import DEPLOY, alert_rules, run_tool, yaml_documents, yaml_file
+from tests.deploy.support import (
+    K8S,
+    alert_rules,
+    k8s_all,
+    k8s_containers,
+    k8s_environment,
+    k8s_manifests,
+    k8s_one,
+    k8s_secret_values,
+    run_tool,
+    settings_fields,
+    yaml_file,
+)
 from topology.names import Names
 
-K8S = DEPLOY / "k8s"
 BUILT_IN = {
     "v1": {"Namespace", "ConfigMap", "Secret", "Service"},
     "apps/v1": {"Deployment"},
@@ -41,67 +51,49 @@ KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
 POSTGRES_CONNECTION_BUDGET = 97
 
 
-def _manifests() -> dict[Path, dict[str, Any]]:
-    found: dict[Path, dict[str, Any]] = {}
-    for path in sorted(K8S.rglob("*.yaml")):
-        (document,) = yaml_documents(path)
-        found[path] = document
-    return found
-
-
 def _is(document: dict[str, Any], kinds: dict[str, set[str]]) -> bool:
     return document.get("kind") in kinds.get(document.get("apiVersion", ""), set())
 
 
-def _all(kind: str) -> list[dict[str, Any]]:
-    return [doc for doc in _manifests().values() if doc["kind"] == kind]
-
-
-def _one(kind: str) -> dict[str, Any]:
-    (document,) = _all(kind)
-    return document
-
-
 def _pod_specs() -> list[dict[str, Any]]:
-    return [_one(kind)["spec"]["template"]["spec"] for kind in ("Deployment", "Job")]
-
-
-def _containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
-    return [*pod.get("initContainers", []), *pod["containers"]]
+    return [k8s_one(kind)["spec"]["template"]["spec"] for kind in ("Deployment", "Job")]
 
 
 def _settings() -> Settings:
-    """The ConfigMap plus the example Secret, through the service's own settings parser."""
-    values = {**_one("ConfigMap")["data"], **_one("Secret")["stringData"]}
-    fields = {key.removeprefix("CONSUMER_").lower(): value for key, value in values.items()}
+    """The consumer container's settings (the ConfigMap, its env, the example Secret's URLs
+    through the mounted files), through the service's own settings parser."""
+    pod = k8s_one("Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    fields = settings_fields(k8s_environment(pod, container))
     assert set(fields) <= set(Settings.model_fields), sorted(fields)
     return Settings.model_validate(fields)
 
 
 def test_every_manifest_is_a_kind_these_checks_know() -> None:
-    for path, document in _manifests().items():
+    for path, document in k8s_manifests().items():
         assert _is(document, BUILT_IN) or _is(document, CUSTOM), f"{path}: {document.get('kind')}"
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_built_in_kinds_validate_against_the_kubernetes_schemas(version: str) -> None:
-    paths = [str(p) for p, doc in _manifests().items() if _is(doc, BUILT_IN)]
+    paths = [str(p) for p, doc in k8s_manifests().items() if _is(doc, BUILT_IN)]
 
     result = run_tool("kubernetes-validate", "--strict", "--quiet", "-k", version, *paths)
 
     assert result.returncode == 0, result.stdout + result.stderr
     assert not result.stdout.strip(), result.stdout
-    assert len(paths) == 9
+    assert len(paths) == 10
 
 
-def test_each_kustomization_lists_its_folders_manifests() -> None:
-    for path, document in _manifests().items():
+def test_each_kustomization_lists_its_foldersk8s_manifests() -> None:
+    for path, document in k8s_manifests().items():
         if document["kind"] != "Kustomization":
             continue
         listed = {path.parent / resource for resource in document["resources"]}
         here = {p for p in path.parent.glob("*.yaml") if p.name != "kustomization.yaml"}
         assert all(p.exists() for p in listed), f"{path}: {listed - here}"
-        assert here - listed == {K8S / "secret.example.yaml"} & here, f"{path}: {here - listed}"
+        examples = {p for p in here if p.name.endswith(".example.yaml")}
+        assert here - listed == examples, f"{path}: {here - listed}"
         assert document["namespace"] == "consumer"
 
 
@@ -109,7 +101,7 @@ def test_the_image_name_matches_the_kustomization() -> None:
     (image,) = yaml_file(K8S / "kustomization.yaml")["images"]
 
     for pod in _pod_specs():
-        assert {c["image"] for c in _containers(pod)} == {image["name"]}
+        assert {c["image"] for c in k8s_containers(pod)} == {image["name"]}
 
 
 def test_pods_run_unprivileged_with_limits_on_a_read_only_root() -> None:
@@ -118,20 +110,19 @@ def test_pods_run_unprivileged_with_limits_on_a_read_only_root() -> None:
         assert pod["securityContext"]["runAsUser"] != 0
         assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
         assert pod["automountServiceAccountToken"] is False
-        for container in _containers(pod):
+        for container in k8s_containers(pod):
             security = container["securityContext"]
             assert security["readOnlyRootFilesystem"] is True
             assert security["allowPrivilegeEscalation"] is False
             assert security["capabilities"]["drop"] == ["ALL"]
             assert {"cpu", "memory"} <= set(container["resources"]["requests"])
             assert {"cpu", "memory"} <= set(container["resources"]["limits"])
-            assert {"configMapRef", "secretRef"} == {
-                key for source in container["envFrom"] for key in source
-            }
+            # Settings from the ConfigMap; credentials as files, never the whole Secret as env
+            assert [list(source) for source in container["envFrom"]] == [["configMapRef"]]
 
 
 def test_the_deployment_probes_health_and_readiness_and_outlasts_the_grace() -> None:
-    pod = _one("Deployment")["spec"]["template"]["spec"]
+    pod = k8s_one("Deployment")["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
 
@@ -146,7 +137,7 @@ def test_the_deployment_probes_health_and_readiness_and_outlasts_the_grace() -> 
 
 
 def test_the_setup_job_migrates_then_declares_the_topology() -> None:
-    pod = _one("Job")["spec"]["template"]["spec"]
+    pod = k8s_one("Job")["spec"]["template"]["spec"]
 
     assert [c["args"] for c in pod["initContainers"]] == [["consumer", "migrate"]]
     assert [c["args"] for c in pod["containers"]] == [["consumer", "topology", "apply"]]
@@ -154,11 +145,11 @@ def test_the_setup_job_migrates_then_declares_the_topology() -> None:
 
 
 def test_service_and_budget_select_the_consumer_pods_only() -> None:
-    deployment = _one("Deployment")
+    deployment = k8s_one("Deployment")
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
-    job_labels = _one("Job")["spec"]["template"]["metadata"]["labels"]
-    service = _one("Service")
-    budget = _one("PodDisruptionBudget")
+    job_labels = k8s_one("Job")["spec"]["template"]["metadata"]["labels"]
+    service = k8s_one("Service")
+    budget = k8s_one("PodDisruptionBudget")
 
     for selector in (
         service["spec"]["selector"],
@@ -172,8 +163,8 @@ def test_service_and_budget_select_the_consumer_pods_only() -> None:
 
 
 def test_the_service_monitor_scrapes_the_service_as_job_consumer() -> None:
-    monitor = _one("ServiceMonitor")
-    service = _one("Service")
+    monitor = k8s_one("ServiceMonitor")
+    service = k8s_one("Service")
 
     assert (
         monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
@@ -184,18 +175,17 @@ def test_the_service_monitor_scrapes_the_service_as_job_consumer() -> None:
     # The Operator names the job after the Service; the rules select on that job.
     assert service["metadata"]["name"] == "consumer"
     assert any('job="consumer"' in rule["expr"] for rule in alert_rules())
-    assert _one("PrometheusRule")["metadata"]["labels"] == monitor["metadata"]["labels"]
+    assert k8s_one("PrometheusRule")["metadata"]["labels"] == monitor["metadata"]["labels"]
 
 
 def test_keda_scales_the_deployment_on_the_work_queue_depth() -> None:
-    scaled = _one("ScaledObject")
-    auth = _one("TriggerAuthentication")
-    secret = _one("Secret")
+    scaled = k8s_one("ScaledObject")
+    auth = k8s_one("TriggerAuthentication")
 
     assert scaled["spec"]["scaleTargetRef"] == {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "name": _one("Deployment")["metadata"]["name"],
+        "name": k8s_one("Deployment")["metadata"]["name"],
     }
     (trigger,) = scaled["spec"]["triggers"]
     assert trigger["type"] == "rabbitmq"
@@ -205,13 +195,13 @@ def test_keda_scales_the_deployment_on_the_work_queue_depth() -> None:
     assert int(trigger["metadata"]["value"]) > 0
     assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
     (reference,) = auth["spec"]["secretTargetRef"]
-    assert reference == {"parameter": "host", "name": "consumer", "key": "CONSUMER_AMQP_URL"}
-    assert reference["key"] in secret["stringData"]
+    assert reference == {"parameter": "host", "name": "consumer", "key": "amqp-url"}
+    assert k8s_secret_values(reference["name"])[reference["key"]].startswith("amqp://")
     assert 2 <= scaled["spec"]["minReplicaCount"] <= scaled["spec"]["maxReplicaCount"]
 
 
 def test_the_largest_scale_fits_postgres_default_connection_budget() -> None:
-    replicas = _one("ScaledObject")["spec"]["maxReplicaCount"]
+    replicas = k8s_one("ScaledObject")["spec"]["maxReplicaCount"]
     setup_job = 1
 
     assert replicas * _settings().db_pool_size + setup_job <= POSTGRES_CONNECTION_BUDGET
@@ -230,7 +220,7 @@ DNS_PORTS = {("UDP", 53), ("TCP", 53)}
 
 
 def _pod_labels(kind: str) -> dict[str, str]:
-    labels = _one(kind)["spec"]["template"]["metadata"]["labels"]
+    labels = k8s_one(kind)["spec"]["template"]["metadata"]["labels"]
     assert isinstance(labels, dict)
     return labels
 
@@ -240,7 +230,7 @@ def _policy_for(kind: str) -> dict[str, Any]:
     labels = _pod_labels(kind)
     (policy,) = [
         policy
-        for policy in _all("NetworkPolicy")
+        for policy in k8s_all("NetworkPolicy")
         if policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
     ]
     return policy
@@ -276,7 +266,7 @@ def _egress(policy: dict[str, Any]) -> dict[str, set[tuple[str, int]]]:
 def _example_servers() -> dict[str, tuple[str, int]]:
     """``scheme -> (namespace, port)`` of every URL in the example Secrets (host.namespace.svc)."""
     servers: dict[str, tuple[str, int]] = {}
-    for secret in _all("Secret"):
+    for secret in k8s_all("Secret"):
         for value in secret["stringData"].values():
             url = urlsplit(value)
             assert url.hostname is not None, value
@@ -291,7 +281,7 @@ def test_one_network_policy_isolates_each_workload_both_ways() -> None:
     setup = _policy_for("Job")
 
     assert consumer is not setup
-    assert len(_all("NetworkPolicy")) == 2
+    assert len(k8s_all("NetworkPolicy")) == 2
     for policy in (consumer, setup):
         assert sorted(policy["spec"]["policyTypes"]) == ["Egress", "Ingress"]
         assert set(policy["spec"]["podSelector"]) == {"matchLabels"}
@@ -303,7 +293,7 @@ def test_one_network_policy_isolates_each_workload_both_ways() -> None:
 
 
 def test_the_consumers_accept_only_prometheus_and_only_on_the_http_port() -> None:
-    (container,) = _one("Deployment")["spec"]["template"]["spec"]["containers"]
+    (container,) = k8s_one("Deployment")["spec"]["template"]["spec"]["containers"]
     http = {port["name"]: port["containerPort"] for port in container["ports"]}["http"]
 
     (rule,) = _policy_for("Deployment")["spec"]["ingress"]
@@ -311,8 +301,8 @@ def test_the_consumers_accept_only_prometheus_and_only_on_the_http_port() -> Non
     assert _ports(rule) == {("TCP", http)}
     assert http == _settings().http_port
     # The port the ServiceMonitor scrapes (through the Service's targetPort)
-    (service_port,) = _one("Service")["spec"]["ports"]
-    (endpoint,) = _one("ServiceMonitor")["spec"]["endpoints"]
+    (service_port,) = k8s_one("Service")["spec"]["ports"]
+    (endpoint,) = k8s_one("ServiceMonitor")["spec"]["endpoints"]
     assert endpoint["port"] == service_port["name"]
     assert service_port["targetPort"] == "http"
     # from Prometheus's pods in its namespace: one peer with both selectors (two would be "or")

@@ -4,15 +4,20 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+LOCK := deploy/requirements.lock
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(LOCK) | sha1sum | cut -c1-12)
+# The lock's pins without their hashes, as pip constraints: the virtualenv runs the very versions
+# the image installs (pip's hash checking cannot take an editable install).
+CONSTRAINTS := $(VENV)/constraints.txt
 
-.PHONY: run test lint typecheck pytest services tools migrate topology install dist clean
+.PHONY: run test lint typecheck pytest services tools migrate topology install dist lock clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed (set PYTHON=...)")'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install --quiet --upgrade pip
-	@$(PY) -m pip install --quiet -e '.[dev,deploy]'
+	@sed -e '/^ *--hash=/d' -e 's/ *\\$$//' $(LOCK) > $(CONSTRAINTS)
+	@$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e '.[dev,deploy]'
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
@@ -42,6 +47,22 @@ dist: install
 	@rm -rf build
 	@ls dist/rabbit_pg_consumer-*.whl
 
+# `make lock`: deploy/requirements.lock, what the image installs (with --require-hashes): the
+# runtime dependencies of pyproject.toml and the wheel's build backend (its image-build group),
+# pinned for the image's Python, 3.11 on Linux, each with the hashes of all of its files on PyPI.
+# It takes the newest releases within pyproject's ranges (LOCK_ARGS= keeps the current pins where
+# they still fit). Run it after changing a dependency, and to take security releases; then
+# `make test` (the virtualenv follows the lock) and commit both files.
+LOCK_ARGS ?= --upgrade
+
+lock:
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install --quiet 'uv>=0.9,<1'
+	@$(VENV)/bin/uv pip compile pyproject.toml --group image-build $(LOCK_ARGS) \
+	    --generate-hashes --python-version 3.11 --python-platform linux \
+	    --custom-compile-command 'make lock' --quiet --output-file $(LOCK)
+	@grep -c '^[a-z]' $(LOCK) | xargs printf '%s: %s packages pinned\n' $(LOCK)
+
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -57,10 +78,10 @@ test: lint typecheck pytest
 # `make bench` / `make soak`: see bench/README.md. BENCH_EVENTS, BENCH_RUNS, SOAK_EVENTS and the
 # service's CONSUMER_* settings come from the environment; more flags in BENCH_ARGS / SOAK_ARGS.
 .PHONY: bench soak
-BENCH_STAMP := $(VENV)/.bench-installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+BENCH_STAMP := $(VENV)/.bench-installed-$(shell cat pyproject.toml $(LOCK) | sha1sum | cut -c1-12)
 
 $(BENCH_STAMP): $(STAMP)
-	@$(PY) -m pip install --quiet -e '.[dev,bench]'
+	@$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e '.[dev,bench]'
 	@rm -f $(VENV)/.bench-installed-*
 	@touch $@
 

@@ -14,9 +14,9 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import aiohttp
@@ -29,6 +29,9 @@ from tests.support import REPO, wait_until
 DEPLOY = REPO / "deploy"
 PROMETHEUS_DIR = DEPLOY / "prometheus"
 DASHBOARD = DEPLOY / "grafana" / "rabbit-pg-consumer.json"
+COMPOSE = DEPLOY / "compose.yaml"
+K8S = DEPLOY / "k8s"
+SYSTEMD = DEPLOY / "systemd"
 
 _METRIC_NAME = re.compile(r"\b((?:consumer|rabbitmq)_[a-z0-9_]+)\b")
 # Grafana's macros and this dashboard's variables, replaced before Prometheus sees a query.
@@ -88,6 +91,156 @@ def yaml_documents(path: Path) -> list[dict[str, Any]]:
 def yaml_file(path: Path) -> dict[str, Any]:
     (document,) = yaml_documents(path)
     return document
+
+
+# -- the deploy paths' files, read as their tools read them -------------------------------------
+
+
+def compose_model() -> dict[str, Any]:
+    """compose.yaml as Compose itself normalises it (``docker-compose config``): anchors merged,
+    variables interpolated with their defaults, paths absolute."""
+    result = run_tool("docker-compose", "-f", str(COMPOSE), "config", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    model = json.loads(result.stdout)
+    assert isinstance(model, dict)
+    return model
+
+
+def k8s_manifests() -> dict[Path, dict[str, Any]]:
+    """Every manifest under k8s/ (one document per file), examples included."""
+    found: dict[Path, dict[str, Any]] = {}
+    for path in sorted(K8S.rglob("*.yaml")):
+        (document,) = yaml_documents(path)
+        found[path] = document
+    return found
+
+
+def k8s_all(kind: str) -> list[dict[str, Any]]:
+    return [doc for doc in k8s_manifests().values() if doc["kind"] == kind]
+
+
+def k8s_one(kind: str) -> dict[str, Any]:
+    (document,) = k8s_all(kind)
+    return document
+
+
+def k8s_containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*pod.get("initContainers", []), *pod["containers"]]
+
+
+def k8s_secret_values(name: str) -> dict[str, str]:
+    """The example Secret ``name``'s keys and values (secret.example.yaml and its likes)."""
+    (secret,) = [doc for doc in k8s_all("Secret") if doc["metadata"]["name"] == name]
+    values = secret["stringData"]
+    assert isinstance(values, dict)
+    return values
+
+
+def k8s_secret_names(pod: dict[str, Any]) -> set[str]:
+    """Every Secret a pod spec refers to: volumes (plain or projected), envFrom, env."""
+    names = set()
+    for volume in pod.get("volumes", []):
+        if "secret" in volume:
+            names.add(volume["secret"]["secretName"])
+        for source in volume.get("projected", {}).get("sources", []):
+            if "secret" in source:
+                names.add(source["secret"]["name"])
+    for container in k8s_containers(pod):
+        for source in container.get("envFrom", []):
+            if "secretRef" in source:
+                names.add(source["secretRef"]["name"])
+        for variable in container.get("env", []):
+            reference = variable.get("valueFrom", {}).get("secretKeyRef")
+            if reference is not None:
+                names.add(reference["name"])
+    return names
+
+
+def _mounted_secret_file(pod: dict[str, Any], container: dict[str, Any], path: str) -> str:
+    """The example value of the Secret key a container sees as the file ``path``."""
+    wanted = PurePosixPath(path)
+    volumes = {volume["name"]: volume for volume in pod.get("volumes", [])}
+    for mount in container.get("volumeMounts", []):
+        if wanted.parent != PurePosixPath(mount["mountPath"]):
+            continue
+        secret = volumes[mount["name"]]["secret"]
+        items = {item["path"]: item["key"] for item in secret.get("items", [])}
+        values = k8s_secret_values(secret["secretName"])
+        key = items.get(wanted.name) if items else wanted.name
+        assert key is not None, f"{container['name']}: {path} is not among the mounted items"
+        return values[key]
+    raise AssertionError(f"{container['name']}: nothing is mounted at {wanted.parent}")
+
+
+def k8s_environment(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+    """A container's CONSUMER_* settings as the service sees them: the ConfigMaps and Secrets it
+    takes whole (envFrom), its env, and each ``*_FILE`` setting read from the example Secret
+    mounted there (``CONSUMER_AMQP_URL_FILE`` becomes ``CONSUMER_AMQP_URL``)."""
+    values: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        if "configMapRef" in source:
+            (config,) = [
+                doc
+                for doc in k8s_all("ConfigMap")
+                if doc["metadata"]["name"] == source["configMapRef"]["name"]
+            ]
+            values.update(config["data"])
+        else:
+            values.update(k8s_secret_values(source["secretRef"]["name"]))
+    for variable in container.get("env", []):
+        name = variable["name"]
+        if "valueFrom" in variable:
+            reference = variable["valueFrom"]["secretKeyRef"]
+            values[name] = k8s_secret_values(reference["name"])[reference["key"]]
+        elif name.endswith("_URL_FILE"):
+            values[name.removesuffix("_FILE")] = _mounted_secret_file(
+                pod, container, variable["value"]
+            )
+        else:
+            values[name] = variable["value"]
+    return values
+
+
+def unit_values(unit: str, key: str, section: str = "Service") -> list[str]:
+    """Every value of ``key`` in a unit's ``section``, in order (systemd lets some repeat)."""
+    values: list[str] = []
+    current = None
+    for raw in (SYSTEMD / unit).read_text().splitlines():
+        line = raw.strip()
+        if line.startswith("[") and line.endswith("]"):
+            current = line[1:-1]
+        elif current == section and line.startswith(f"{key}="):
+            values.append(line.partition("=")[2])
+    return values
+
+
+def env_file(installed: str) -> dict[str, str]:
+    """The example of an installed environment file (/etc/consumer/X.env is systemd/X.env.example),
+    as systemd reads it: KEY=VALUE lines, comments and blank lines skipped."""
+    path = SYSTEMD / f"{PurePosixPath(installed).name}.example"
+    values: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, _, value = line.partition("=")
+            values[key.strip()] = value.strip()
+    return values
+
+
+def unit_environment(unit: str) -> dict[str, str]:
+    """The settings a unit starts with: its EnvironmentFile= files in order, later ones winning."""
+    values: dict[str, str] = {}
+    for installed in unit_values(unit, "EnvironmentFile"):
+        values.update(env_file(installed))
+    return values
+
+
+def settings_fields(values: Mapping[str, str]) -> dict[str, str]:
+    """CONSUMER_* variables as the Settings model's field names (the rest left out)."""
+    return {
+        key.removeprefix("CONSUMER_").lower(): value
+        for key, value in values.items()
+        if key.startswith("CONSUMER_")
+    }
 
 
 def referenced_metrics(expression: str) -> set[str]:

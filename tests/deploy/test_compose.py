@@ -4,23 +4,22 @@ and its normalised model inspected; it is not started."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from consumer.durations import parse_duration
 from consumer.settings import Settings
-from tests.deploy.support import DEPLOY, assert_clean, run_tool, yaml_file
+from tests.deploy.support import (
+    COMPOSE,
+    DEPLOY,
+    assert_clean,
+    compose_model,
+    run_tool,
+    settings_fields,
+    yaml_file,
+)
 
-COMPOSE = DEPLOY / "compose.yaml"
-
-
-def _model() -> dict[str, Any]:
-    result = run_tool("docker-compose", "-f", str(COMPOSE), "config", "--format", "json")
-    assert result.returncode == 0, result.stderr
-    model = json.loads(result.stdout)
-    assert isinstance(model, dict)
-    return model
+_model = compose_model
 
 
 def test_compose_accepts_the_file() -> None:
@@ -32,7 +31,9 @@ def test_the_stack_is_rabbitmq_4_postgres_17_jobs_consumers_and_prometheus() -> 
 
     assert set(services) == {
         "rabbitmq",
+        "rabbitmq-users",
         "postgres",
+        "postgres-roles",
         "migrate",
         "topology",
         "consumer",
@@ -42,7 +43,8 @@ def test_the_stack_is_rabbitmq_4_postgres_17_jobs_consumers_and_prometheus() -> 
     assert services["postgres"]["image"] == "postgres:17"
     assert services["rabbitmq"]["healthcheck"]["test"][0] == "CMD"
     assert services["postgres"]["healthcheck"]["test"][0] == "CMD-SHELL"
-    assert services["migrate"]["command"] == ["consumer", "migrate", "--create-database"]
+    # The database is roles.sql's, owned by consumer_migrate: migrate does not create it
+    assert services["migrate"]["command"] == ["consumer", "migrate"]
     assert services["topology"]["command"] == ["consumer", "topology", "apply"]
     assert services["consumer"]["command"] == ["consumer", "run"]
     assert services["consumer"]["deploy"]["replicas"] == 2
@@ -61,9 +63,18 @@ def test_the_consumers_wait_for_both_jobs_and_healthy_servers() -> None:
         "rabbitmq": "service_healthy",
         "postgres": "service_healthy",
     }
-    assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
-    assert services["topology"]["depends_on"]["rabbitmq"]["condition"] == "service_healthy"
-    for job in ("migrate", "topology"):
+    # The jobs wait for the users and roles they log in as, which wait for healthy servers
+    chain = {
+        "migrate": ("postgres-roles", "service_completed_successfully"),
+        "topology": ("rabbitmq-users", "service_completed_successfully"),
+        "postgres-roles": ("postgres", "service_healthy"),
+        "rabbitmq-users": ("rabbitmq", "service_healthy"),
+    }
+    for job, (dependency, condition) in chain.items():
+        assert {
+            name: dependency["condition"]
+            for name, dependency in services[job]["depends_on"].items()
+        } == {dependency: condition}, job
         assert services[job]["restart"] == "no"
 
 
@@ -87,11 +98,7 @@ def test_every_consumer_setting_is_valid_and_shutdown_fits_the_stop_grace() -> N
 
 def _settings(service: dict[str, Any]) -> Settings:
     """The service's CONSUMER_* environment through the service's own settings parser."""
-    values = {
-        key.removeprefix("CONSUMER_").lower(): value
-        for key, value in service["environment"].items()
-        if key.startswith("CONSUMER_")
-    }
+    values = settings_fields(service["environment"])
     assert set(values) <= set(Settings.model_fields), f"unknown settings: {sorted(values)}"
     return Settings.model_validate(values)
 
@@ -103,6 +110,14 @@ def test_every_bind_mount_exists_and_prometheus_reads_the_checked_config() -> No
         for volume in service.get("volumes", []):
             if volume["type"] == "bind":
                 assert Path(volume["source"]).exists(), f"{name}: {volume['source']} is missing"
+    # The one-shot jobs run the very scripts an administrator runs (tests/security runs them)
+    for job, script in (
+        ("rabbitmq-users", "rabbitmq/users.sh"),
+        ("postgres-roles", "postgres/roles.sql"),
+    ):
+        sources = {Path(v["source"]) for v in services[job]["volumes"] if v["type"] == "bind"}
+        assert DEPLOY / script in sources, job
+        assert all(v.get("read_only") for v in services[job]["volumes"]), job
     mounts = {v["target"]: Path(v["source"]) for v in services["prometheus"]["volumes"]}
     assert mounts["/etc/prometheus"] == DEPLOY / "prometheus"
     assert "--config.file=/etc/prometheus/prometheus.yml" in services["prometheus"]["command"]

@@ -39,6 +39,7 @@ from tests.wheels import (
 )
 
 DOCKERFILE = DEPLOY / "Dockerfile"
+LOCK_FILE = "deploy/requirements.lock"
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,23 @@ def test_the_runtime_stage_is_unprivileged_and_stops_on_sigterm() -> None:
     assert not re.search(r"apt-get|gcc|build-essential|pip install", runs), runs
 
 
+def test_the_build_stage_installs_the_locked_dependencies_then_the_package_alone() -> None:
+    build = _stages()[0]
+    steps = [(i.keyword, i.arguments) for i in build]
+    copy_lock = steps.index(("COPY", f"{LOCK_FILE} ./"))
+    installs = [n for n, (keyword, arguments) in enumerate(steps) if "pip install" in arguments]
+
+    # First the lock, hash-checked, wheels only
+    locked, package = installs
+    assert copy_lock < locked
+    for flag in ("--require-hashes", "--only-binary=:all:", "-r requirements.lock"):
+        assert flag in steps[locked][1], flag
+    # then the package's wheel, built with the locked setuptools, without any dependency
+    assert "pip wheel --no-cache-dir --no-deps --no-build-isolation" in steps[package][1]
+    assert "pip install --no-cache-dir --no-deps /tmp/wheel/" in steps[package][1]
+    assert steps[package][1].endswith("pip uninstall --yes pip setuptools")
+
+
 def test_the_runtime_stage_runs_the_installed_package_not_a_source_tree() -> None:
     final = _final_stage()
 
@@ -230,7 +248,10 @@ def _stage(stage: list[Instruction], root: Path) -> Path:
             for file in _context_files(source):
                 if _excluded(file, rules):
                     continue
-                relative = Path(file).relative_to(source) if (REPO / source).is_dir() else file
+                source_path = REPO / source
+                relative = (
+                    Path(file).relative_to(source) if source_path.is_dir() else source_path.name
+                )
                 (target / relative).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy(REPO / file, target / relative)
     return workdir
@@ -248,7 +269,8 @@ def test_the_build_stage_builds_the_package_from_what_it_copies(
     # Then it is the wheel tests/install installs: same files, same contents
     assert _record(wheel) == _record(installed_product.service_wheel)
     copied = {source for sources, _ in _copies(_stages()[0]) for source in sources}
-    assert copied == set(SERVICE_SOURCES)
+    # (and the lock its dependencies come from: tests/deploy/test_lock.py)
+    assert copied == {*SERVICE_SOURCES, LOCK_FILE}
 
 
 def _record(wheel: Path) -> set[str]:

@@ -17,9 +17,15 @@ import pytest
 
 from consumer.durations import parse_duration
 from consumer.settings import Settings
-from tests.deploy.support import DEPLOY, assert_clean, run_tool
+from tests.deploy.support import (
+    SYSTEMD,
+    assert_clean,
+    run_tool,
+    settings_fields,
+    unit_environment,
+    unit_values,
+)
 
-SYSTEMD = DEPLOY / "systemd"
 UNITS = ("consumer.service", "consumer-migrate.service", "consumer-topology.service")
 SYSTEM_UNITS = Path("/usr/lib/systemd/system")
 # systemd-analyze security's exposure, in tenths (10.0 is "UNSAFE"): the units score 1.2 today.
@@ -79,7 +85,12 @@ def test_the_units_are_hardened(staged_root: Path, unit: str) -> None:
     for setting in ("DynamicUser", "NoNewPrivileges", "PrivateTmp", "ProtectHome"):
         assert service[setting] == "yes", setting
     assert service["ProtectSystem"] == "strict"
-    assert service["EnvironmentFile"] == "/etc/consumer/consumer.env"
+    # The shared settings, then the unit's own file (its credentials: tests/deploy/test_credentials)
+    own = unit.removesuffix(".service")
+    assert unit_values(unit, "EnvironmentFile") == [
+        "/etc/consumer/common.env",
+        f"/etc/consumer/{own}.env",
+    ]
 
 
 def test_the_service_restarts_on_failure_and_outlasts_the_shutdown_grace() -> None:
@@ -107,13 +118,10 @@ def test_the_service_needs_the_one_shot_jobs_and_starts_after_them() -> None:
         assert _unit(job)["Unit"]["PartOf"] == "consumer.service"
 
 
-def _example_settings() -> Settings:
-    values: dict[str, str] = {}
-    for line in (SYSTEMD / "consumer.env.example").read_text().splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            key, _, value = line.partition("=")
-            values[key.strip()] = value.strip()
-    fields = {key.removeprefix("CONSUMER_").lower(): value for key, value in values.items()}
+def _example_settings(unit: str = "consumer.service") -> Settings:
+    """What a unit starts with, from the example files of its EnvironmentFile= lines."""
+    values = unit_environment(unit)
+    fields = settings_fields(values)
     assert all(key.startswith("CONSUMER_") for key in values), sorted(values)
     assert set(fields) <= set(Settings.model_fields), sorted(fields)
     return Settings.model_validate(fields)
@@ -128,8 +136,9 @@ def test_the_units_run_the_installed_package_not_a_source_tree(unit: str) -> Non
     assert "WorkingDirectory" not in service
 
 
-def test_the_example_environment_file_is_valid_settings() -> None:
-    settings = _example_settings()
+@pytest.mark.parametrize("unit", UNITS)
+def test_the_example_environment_files_are_valid_settings(unit: str) -> None:
+    settings = _example_settings(unit)
 
     assert settings.log_format == "json"
     assert settings.amqp_url.get_secret_value().startswith("amqp://")

@@ -14,6 +14,9 @@ from tests.support import REPO
 
 ROLES_SQL = REPO / "deploy" / "postgres" / "roles.sql"
 USERS_SH = REPO / "deploy" / "rabbitmq" / "users.sh"
+# compose.yaml's one-shot jobs: users.sh and roles.sql with passwords from the environment
+COMPOSE_USERS_SH = REPO / "deploy" / "rabbitmq" / "compose-users.sh"
+COMPOSE_ROLES_SH = REPO / "deploy" / "postgres" / "compose-roles.sh"
 REFERENCE_HANDLERS = "consumer.handlers.inventory,consumer.handlers.notifications"
 
 
@@ -101,6 +104,14 @@ def apply_roles_sql(
     return result
 
 
+def rabbitmqctl_for(broker: Broker, folder: Path) -> Path:
+    """An executable that runs rabbitmqctl against the test's node (for ``RABBITMQCTL``)."""
+    wrapper = folder / "rabbitmqctl"
+    wrapper.write_text(f'#!/bin/sh\nexec {shlex.join(broker.node.ctl_command())} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
 def apply_users_sh(
     broker: Broker,
     tmp_path: Path,
@@ -110,9 +121,7 @@ def apply_users_sh(
     bootstrap_password: Path | None,
 ) -> subprocess.CompletedProcess[str]:
     """``deploy/rabbitmq/users.sh`` against the test's node (rabbitmqctl through a wrapper)."""
-    wrapper = tmp_path / "rabbitmqctl"
-    wrapper.write_text(f'#!/bin/sh\nexec {shlex.join(broker.node.ctl_command())} "$@"\n')
-    wrapper.chmod(0o755)
+    wrapper = rabbitmqctl_for(broker, tmp_path)
     passwords = {
         key: str(path)
         for key, path in (

@@ -18,9 +18,10 @@ import asyncpg
 
 from consumer.calls import HandlerCaller
 from consumer.crashes import CrashLedger, Mark
-from consumer.database import Database, Guard, guarded_transaction
+from consumer.database import Database
 from consumer.delivery import Delivery, Ready
 from consumer.errors import ConfigError, HandlerEndedTransaction, PipelineFault
+from consumer.guard import Guard, guarded_transaction
 from consumer.judge import Judge, own_fault, raise_if_connection_lost, raise_unless_the_events_fault
 from consumer.outcome import Applied, Failed, Verdict
 from consumer.receipts import Receipts, TransactionLost

@@ -29,10 +29,11 @@ from consumer.config import (
     topology_for,
 )
 from consumer.crashes import CrashLedger, Liveness
-from consumer.database import Database, Guard
+from consumer.database import Database
 from consumer.dispatch import Dispatcher
 from consumer.envelope import EnvelopeParser
 from consumer.errors import BrokerUnreachable, ConfigError, PipelineFault, TopologyMissing
+from consumer.guard import Guard
 from consumer.http import HttpServer, build_app
 from consumer.judge import Judge
 from consumer.logs import Logger, TickFlushed, make_logger, route_library_logs

@@ -13,7 +13,7 @@ Internal.
 
 A handler can therefore run more than once for one event, but only its last, committed run has
 any effect. A transaction a handler left aborted (it swallowed a database error) fails its seal
-instead of committing (:func:`consumer.database.guarded_transaction`), and a handler that ended the
+instead of committing (:func:`consumer.guard.guarded_transaction`), and a handler that ended the
 transaction itself is caught after its call: either way the batch is applied again and only the
 culprit fails.
 """
@@ -29,9 +29,10 @@ import asyncpg
 
 from consumer.alone import EPOCH, Alone
 from consumer.calls import HandlerCaller
-from consumer.database import Database, Guard, guarded_transaction
+from consumer.database import Database
 from consumer.delivery import Ready
 from consumer.errors import ConfigError, ErrorKind, PipelineFault, classify
+from consumer.guard import Guard, guarded_transaction
 from consumer.judge import (
     Judge,
     aborted_before,

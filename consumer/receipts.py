@@ -13,9 +13,9 @@ from uuid import UUID
 
 import asyncpg
 
-from consumer.database import Guard
 from consumer.envelope import Envelope
 from consumer.errors import ErrorKind, PipelineFault, classify
+from consumer.guard import Guard
 
 __all__ = ["Receipts", "TransactionLost"]
 

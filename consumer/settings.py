@@ -3,20 +3,18 @@
 
 Durations are written with a unit (``500ms``, ``5s``, ``2m``, ``1h``, ``1d``, or compounds such as
 ``1m30s``; a bare number is seconds). Choices such as the log level are case-insensitive. A bad
-value raises ``pydantic.ValidationError``; :func:`describe_settings_error` turns it into the one
-line start-up prints. :func:`unknown_variables` finds the ``CONSUMER_*`` variables that are not
-settings (a misspelling would otherwise be ignored without a word).
+value raises ``pydantic.ValidationError``;
+:func:`consumer.setting_errors.describe_settings_error` turns it into the one line start-up prints,
+and :func:`consumer.setting_errors.unknown_variables` finds the ``CONSUMER_*`` variables that are
+not settings. How each value is parsed and checked is in :mod:`consumer.setting_values`.
 """
 
 from __future__ import annotations
 
-import difflib
-import re
 import ssl
-from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 from urllib.parse import parse_qs, urlsplit
 
 from pydantic import (
@@ -25,7 +23,6 @@ from pydantic import (
     ByteSize,
     Field,
     SecretStr,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -34,6 +31,24 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from consumer.durations import parse_duration
 from consumer.redact import redact_url
+from consumer.setting_values import (
+    ENV_PREFIX,
+    NAME,
+    SECRET_FROM_FILE,
+    VERIFYING_SSLMODES,
+    Duration,
+    LogFormat,
+    LogLevel,
+    SslMode,
+    check_one_amqp_url,
+    env_name,
+    module_name,
+    read_secret_file,
+    readable_file,
+    split_ladder,
+    split_list,
+    split_urls,
+)
 from consumer.tls import no_passphrase
 from topology.durations import format_duration
 
@@ -46,130 +61,13 @@ __all__ = [
     "LogLevel",
     "Settings",
     "SslMode",
-    "describe_settings_error",
     "split_urls",
-    "unknown_variables",
 ]
-
-ENV_PREFIX = "CONSUMER_"
 
 DEFAULT_HANDLER_MODULES = (
     "consumer.handlers.inventory",
     "consumer.handlers.notifications",
 )
-
-
-def _upper(value: object) -> object:
-    return value.upper() if isinstance(value, str) else value
-
-
-def _lower(value: object) -> object:
-    return value.lower() if isinstance(value, str) else value
-
-
-def _positive_duration(value: object) -> timedelta:
-    duration = parse_duration(value)
-    if duration <= timedelta(0):
-        raise ValueError("must be longer than zero")
-    return duration
-
-
-Duration = Annotated[timedelta, BeforeValidator(_positive_duration)]
-LogLevel = Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], BeforeValidator(_upper)]
-LogFormat = Annotated[Literal["auto", "json", "console"], BeforeValidator(_lower)]
-SslMode = Annotated[
-    Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"],
-    BeforeValidator(_lower),
-]
-
-# libpq's modes that check the server's certificate (require does once a root certificate is given).
-VERIFYING_SSLMODES = frozenset({"require", "verify-ca", "verify-full"})
-# aiormq reads these from an amqps:// URL, but only when it is given no SSL context: the service
-# always gives one, so they would be ignored. Refuse them rather than ignore them.
-_AMQP_TLS_QUERY = frozenset({"cafile", "capath", "cadata", "certfile", "keyfile", "no_verify_ssl"})
-# A URL secret may come from a file instead (Docker and Kubernetes secrets): CONSUMER_X_FILE.
-_SECRET_FROM_FILE = ("amqp_url", "database_url")
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
-_HANDLER_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-
-
-def _split_list(value: object) -> object:
-    if isinstance(value, str):
-        return tuple(part.strip() for part in value.split(",") if part.strip())
-    return value
-
-
-def _split_ladder(value: object) -> object:
-    # An empty CONSUMER_RETRY_DELAYS= is more likely a template left unfilled than a wish for no
-    # retries at all: that has to be said in so many words.
-    if isinstance(value, str):
-        if value.strip().lower() == "none":
-            return ()
-        if not value.strip():
-            raise ValueError("is empty: list the delays (1s,5s,30s), or say none for no retries")
-    return _split_list(value)
-
-
-def _module_name(value: str) -> str:
-    if not _HANDLER_MODULE.match(value):
-        raise ValueError("is not a module name")
-    return value
-
-
-def _env(field: str) -> str:
-    return f"{ENV_PREFIX}{field.upper()}"
-
-
-def _read_secret_file(field: str, path: object) -> str:
-    """The content of ``CONSUMER_<FIELD>_FILE`` without its trailing newline."""
-    name = _env(f"{field}_file")
-    try:
-        text = Path(str(path)).read_text(encoding="utf-8")
-    except OSError as error:
-        raise ValueError(f"{name}: cannot read {path}: {error.strerror or error}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{name}: {path} is not UTF-8 text") from None
-    value = text.rstrip("\r\n")
-    if not value:
-        raise ValueError(f"{name}: {path} is empty")
-    return value
-
-
-def _readable_file(value: Path | None) -> Path | None:
-    if value is None:
-        return None
-    try:
-        with value.open("rb") as file:
-            file.read(1)
-    except OSError as error:
-        raise ValueError(f"cannot read {value}: {error.strerror or error}") from None
-    return value
-
-
-def split_urls(urls: str) -> list[str]:
-    """``CONSUMER_AMQP_URL`` may list a cluster's nodes, comma-separated."""
-    return [url.strip() for url in urls.split(",") if url.strip()]
-
-
-def _check_one_amqp_url(url: str, *, several: bool) -> None:
-    parts = urlsplit(url)
-    where = f" ({redact_url(url)})" if several else ""
-    if parts.scheme not in ("amqp", "amqps"):
-        raise ValueError(f"must be an amqp:// or amqps:// URL{where}")
-    try:
-        parts.port  # noqa: B018 - raises on a port that is not a number in range
-    except ValueError:
-        raise ValueError(f"has a port that is not a number from 0 to 65535{where}") from None
-    if not parts.hostname:
-        raise ValueError(f"names no host{where}")
-    refused = sorted(_AMQP_TLS_QUERY & parse_qs(parts.query).keys())
-    if refused:
-        raise ValueError(
-            f"TLS options in the URL ({', '.join(refused)}) are not used: set "
-            "CONSUMER_AMQP_CA_FILE, CONSUMER_AMQP_CERT_FILE, CONSUMER_AMQP_KEY_FILE or "
-            "CONSUMER_AMQP_VERIFY_HOSTNAME instead"
-        )
 
 
 class Settings(BaseSettings):
@@ -195,7 +93,7 @@ class Settings(BaseSettings):
     db_stall_timeout: Duration = timedelta(seconds=5)
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=8080, ge=1, le=65535)
-    retry_delays: Annotated[tuple[Duration, ...], NoDecode, BeforeValidator(_split_ladder)] = (
+    retry_delays: Annotated[tuple[Duration, ...], NoDecode, BeforeValidator(split_ladder)] = (
         timedelta(seconds=1),
         timedelta(seconds=5),
         timedelta(seconds=30),
@@ -207,9 +105,9 @@ class Settings(BaseSettings):
     quorum_initial_group_size: int | None = Field(default=None, ge=1, le=99)
     """Replicas for each quorum queue at creation; unset, the broker's default."""
     handlers: Annotated[
-        tuple[Annotated[str, AfterValidator(_module_name)], ...],
+        tuple[Annotated[str, AfterValidator(module_name)], ...],
         NoDecode,
-        BeforeValidator(_split_list),
+        BeforeValidator(split_list),
     ] = DEFAULT_HANDLER_MODULES
     handler_timeout: Duration = timedelta(seconds=15)
     hard_timeout: Duration = timedelta(seconds=20)
@@ -248,15 +146,14 @@ class Settings(BaseSettings):
         if not isinstance(data, dict):
             return data
         data = dict(data)
-        for field in _SECRET_FROM_FILE:
+        for field in SECRET_FROM_FILE:
             path = data.get(f"{field}_file")
             if path is None or path == "":
                 continue
             if data.get(field) not in (None, ""):
-                raise ValueError(
-                    f"{_env(field)} and {_env(field)}_FILE are both set: set only one of them"
-                )
-            data[field] = _read_secret_file(field, path)
+                name = env_name(field)
+                raise ValueError(f"{name} and {name}_FILE are both set: set only one of them")
+            data[field] = read_secret_file(field, path)
         return data
 
     @field_validator("amqp_url")
@@ -267,7 +164,7 @@ class Settings(BaseSettings):
             raise ValueError("is empty")
         schemes = set()
         for url in urls:
-            _check_one_amqp_url(url, several=len(urls) > 1)
+            check_one_amqp_url(url, several=len(urls) > 1)
             schemes.add(urlsplit(url).scheme)
         if len(schemes) > 1:
             # One set of TLS files serves every node: a mixed list would silently drop TLS.
@@ -303,7 +200,7 @@ class Settings(BaseSettings):
         url = info.data.get("amqp_url")
         if url is not None and urlsplit(url.get_secret_value()).scheme != "amqps":
             raise ValueError("is set but CONSUMER_AMQP_URL is not an amqps:// (TLS) URL")
-        _readable_file(value)
+        readable_file(value)
         if info.field_name == "amqp_ca_file":
             try:
                 ssl.create_default_context(cafile=str(value))
@@ -323,7 +220,7 @@ class Settings(BaseSettings):
             if "amqp_cert_file" in info.data:  # not merely invalid: missing
                 raise ValueError("is set without CONSUMER_AMQP_CERT_FILE")
             return value
-        _readable_file(value)
+        readable_file(value)
         try:
             ssl.create_default_context().load_cert_chain(
                 str(cert), str(value), password=no_passphrase
@@ -340,7 +237,7 @@ class Settings(BaseSettings):
     def _check_sslrootcert(cls, value: Path | None, info: ValidationInfo) -> Path | None:
         if value is None:
             return None
-        _readable_file(value)
+        readable_file(value)
         mode = info.data.get("database_sslmode")
         url = info.data.get("database_url")
         if mode is None and url is not None:
@@ -356,7 +253,7 @@ class Settings(BaseSettings):
     @field_validator("name", "exchange")
     @classmethod
     def _check_name(cls, value: str) -> str:
-        if not _NAME.match(value):
+        if not NAME.match(value):
             raise ValueError("is not a usable name (letters, digits, '_', '.', '-'; at most 100)")
         return value
 
@@ -413,55 +310,3 @@ class Settings(BaseSettings):
             elif isinstance(value, tuple) and value and isinstance(value[0], timedelta):
                 values[key] = ",".join(format_duration(item) for item in value)
         return values
-
-
-def describe_settings_error(error: ValidationError) -> str:
-    """One line naming each bad setting and what is wrong with it, with the bad value once (the
-    messages of the checks above never repeat it); never echoes a URL."""
-    problems = []
-    for detail in error.errors(include_url=False):
-        field = str(detail["loc"][0]) if detail["loc"] else ""
-        message = detail["msg"].removeprefix("Value error, ")
-        if not field:
-            # From a check across settings: the message names them itself.
-            problems.append(message)
-            continue
-        if (
-            field not in ("amqp_url", "database_url")
-            and detail["type"] != "missing"
-            and not message.startswith("is empty")
-        ):
-            given = detail.get("input")
-            if isinstance(given, str | int | float):
-                message = f"{message} (got {given!r})"
-        problems.append(f"{_env(field)}: {message}")
-    return "invalid setting " + "; ".join(problems)
-
-
-# The test suite's own variables (tests/conftest.py) share the prefix; they are not settings.
-_NOT_SETTINGS_PREFIX = f"{ENV_PREFIX}TEST_"
-
-
-def unknown_variables(environ: Mapping[str, str]) -> list[str]:
-    """One message per ``CONSUMER_*`` variable that is no setting, naming the nearest that is.
-
-    Only names are shown, never values: a misspelt URL variable may hold a password.
-    """
-    fields = sorted(field.upper() for field in Settings.model_fields)
-    problems = []
-    for name in sorted(environ):
-        upper = name.upper()  # the settings are read case-insensitively
-        if not upper.startswith(ENV_PREFIX) or upper.startswith(_NOT_SETTINGS_PREFIX):
-            continue
-        field = upper.removeprefix(ENV_PREFIX)
-        if field in fields:
-            continue
-        # Compared without the prefix every name shares, which would make anything look close.
-        nearest = difflib.get_close_matches(field, fields, n=1, cutoff=0.6)
-        hint = (
-            f"did you mean {ENV_PREFIX}{nearest[0]}?"
-            if nearest
-            else "the README's Settings table lists them"
-        )
-        problems.append(f"{name} is not a setting ({hint})")
-    return problems

@@ -10,7 +10,8 @@ from pydantic import ValidationError
 
 from consumer.errors import ConfigError
 from consumer.registry import HandlerRegistry
-from consumer.settings import Settings, describe_settings_error, unknown_variables
+from consumer.setting_errors import describe_settings_error, unknown_variables
+from consumer.settings import Settings
 
 __all__ = ["EXIT_CONFIG", "EXIT_FAILURE", "fail", "load_handlers", "load_settings"]
 

@@ -14,7 +14,8 @@ from pydantic import ValidationError
 
 from consumer.config import broker_config, database_config
 from consumer.redact import redact_url, scrub
-from consumer.settings import Settings, describe_settings_error
+from consumer.setting_errors import describe_settings_error
+from consumer.settings import Settings
 from consumer.tls import amqp_ssl_context
 from tests.security.certs import Pki, make_pki
 from tests.security.support import one_line_error, write_secret

@@ -4,7 +4,8 @@ import pytest
 from pydantic import ValidationError
 
 from consumer.redact import redact_url, scrub
-from consumer.settings import Settings, describe_settings_error, unknown_variables
+from consumer.setting_errors import describe_settings_error, unknown_variables
+from consumer.settings import Settings
 
 
 def settings(monkeypatch: pytest.MonkeyPatch, **env: str) -> Settings:

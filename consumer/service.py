@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import traceback
 from dataclasses import dataclass
-from typing import Any
 
 import aiormq
 
@@ -43,6 +42,7 @@ from consumer.logs import Logger
 from consumer.metrics import Metrics
 from consumer.readiness import DatabaseAnswer, Readiness
 from consumer.settle import Settler
+from consumer.waiting import database_ready, wait_any
 from consumer.workers import Workers
 from topology.model import Topology
 from topology.names import Names
@@ -59,9 +59,6 @@ _BROKER_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     TimeoutError,
 )
-
-# The schema the service cannot run without (`consumer migrate` makes it).
-_TABLES = ["receipts", "consumer_in_progress"]
 
 
 @dataclass(frozen=True)
@@ -111,7 +108,9 @@ class Service:
         """Consume until ``stop`` is set, then drain. Raises what made the service stop early."""
         async with self._database as database:
             self._metrics.watch_pool(lambda: database.size, lambda: database.in_use)
-            if not await self._wait_for_database(stop):
+            if not await database_ready(
+                self._database, stop, self._logger, max_delay=self._config.reconnect_max_delay
+            ):
                 return
             self._tasks = [
                 asyncio.create_task(self._workers.worker(inbox), name=f"worker-{index}")
@@ -178,33 +177,6 @@ class Service:
 
     # -- database -----------------------------------------------------------------------------
 
-    async def _wait_for_database(self, stop: asyncio.Event) -> bool:
-        """Probe until the database answers (False if stopped first); check the schema is there."""
-        backoff = Backoff(0.5, self._config.reconnect_max_delay)
-        while not stop.is_set():
-            try:
-                await self._database.probe()
-                break
-            except DatabaseUnavailable as error:
-                delay = backoff.next()
-                self._logger.warning(
-                    "database unreachable at start-up", error=str(error), retry_in_s=round(delay, 2)
-                )
-                await _wait(stop, delay)
-        else:
-            return False
-        async with self._database.connection() as conn:
-            missing = await conn.fetchval(
-                "SELECT string_agg(name, ', ') FROM unnest($1::text[]) AS name"
-                " WHERE to_regclass(name) IS NULL",
-                _TABLES,
-            )
-            if missing is not None:
-                raise PipelineFault(
-                    f"the database has no {missing} table: run `consumer migrate` first"
-                )
-        return True
-
     async def _pause(self, session: BrokerSession, stop: asyncio.Event) -> None:
         """Probe until the database answers, then resume with what was held.
 
@@ -225,7 +197,7 @@ class Service:
                 self._logger.info(
                     "database still unreachable", error=str(error), retry_in_s=round(delay, 2)
                 )
-                await _wait(stop, delay, session.closed, self._fatal_event)
+                await wait_any(stop, delay, session.closed, self._fatal_event)
                 continue
             restarted = started is not None and self._database.server_started != started
             held = self._dispatcher.resume(restarted=restarted)
@@ -285,7 +257,7 @@ class Service:
                 self._dispatcher.take_waiting()
             delay = backoff.next()
             self._logger.info("reconnecting to RabbitMQ", in_s=round(delay, 2))
-            await _wait(stop, delay, self._fatal_event)
+            await wait_any(stop, delay, self._fatal_event)
 
     async def _consume(self, session: BrokerSession, stop: asyncio.Event) -> None:
         await session.start_consuming()
@@ -301,7 +273,7 @@ class Service:
                 raise ConnectionLost(session.closed.result())
             if database_down.is_set():
                 continue
-            await _wait(None, None, stop, database_down, self._fatal_event, session.closed)
+            await wait_any(None, None, stop, database_down, self._fatal_event, session.closed)
 
     async def _stop_gracefully(self, session: BrokerSession) -> None:
         """No new deliveries, unstarted ones back, in-flight ones finish in time."""
@@ -325,25 +297,3 @@ class Service:
         if delivery.redelivered:
             self._metrics.redeliveries.inc()
         await self._dispatcher.place(delivery)
-
-
-async def _wait(
-    stop: asyncio.Event | None,
-    seconds: float | None,
-    *also: asyncio.Future[Any] | asyncio.Event,
-) -> None:
-    """Sleep up to ``seconds`` (for ever if None), waking early when ``stop`` or anything in
-    ``also`` is set."""
-    waiters: list[asyncio.Future[Any]] = []
-    for item in (stop, *also):
-        if isinstance(item, asyncio.Event):
-            waiters.append(asyncio.ensure_future(item.wait()))
-        elif item is not None and not item.done():
-            waiters.append(asyncio.ensure_future(asyncio.shield(item)))
-        elif item is not None:
-            return
-    try:
-        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()

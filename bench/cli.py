@@ -42,6 +42,16 @@ def _systems(text: str) -> tuple[str, ...]:
     return tuple(system for system in SYSTEMS if system in chosen)
 
 
+def _positive_ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected comma-separated whole numbers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("expected comma-separated whole numbers of at least 1")
+    return values
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skus", type=int, default=100, help="SKUs the events spread over")
     parser.add_argument("--seed", type=int, default=1, help="seed of the workload")
@@ -109,6 +119,13 @@ def parser() -> argparse.ArgumentParser:
         default=1.0,
         help="seconds of each latency run left out of the quantiles",
     )
+    bench.add_argument("--no-prefetch", action="store_true", help="skip the prefetch table")
+    bench.add_argument(
+        "--prefetches",
+        type=_positive_ints,
+        default=(10, 50, 400),
+        help="comma-separated prefetches of the prefetch table (default 10,50,400)",
+    )
     _common(bench)
     soak_cmd = commands.add_parser("soak", help="a long run watching the service's RSS (make soak)")
     soak_cmd.add_argument(
@@ -156,6 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         latency_seconds=arguments.latency_seconds,
                         latency_warmup=arguments.latency_warmup,
                         latency_rate=arguments.latency_rate,
+                        prefetch=not arguments.no_prefetch,
+                        prefetches=arguments.prefetches,
                         amqp_url=arguments.amqp_url,
                         admin_dsn=arguments.admin_dsn,
                         results_dir=arguments.results_dir,

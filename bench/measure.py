@@ -67,11 +67,17 @@ def cpu_groups(root: int | None, database: str | None) -> dict[str, procfs.Proce
 
 
 async def broker_limit(
-    infra: Infra, workload: Workload, run: int, *, prefetch: int, service_env: Mapping[str, str]
+    infra: Infra,
+    workload: Workload,
+    run: int,
+    *,
+    prefetch: int,
+    service_env: Mapping[str, str],
+    label: str = "ack",
 ) -> Measurement:
     """An ack-only aio-pika consumer on a work queue declared by the service's own topology."""
     result = Measurement("broker", run, workload.events)
-    name = infra.name(f"ack{run}")
+    name = infra.name(f"{label}{run}")
     env = infra.child_env({**service_env, **owned_env(infra, name, "postgresql://unused/x")})
     try:
         await infra.run_module("topology", "apply", env=env)
@@ -335,11 +341,16 @@ async def check_effects(dsn: str, consumer: str, target: int) -> dict[str, int]:
 
 
 async def service_throughput(
-    infra: Infra, workload: Workload, run: int, *, service_env: Mapping[str, str]
+    infra: Infra,
+    workload: Workload,
+    run: int,
+    *,
+    service_env: Mapping[str, str],
+    label: str = "svc",
 ) -> Measurement:
     """Pre-fill the service's work queue, then start ``python -m consumer run`` and time it."""
     result = Measurement("service", run, workload.events)
-    name = infra.name(f"svc{run}")
+    name = infra.name(f"{label}{run}")
     dsn = await infra.create_database(name, workload)
     env = infra.child_env({**service_env, **owned_env(infra, name, dsn)})
     try:

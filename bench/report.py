@@ -94,19 +94,40 @@ def _median(summary: dict[str, Any], system: str) -> float | None:
     return None if rate is None else float(rate["median"])
 
 
+def over(value: float | None, other: float | None) -> float | None:
+    """``value / other`` to 3 places, or None when either is missing (or ``other`` is not > 0)."""
+    if value is None or other is None or other <= 0:
+        return None
+    return round(value / other, 3)
+
+
 def ratios(systems: dict[str, Any]) -> dict[str, float | None]:
     service = _median(systems, "service")
-
-    def over(other: float | None) -> float | None:
-        if service is None or other is None or other <= 0:
-            return None
-        return round(service / other, 3)
-
     limits = [x for x in (_median(systems, "broker"), _median(systems, "database")) if x]
     return {
-        "service_over_celery": over(_median(systems, "celery")),
-        "service_over_dramatiq": over(_median(systems, "dramatiq")),
-        "service_over_limit": over(min(limits) if limits else None),
+        "service_over_celery": over(service, _median(systems, "celery")),
+        "service_over_dramatiq": over(service, _median(systems, "dramatiq")),
+        "service_over_limit": over(service, min(limits) if limits else None),
+    }
+
+
+# The issue's goal: at every prefetch the service drains at least this share of the ack-only rate.
+PREFETCH_GOAL = 0.85
+
+
+def summarize_prefetch(
+    prefetch: int, batch_size: int, broker: Sequence[Measurement], service: Sequence[Measurement]
+) -> dict[str, Any]:
+    """One row of the prefetch table: both systems' runs at one prefetch, and the ratio of the
+    medians."""
+    summaries = {"broker": summarize_system(broker), "service": summarize_system(service)}
+    ratio = over(_median(summaries, "service"), _median(summaries, "broker"))
+    return {
+        "prefetch": prefetch,
+        "batch_size": batch_size,
+        **summaries,
+        "service_over_broker": ratio,
+        "goal_met": None if ratio is None else ratio >= PREFETCH_GOAL,
     }
 
 
@@ -180,6 +201,9 @@ def table(result: dict[str, Any]) -> str:
         )
         for error in latency["errors"]:
             lines.append(f"    ! {error.splitlines()[0][:200]}")
+    if result.get("prefetch"):
+        lines.append("")
+        lines.extend(prefetch_lines(result["prefetch"], result["runs"]))
     ratio = result["ratios"]
     lines.append("")
     lines.append(
@@ -189,6 +213,34 @@ def table(result: dict[str, Any]) -> str:
         f"service/min(broker, database) {_num(ratio['service_over_limit'], 2)}"
     )
     return "\n".join(lines)
+
+
+def prefetch_lines(rows: Sequence[dict[str, Any]], runs: int) -> list[str]:
+    """The prefetch table: per prefetch, the ack-only consumer's and the service's drain rates
+    (medians, min - max), their ratio against the goal, and each one's CPU time per message."""
+    lines = [
+        f"service against the ack-only consumer at the same prefetch (same quorum queue, "
+        f"interleaved, medians of {runs}; goal service/ack-only >= {PREFETCH_GOAL}):",
+        f"{'prefetch':>8}{'batch':>7}{'ack-only msg/s':>16}{'min - max':>18}"
+        f"{'service msg/s':>15}{'min - max':>18}{'service/ack-only':>18}"
+        f"   sut CPU ms/msg ack-only/service",
+    ]
+    for row in rows:
+        broker, service = row["broker"], row["service"]
+        verdict = {True: "met", False: "below goal", None: "-"}[row["goal_met"]]
+        lines.append(
+            f"{row['prefetch']:>8}{row['batch_size']:>7}"
+            f"{_num(broker['rate'] and broker['rate']['median']):>16}{_range(broker['rate']):>18}"
+            f"{_num(service['rate'] and service['rate']['median']):>15}"
+            f"{_range(service['rate']):>18}"
+            f"{_num(row['service_over_broker'], 2):>9} {verdict:<11}"
+            f"   {_num(broker['cpu_ms_per_msg'].get('sut'), 3)}"
+            f"/{_num(service['cpu_ms_per_msg'].get('sut'), 3)}"
+        )
+        for side in ("broker", "service"):
+            for error in row[side]["errors"]:
+                lines.append(f"    ! {side} {error.splitlines()[0][:200]}")
+    return lines
 
 
 def save(result: dict[str, Any], text: str, directory: Path, stamp: str) -> Path:

@@ -62,6 +62,8 @@ class BenchOptions:
     latency_seconds: float
     latency_warmup: float
     latency_rate: float | None
+    prefetch: bool
+    prefetches: tuple[int, ...]
     amqp_url: str
     admin_dsn: str
     results_dir: Path
@@ -158,7 +160,7 @@ async def _guarded(
         result = await action()
     except BenchError as error:
         result = Measurement(system, run, events, error=str(error))
-    progress(f"  {system:<9} run {run}: {describe(result)} [{time.monotonic() - started:.0f}s]")
+    progress(f"  {system:<12} run {run}: {describe(result)} [{time.monotonic() - started:.0f}s]")
     return result
 
 
@@ -223,6 +225,8 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
                     )
 
                 latency_runs.append(await _guarded("latency", run, 0, latency))
+        if options.prefetch:
+            result["prefetch"] = await _prefetch_rows(infra, workload, options)
     finally:
         await _cleanup(infra)
     result["systems"] = {
@@ -231,8 +235,10 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
     if latency_runs:
         result["latency"] = report.summarize_latency(latency_runs)
     result["ratios"] = report.ratios(result["systems"])
-    failed = any(m.error for runs in measurements.values() for m in runs) or any(
-        m.error for m in latency_runs
+    failed = (
+        any(m.error for runs in measurements.values() for m in runs)
+        or any(m.error for m in latency_runs)
+        or any(row[side]["errors"] for row in result.get("prefetch", ()) for side in SIDES)
     )
     if options.keep_logs or failed:
         result["logs"] = str(infra.log_dir)
@@ -269,6 +275,58 @@ def _action(
         raise BenchError(f"unknown system {system!r}")
 
     return action
+
+
+SIDES = ("broker", "service")
+
+
+async def _prefetch_rows(
+    infra: Infra, workload: Workload, options: BenchOptions
+) -> list[dict[str, Any]]:
+    """The prefetch table: at each prefetch, the ack-only consumer and the service (given
+    ``CONSUMER_PREFETCH`` and nothing else: its batch size and workers follow from it) drain the
+    same workload from the same kind of queue, interleaved run by run."""
+    runs: dict[int, dict[str, list[Measurement]]] = {
+        prefetch: {side: [] for side in SIDES} for prefetch in options.prefetches
+    }
+    for run in range(1, options.runs + 1):
+        progress(f"prefetch run {run}/{options.runs}")
+        for prefetch in options.prefetches:
+            env = {**options.service_env, "CONSUMER_PREFETCH": str(prefetch)}
+
+            async def broker(
+                run: int = run, prefetch: int = prefetch, env: dict[str, str] = env
+            ) -> Measurement:
+                return await measure.broker_limit(
+                    infra,
+                    workload,
+                    run,
+                    prefetch=prefetch,
+                    service_env=env,
+                    label=f"pf{prefetch}ack",
+                )
+
+            async def service(
+                run: int = run, prefetch: int = prefetch, env: dict[str, str] = env
+            ) -> Measurement:
+                return await measure.service_throughput(
+                    infra, workload, run, service_env=env, label=f"pf{prefetch}svc"
+                )
+
+            for side, action in (("broker", broker), ("service", service)):
+                runs[prefetch][side].append(
+                    await _guarded(f"{side}@{prefetch}", run, options.events, action)
+                )
+    rows = []
+    for prefetch in options.prefetches:
+        knobs = effective_knobs({**options.service_env, "CONSUMER_PREFETCH": str(prefetch)})
+        batch = positive_int(knobs, "CONSUMER_BATCH_SIZE")
+        rows.append(
+            report.summarize_prefetch(
+                prefetch, batch, runs[prefetch]["broker"], runs[prefetch]["service"]
+            )
+        )
+    return rows
 
 
 async def _cleanup(infra: Infra) -> None:

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from bench import report, soak
 from bench.infra import OWNED_SERVICE_ENV, REPO, BenchError
@@ -42,14 +43,22 @@ def _systems(text: str) -> tuple[str, ...]:
     return tuple(system for system in SYSTEMS if system in chosen)
 
 
-def _positive_ints(text: str) -> tuple[int, ...]:
+def _numbers(text: str, kind: type[int] | type[float]) -> tuple[Any, ...]:
     try:
-        values = tuple(int(part) for part in text.split(",") if part.strip())
+        values = tuple(kind(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError("expected comma-separated whole numbers") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError("expected comma-separated whole numbers of at least 1")
+        raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s") from None
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s above 0")
     return values
+
+
+def _positive_ints(text: str) -> tuple[int, ...]:
+    return _numbers(text, int)
+
+
+def _positive_numbers(text: str) -> tuple[float, ...]:
+    return _numbers(text, float)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -108,10 +117,11 @@ def parser() -> argparse.ArgumentParser:
         "--latency-seconds", type=float, default=10.0, help="publishing time per latency run"
     )
     bench.add_argument(
-        "--latency-rate",
-        type=float,
-        default=None,
-        help="publish at this rate instead of half the median service rate",
+        "--latency-rates",
+        type=_positive_numbers,
+        default=(500.0, 1000.0, 2000.0),
+        help="comma-separated publishing rates (msg/s) of the latency table (default "
+        "500,1000,2000)",
     )
     bench.add_argument(
         "--latency-warmup",
@@ -172,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         latency=not arguments.no_latency,
                         latency_seconds=arguments.latency_seconds,
                         latency_warmup=arguments.latency_warmup,
-                        latency_rate=arguments.latency_rate,
+                        latency_rates=arguments.latency_rates,
                         prefetch=not arguments.no_prefetch,
                         prefetches=arguments.prefetches,
                         amqp_url=arguments.amqp_url,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import statistics
 import sys
 import time
 import uuid
@@ -61,7 +60,7 @@ class BenchOptions:
     latency: bool
     latency_seconds: float
     latency_warmup: float
-    latency_rate: float | None
+    latency_rates: tuple[float, ...]
     prefetch: bool
     prefetches: tuple[int, ...]
     amqp_url: str
@@ -143,12 +142,14 @@ def describe(measurement: Measurement) -> str:
         parts.append(f"peak RSS {measurement.peak_rss_mb:.0f} MB")
     if measurement.cpu:
         parts.append("cpu " + " ".join(f"{k}={v:.0f}%" for k, v in measurement.cpu.items()))
-    if "p50_ms" in measurement.extra:
+    extra = measurement.extra
+    if "p50_ms" in extra:
         parts.append(
-            f"p50 {measurement.extra['p50_ms']} ms p99 {measurement.extra['p99_ms']} ms "
-            f"(histogram {measurement.extra['histogram_p50_ms']}/"
-            f"{measurement.extra['histogram_p99_ms']} ms)"
+            f"p50 {extra['p50_ms']} ms p99 {extra['p99_ms']} ms max {extra.get('max_ms')} ms, "
+            f"published {extra.get('published_rate')}/s, backlog {extra.get('backlog_at_end')}"
         )
+    if "histogram_p99_ms" in extra:
+        parts.append(f"(histogram {extra['histogram_p50_ms']}/{extra['histogram_p99_ms']} ms)")
     return ", ".join(parts)
 
 
@@ -200,31 +201,14 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
         f"bench {infra.prefix}: {options.events:,} events x {options.runs} runs; {started_text}"
     )
     measurements: dict[str, list[Measurement]] = {system: [] for system in options.systems}
-    latency_runs: list[Measurement] = []
     try:
         for run in range(1, options.runs + 1):
             progress(f"run {run}/{options.runs}")
             for system in options.systems:
                 action = _action(system, infra, workload, run, options, sizes)
                 measurements[system].append(await _guarded(system, run, options.events, action))
-        service_rates = [m.rate for m in measurements.get("service", []) if m.rate]
-        if options.latency and (service_rates or options.latency_rate):
-            rate = options.latency_rate or statistics.median(service_rates) / 2
-            progress(f"latency at {rate:,.0f} msg/s")
-            for run in range(1, options.runs + 1):
-
-                async def latency(run: int = run) -> Measurement:
-                    return await measure.service_latency(
-                        infra,
-                        workload,
-                        run,
-                        service_env=options.service_env,
-                        rate=rate,
-                        seconds=options.latency_seconds,
-                        warmup=options.latency_warmup,
-                    )
-
-                latency_runs.append(await _guarded("latency", run, 0, latency))
+        if options.latency:
+            result["latency"] = await _latency_rows(infra, workload, options, sizes)
         if options.prefetch:
             result["prefetch"] = await _prefetch_rows(infra, workload, options)
     finally:
@@ -232,12 +216,14 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
     result["systems"] = {
         system: report.summarize_system(runs) for system, runs in measurements.items()
     }
-    if latency_runs:
-        result["latency"] = report.summarize_latency(latency_runs)
     result["ratios"] = report.ratios(result["systems"])
     failed = (
         any(m.error for runs in measurements.values() for m in runs)
-        or any(m.error for m in latency_runs)
+        or any(
+            summary["errors"]
+            for row in result.get("latency", ())
+            for summary in row["systems"].values()
+        )
         or any(row[side]["errors"] for row in result.get("prefetch", ()) for side in SIDES)
     )
     if options.keep_logs or failed:
@@ -278,6 +264,39 @@ def _action(
 
 
 SIDES = ("broker", "service")
+
+
+async def _latency_rows(
+    infra: Infra, workload: Workload, options: BenchOptions, sizes: Sizes
+) -> list[dict[str, Any]]:
+    """The latency table: at each rate, the service and the peers among ``--systems``, each
+    started on an empty queue and fed by the same paced publisher, interleaved run by run."""
+    systems = [system for system in measure.LATENCY_SYSTEMS if system in options.systems]
+    runs: dict[float, dict[str, list[Measurement]]] = {
+        rate: {system: [] for system in systems} for rate in options.latency_rates
+    }
+    for run in range(1, options.runs + 1):
+        progress(f"latency run {run}/{options.runs}")
+        for rate in options.latency_rates:
+            for system in systems:
+
+                async def action(
+                    run: int = run, rate: float = rate, system: str = system
+                ) -> Measurement:
+                    return await measure.latency(
+                        infra,
+                        workload,
+                        run,
+                        system=system,
+                        rate=rate,
+                        seconds=options.latency_seconds,
+                        warmup=options.latency_warmup,
+                        service_env=options.service_env,
+                        prefetch=sizes.prefetch,
+                    )
+
+                runs[rate][system].append(await _guarded(f"{system}@{rate:g}/s", run, 0, action))
+    return [report.summarize_latency_rate(rate, runs[rate]) for rate in options.latency_rates]
 
 
 async def _prefetch_rows(

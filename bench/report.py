@@ -231,7 +231,8 @@ def table(result: dict[str, Any]) -> str:
             lines.append(f"    ! {error.splitlines()[0][:200]}")
     if result.get("latency"):
         lines.append("")
-        lines.extend(latency_lines(result["latency"], result["runs"]))
+        seconds = result["settings"].get("latency", {}).get("seconds")
+        lines.extend(latency_lines(result["latency"], result["runs"], seconds))
     if result.get("prefetch"):
         lines.append("")
         lines.extend(prefetch_lines(result["prefetch"], result["runs"]))
@@ -250,12 +251,15 @@ LATENCY_LABELS = {"service": "service", "celery": "celery", "dramatiq": "dramati
 _VERDICT = {True: "yes", False: "NO", None: "-"}
 
 
-def latency_lines(rows: Sequence[dict[str, Any]], runs: int) -> list[str]:
+def latency_lines(
+    rows: Sequence[dict[str, Any]], runs: int, seconds: float | None = None
+) -> list[str]:
     """The latency table: per rate and system, publish -> commit p50, p99 and max (medians of
     the runs), whether it sustained the rate, and the CPU of each process while publishing."""
     lines = [
-        "publish -> commit latency at paced rates (confirmed publishing, one publisher for all; "
-        f"ms, medians of {runs}; goal: service p99 below every peer that sustains the rate, "
+        "publish -> commit latency at paced rates (confirmed publishing, one publisher for all"
+        + (f", {seconds:g} s each" if seconds else "")
+        + f"; ms, medians of {runs}; goal: service p99 below every peer that sustains the rate, "
         f"< {LATENCY_GOAL_MS:g} ms at {LATENCY_GOAL_RATE:,.0f}/s):",
         f"{'rate/s':>7}  {'system':<10}{'p50':>10}{'p99':>11}{'max':>10}{'published/s':>13}"
         f"{'backlog':>9}  {'sustained':<11}CPU % of a core: sut/harness/rabbit/pg, machine %",

@@ -193,6 +193,12 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
             "pgbench": {"clients": sizes.pool, "events_per_transaction": sizes.batch},
             "celery": {"pool": "prefork", "concurrency": 2, "prefetch_total": sizes.prefetch},
             "dramatiq": {"processes": 2, "threads": 4, "prefetch_total": sizes.prefetch},
+            "latency": {
+                "rates": list(options.latency_rates) if options.latency else [],
+                "seconds": options.latency_seconds,
+                "warmup_seconds": options.latency_warmup,
+            },
+            "prefetches": list(options.prefetches) if options.prefetch else [],
         },
         "versions": {**versions(), **await server_versions(options.amqp_url, options.admin_dsn)},
         "machine": started_text,

@@ -167,3 +167,11 @@ def test_latency_counts_the_events_published_after_the_warm_up_that_committed() 
     assert figures["p50_ms"] == 3.0
     assert figures["p99_ms"] == figures["max_ms"] == 4.0
     assert figures["published_rate"] == 2.0
+    assert figures["backlog_at_end"] == 1  # the last, never committed
+
+
+def test_the_backlog_is_what_had_not_committed_when_the_last_event_was_published() -> None:
+    ids = [uuid.UUID(int=n) for n in range(4)]
+    published = {ids[n]: 10.0 + n for n in range(4)}  # the last at 13.0
+    committed = {ids[0]: 10.5, ids[1]: 12.9, ids[2]: 13.5, ids[3]: 14.0}
+    assert latency_figures(published, committed, warmup=0)["backlog_at_end"] == 2

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from bench import report, soak
 from bench.infra import OWNED_SERVICE_ENV, REPO, BenchError
@@ -40,6 +41,24 @@ def _systems(text: str) -> tuple[str, ...]:
     if unknown or not chosen:
         raise argparse.ArgumentTypeError(f"choose from {','.join(SYSTEMS)}")
     return tuple(system for system in SYSTEMS if system in chosen)
+
+
+def _numbers(text: str, kind: type[int] | type[float]) -> tuple[Any, ...]:
+    try:
+        values = tuple(kind(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s") from None
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s above 0")
+    return values
+
+
+def _positive_ints(text: str) -> tuple[int, ...]:
+    return _numbers(text, int)
+
+
+def _positive_numbers(text: str) -> tuple[float, ...]:
+    return _numbers(text, float)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -98,16 +117,24 @@ def parser() -> argparse.ArgumentParser:
         "--latency-seconds", type=float, default=10.0, help="publishing time per latency run"
     )
     bench.add_argument(
-        "--latency-rate",
-        type=float,
-        default=None,
-        help="publish at this rate instead of half the median service rate",
+        "--latency-rates",
+        type=_positive_numbers,
+        default=(500.0, 1000.0, 2000.0),
+        help="comma-separated publishing rates (msg/s) of the latency table (default "
+        "500,1000,2000)",
     )
     bench.add_argument(
         "--latency-warmup",
         type=float,
         default=1.0,
         help="seconds of each latency run left out of the quantiles",
+    )
+    bench.add_argument("--no-prefetch", action="store_true", help="skip the prefetch table")
+    bench.add_argument(
+        "--prefetches",
+        type=_positive_ints,
+        default=(10, 50, 400),
+        help="comma-separated prefetches of the prefetch table (default 10,50,400)",
     )
     _common(bench)
     soak_cmd = commands.add_parser("soak", help="a long run watching the service's RSS (make soak)")
@@ -155,7 +182,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         latency=not arguments.no_latency,
                         latency_seconds=arguments.latency_seconds,
                         latency_warmup=arguments.latency_warmup,
-                        latency_rate=arguments.latency_rate,
+                        latency_rates=arguments.latency_rates,
+                        prefetch=not arguments.no_prefetch,
+                        prefetches=arguments.prefetches,
                         amqp_url=arguments.amqp_url,
                         admin_dsn=arguments.admin_dsn,
                         results_dir=arguments.results_dir,

@@ -1,9 +1,11 @@
 """The effect Celery and Dramatiq apply, with psycopg 3: the service's receipt + reserve, one
-transaction, the same statements and round trips (BEGIN, receipt, reserve, COMMIT).
+transaction, the same statements and round trips (BEGIN, receipt, reserve, seal, COMMIT).
 
-The SQL mirrors ``_INSERT_RECEIPT`` in ``consumer/pipeline.py`` and ``_RESERVE`` in
+The SQL mirrors ``_INSERT_ONE`` in ``consumer/receipts.py`` and ``_RESERVE`` in
 ``consumer/handlers/inventory.py`` (copied, not imported, so that the competitors keep doing the
-reference effect while the service is being changed).
+reference effect while the service is being changed). The seal: receipts commit only in a
+transaction that set ``consumer.sealed`` (``sql/004``), as the service does just before COMMIT;
+the peers set it plainly (they run no handler that could end the transaction).
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ INSERT INTO stock_movements (event_id, order_id, sku, delta)
 SELECT %(event_id)s, %(order_id)s, sku, -%(qty)s FROM reserved
 RETURNING id
 """
+
+
+SEAL = "SELECT set_config('consumer.sealed', 'yes', true)"
 
 
 class EffectFailed(Exception):
@@ -68,4 +73,5 @@ def apply_reserve(conn: psycopg.Connection[Any], consumer: str, event: Mapping[s
         }
         if conn.execute(RESERVE, params).fetchone() is None:
             raise EffectFailed(f"cannot reserve {params['qty']} of {params['sku']!r}")
+        conn.execute(SEAL)
     return True

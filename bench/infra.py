@@ -180,14 +180,21 @@ class Infra:
         async with Producer(self.amqp_url) as producer:
             return await producer.publish(exchange_name, routing_key, bodies, window)
 
-    async def queue_depth(self, queue: str) -> int:
+    async def _declared(self, queue: str) -> Any:
+        """The broker's answer to a passive declare of ``queue`` (its depth and consumers)."""
         connection = await aio_pika.connect(self.amqp_url)
         try:
             channel = await connection.channel()
             declared = await channel.declare_queue(queue, passive=True)
-            return int(declared.declaration_result.message_count or 0)
+            return declared.declaration_result
         finally:
             await connection.close()
+
+    async def queue_depth(self, queue: str) -> int:
+        return int((await self._declared(queue)).message_count or 0)
+
+    async def consumer_count(self, queue: str) -> int:
+        return int((await self._declared(queue)).consumer_count or 0)
 
     async def wait_for_depth(self, queue: str, count: int, limit_s: float = 120) -> None:
         deadline = time.monotonic() + limit_s

@@ -10,6 +10,7 @@ the last commit).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import re
@@ -20,18 +21,18 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
 import aiormq
 import asyncpg
-from aio_pika.abc import DeliveryMode
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench import procfs
-from bench.events import EVENT_TYPE, Workload, encode, envelope
+from bench import procfs, wire
+from bench.events import EVENT_TYPE, Workload, encode
 from bench.infra import REPO, BenchError, Child, Infra, find_pgbench, free_port
+from bench.paced import paced_publish
+from bench.wire import Wire
 
 POLL_INTERVAL = 0.05
 STALL_TIMEOUT = 90.0
@@ -67,11 +68,17 @@ def cpu_groups(root: int | None, database: str | None) -> dict[str, procfs.Proce
 
 
 async def broker_limit(
-    infra: Infra, workload: Workload, run: int, *, prefetch: int, service_env: Mapping[str, str]
+    infra: Infra,
+    workload: Workload,
+    run: int,
+    *,
+    prefetch: int,
+    service_env: Mapping[str, str],
+    label: str = "ack",
 ) -> Measurement:
     """An ack-only aio-pika consumer on a work queue declared by the service's own topology."""
     result = Measurement("broker", run, workload.events)
-    name = infra.name(f"ack{run}")
+    name = infra.name(f"{label}{run}")
     env = infra.child_env({**service_env, **owned_env(infra, name, "postgresql://unused/x")})
     try:
         await infra.run_module("topology", "apply", env=env)
@@ -144,10 +151,10 @@ def owned_env(infra: Infra, name: str, database_url: str) -> dict[str, str]:
 
 # The service's transaction as a pgbench script: BEGIN, the batch's receipts in one statement,
 # then the reserve batch handler's two statements (lock the SKUs' rows, take the stock and write
-# the movements), COMMIT. pgbench cannot build arrays, so one more
-# statement draws the batch (fresh ids, SKUs) on the server. Each client draws only SKUs of its own
-# residue class, as the service routes equal keys to one worker: without that, batches of random
-# SKUs would wait on each other's rows.
+# the movements), the seal receipts need to commit (sql/004), COMMIT. pgbench cannot build
+# arrays, so one more statement draws the batch (fresh ids, SKUs) on the server. Each client draws
+# only SKUs of its own residue class, as the service routes equal keys to one worker: without
+# that, batches of random SKUs would wait on each other's rows.
 PGBENCH_BATCH = """\
 \\set first 1 + :client_id
 \\set span :skus / :clients
@@ -173,6 +180,7 @@ WITH taken AS (
 INSERT INTO stock_movements (event_id, order_id, sku, delta)
 SELECT event_id, 'pgbench', sku, -1
 FROM unnest(CAST(:batch_ids AS uuid[]), CAST(:batch_skus AS text[])) AS m (event_id, sku);
+SELECT set_config('consumer.sealed', 'yes', true);
 END;
 """
 
@@ -335,11 +343,16 @@ async def check_effects(dsn: str, consumer: str, target: int) -> dict[str, int]:
 
 
 async def service_throughput(
-    infra: Infra, workload: Workload, run: int, *, service_env: Mapping[str, str]
+    infra: Infra,
+    workload: Workload,
+    run: int,
+    *,
+    service_env: Mapping[str, str],
+    label: str = "svc",
 ) -> Measurement:
     """Pre-fill the service's work queue, then start ``python -m consumer run`` and time it."""
     result = Measurement("service", run, workload.events)
-    name = infra.name(f"svc{run}")
+    name = infra.name(f"{label}{run}")
     dsn = await infra.create_database(name, workload)
     env = infra.child_env({**service_env, **owned_env(infra, name, dsn)})
     try:
@@ -370,13 +383,11 @@ async def _peer_throughput(
     result: Measurement,
     *,
     app: str,
-    env: dict[str, str],
-    worker_argv: list[str],
-    extra: dict[str, object],
+    peer: Peer,
 ) -> Measurement:
     """Publish the workload through a peer's own client (``<app> publish``), then time its worker
-    draining it. ``env`` names the queue (``BENCH_QUEUE``) and the database
-    (``BENCH_DATABASE_URL``)."""
+    draining it."""
+    env = peer.env
     name = env["BENCH_QUEUE"]
     dsn = env["BENCH_DATABASE_URL"]
     system = result.system
@@ -391,7 +402,7 @@ async def _peer_throughput(
             limit_s=600,
         )
         await infra.wait_for_depth(name, workload.events)
-        argv = [sys.executable, "-m", *worker_argv]
+        argv = [sys.executable, "-m", *peer.worker_argv]
         child = Child.spawn(system, argv, env, infra.log_file(f"{system}-{result.run}"))
         try:
             await drain(child, dsn, name, workload.events, result)
@@ -399,7 +410,7 @@ async def _peer_throughput(
             code = await child.stop()
         result.extra = {
             "exit_code": code,
-            **extra,
+            **peer.extra,
             **await check_effects(dsn, system, workload.events),
         }
     finally:
@@ -408,11 +419,19 @@ async def _peer_throughput(
     return result
 
 
-async def celery_throughput(
-    infra: Infra, workload: Workload, run: int, *, prefetch: int, concurrency: int = 2
-) -> Measurement:
-    name = infra.name(f"celery{run}")
-    dsn = await infra.create_database(name, workload)
+@dataclass(frozen=True)
+class Peer:
+    """How to run a peer's worker on one queue and database: its environment (``BENCH_QUEUE``,
+    ``BENCH_DATABASE_URL``, ...), its ``python -m`` arguments, what the report notes about it, and
+    how many consumers it opens on its queue once it is ready."""
+
+    env: dict[str, str]
+    worker_argv: list[str]
+    extra: dict[str, object]
+    consumers: int
+
+
+def celery_peer(infra: Infra, name: str, dsn: str, *, prefetch: int, concurrency: int = 2) -> Peer:
     env = infra.child_env(
         {
             "BENCH_AMQP_URL": infra.amqp_url,
@@ -422,45 +441,27 @@ async def celery_throughput(
             "BENCH_CONCURRENCY": str(concurrency),
         }
     )
-    await infra.note_celery_delayed_delivery()
-    try:
-        return await _peer_throughput(
-            infra,
-            workload,
-            Measurement("celery", run, workload.events),
-            app="bench.celery_app",
-            env=env,
-            worker_argv=[
-                "celery",
-                "-A",
-                "bench.celery_app",
-                "worker",
-                "--pool=prefork",
-                f"--concurrency={concurrency}",
-                f"--queues={name}",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-                "--loglevel=WARNING",
-                f"--hostname={name}@%h",
-            ],
-            extra={"prefetch": prefetch},
-        )
-    finally:
-        await infra.remove_celery_delayed_delivery()
+    argv = [
+        "celery",
+        "-A",
+        "bench.celery_app",
+        "worker",
+        "--pool=prefork",
+        f"--concurrency={concurrency}",
+        f"--queues={name}",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "--loglevel=WARNING",
+        f"--hostname={name}@%h",
+    ]
+    # One consumer, in the parent process: the children only run tasks.
+    return Peer(env, argv, {"prefetch": prefetch}, consumers=1)
 
 
-async def dramatiq_throughput(
-    infra: Infra,
-    workload: Workload,
-    run: int,
-    *,
-    prefetch: int,
-    processes: int = 2,
-    threads: int = 4,
-) -> Measurement:
-    name = infra.name(f"dramatiq{run}")
-    dsn = await infra.create_database(name, workload)
+def dramatiq_peer(
+    infra: Infra, name: str, dsn: str, *, prefetch: int, processes: int = 2, threads: int = 4
+) -> Peer:
     per_process = max(1, math.ceil(prefetch / processes))
     env = infra.child_env(
         {
@@ -470,19 +471,40 @@ async def dramatiq_throughput(
             "dramatiq_queue_prefetch": str(per_process),
         }
     )
+    argv = ["dramatiq", "bench.dramatiq_app", f"--processes={processes}", f"--threads={threads}"]
+    # Each process consumes the work queue (and its delay queue).
+    return Peer(env, argv, {"prefetch_per_process": per_process}, consumers=processes)
+
+
+async def celery_throughput(
+    infra: Infra, workload: Workload, run: int, *, prefetch: int
+) -> Measurement:
+    name = infra.name(f"celery{run}")
+    dsn = await infra.create_database(name, workload)
+    await infra.note_celery_delayed_delivery()
+    try:
+        return await _peer_throughput(
+            infra,
+            workload,
+            Measurement("celery", run, workload.events),
+            app="bench.celery_app",
+            peer=celery_peer(infra, name, dsn, prefetch=prefetch),
+        )
+    finally:
+        await infra.remove_celery_delayed_delivery()
+
+
+async def dramatiq_throughput(
+    infra: Infra, workload: Workload, run: int, *, prefetch: int
+) -> Measurement:
+    name = infra.name(f"dramatiq{run}")
+    dsn = await infra.create_database(name, workload)
     return await _peer_throughput(
         infra,
         workload,
         Measurement("dramatiq", run, workload.events),
         app="bench.dramatiq_app",
-        env=env,
-        worker_argv=[
-            "dramatiq",
-            "bench.dramatiq_app",
-            f"--processes={processes}",
-            f"--threads={threads}",
-        ],
-        extra={"prefetch_per_process": per_process},
+        peer=dramatiq_peer(infra, name, dsn, prefetch=prefetch),
     )
 
 
@@ -575,116 +597,120 @@ async def wait_ready(child: Child, port: int, limit_s: float = 60) -> None:
             await asyncio.sleep(0.1)
 
 
-async def _paced_publish(
-    infra: Infra, exchange_name: str, workload: Workload, rate: float, seconds: float
-) -> dict[uuid.UUID, float]:
-    """Publish at ``rate`` per second for ``seconds``; each event's occurred_at = its publish
-    time. Returns publish times (``time.time()``) by event id.
+async def wait_for_consumers(infra: Infra, child: Child, queue: str, count: int) -> None:
+    """Until ``queue`` has ``count`` consumers (the system is ready to take what is published),
+    or :class:`BenchError` if the process exits or a minute passes."""
+    deadline = time.monotonic() + 60
+    while True:
+        if child.exited() is not None:
+            raise BenchError(f"{child.label} exited {child.exited()}:\n{child.log_tail()}")
+        with contextlib.suppress(aiormq.exceptions.ChannelNotFoundEntity):
+            if await infra.consumer_count(queue) >= count:
+                return
+        if time.monotonic() > deadline:
+            raise BenchError(f"{child.label} did not consume from {queue} within 60s")
+        await asyncio.sleep(0.2)
 
-    Straight on aiormq, confirms gathered per tick rather than a task per message: the harness
-    shares the machine's two cores with what it measures, so its work per message is kept small
-    (it still takes 35-50% of a core at 1,750 msg/s; the latency row reports it)."""
-    published: dict[uuid.UUID, float] = {}
-    rng_events = workload.envelopes()
-    connection = await aiormq.connect(infra.amqp_url)
-    try:
-        channel = await connection.channel(publisher_confirms=True)
-        properties = aiormq.spec.Basic.Properties(
-            content_type="application/json", delivery_mode=DeliveryMode.PERSISTENT.value
+
+LATENCY_SYSTEMS = ("service", "celery", "dramatiq")
+
+
+@dataclass
+class _Target:
+    """A system ready to be started for a latency run: what to spawn, where its messages go."""
+
+    env: dict[str, str]
+    argv: list[str]
+    wire: Wire
+    queue: str
+    consumers: int
+    metrics_port: int | None = None
+
+
+async def _latency_target(
+    infra: Infra,
+    system: str,
+    name: str,
+    dsn: str,
+    *,
+    service_env: Mapping[str, str],
+    prefetch: int,
+) -> _Target:
+    if system == "service":
+        env = infra.child_env({**service_env, **owned_env(infra, name, dsn)})
+        await infra.run_module("topology", "apply", env=env)
+        return _Target(
+            env,
+            [sys.executable, "-m", "consumer", "run"],
+            wire.service(f"{name}.events"),
+            f"{name}.work",
+            1,
+            metrics_port=int(env["CONSUMER_HTTP_PORT"]),
         )
-        confirming: list[asyncio.Future[Any]] = []
-        total = int(rate * seconds)
-        start = time.monotonic()
-        sent = 0
-        while sent < total:
-            due = min(total, int((time.monotonic() - start) * rate) + 1)
-            tick: list[Any] = []
-            while sent < due:
-                template = next(rng_events)
-                now = time.time()
-                event_id = uuid.UUID(template["event_id"])
-                body = encode(
-                    envelope(
-                        event_id,
-                        template["payload"]["sku"],
-                        template["payload"]["order_id"],
-                        occurred_at=datetime.fromtimestamp(now, UTC).isoformat(),
-                    )
-                )
-                published[event_id] = now
-                tick.append(
-                    channel.basic_publish(
-                        body,
-                        exchange=exchange_name,
-                        routing_key=EVENT_TYPE,
-                        properties=properties,
-                        mandatory=True,
-                    )
-                )
-                sent += 1
-            if tick:
-                confirming.append(asyncio.ensure_future(asyncio.gather(*tick)))
-            await asyncio.sleep(0.002)
-        for confirmations in await asyncio.gather(*confirming):
-            for confirmation in confirmations:
-                if not isinstance(confirmation, aiormq.spec.Basic.Ack):
-                    raise BenchError(f"a latency event was not confirmed: {confirmation!r}")
-    finally:
-        await connection.close()
-    return published
+    if system == "celery":
+        await infra.note_celery_delayed_delivery()
+        peer = celery_peer(infra, name, dsn, prefetch=prefetch)
+        publish_as = wire.celery(name)
+    elif system == "dramatiq":
+        peer = dramatiq_peer(infra, name, dsn, prefetch=prefetch)
+        publish_as = wire.dramatiq(name)
+    else:
+        raise BenchError(f"no latency run for {system!r}")
+    argv = [sys.executable, "-m", *peer.worker_argv]
+    return _Target(peer.env, argv, publish_as, name, peer.consumers)
 
 
-async def service_latency(
+async def latency(
     infra: Infra,
     workload: Workload,
     run: int,
     *,
-    service_env: Mapping[str, str],
+    system: str,
     rate: float,
     seconds: float,
     warmup: float,
+    service_env: Mapping[str, str],
+    prefetch: int,
 ) -> Measurement:
-    """Publish at a paced ``rate`` to a running service; publish -> commit quantiles."""
-    result = Measurement("latency", run, 0)
-    name = infra.name(f"lat{run}")
-    events = int(rate * seconds)
-    sized = Workload(events, workload.skus, workload.seed + run)
+    """Start ``system`` on an empty queue, publish to it at a paced ``rate`` for ``seconds`` (its
+    own message format, the same publisher for all), and take publish -> commit quantiles."""
+    result = Measurement(system, run, 0)
+    name = infra.name(f"lat{system[:3]}{round(rate)}r{run}")
+    sized = Workload(int(rate * seconds), workload.skus, workload.seed + run)
     dsn = await infra.create_database(name, sized)
-    env = infra.child_env({**service_env, **owned_env(infra, name, dsn)})
-    port = int(env["CONSUMER_HTTP_PORT"])
     try:
         conn = await asyncpg.connect(dsn)
         try:
             await conn.execute(COMMIT_CLOCK)
         finally:
             await conn.close()
-        await infra.run_module("topology", "apply", env=env)
-        child = Child.spawn(
-            "service", [sys.executable, "-m", "consumer", "run"], env, infra.log_file(f"lat-{run}")
+        target = await _latency_target(
+            infra, system, name, dsn, service_env=service_env, prefetch=prefetch
         )
+        child = Child.spawn(system, target.argv, target.env, infra.log_file(f"lat-{name}"))
         buckets: list[tuple[float, float]] = []
 
         async def scrape() -> None:
-            buckets.extend(await _lag_buckets(port))
+            if target.metrics_port is not None:
+                buckets.extend(await _lag_buckets(target.metrics_port))
 
         try:
-            await wait_ready(child, port)
+            await wait_for_consumers(infra, child, target.queue, target.consumers)
             watch = procfs.CpuWatch(cpu_groups(child.pid, name))
             watch.start(time.time())
             own_before = _own_cpu()
-            published = await _paced_publish(infra, f"{name}.events", sized, rate, seconds)
+            published = await paced_publish(infra.amqp_url, target.wire, sized, rate, seconds)
             finished = time.time()
             window_cpu = watch.stop(finished)
             window_cpu["harness"] = round(
                 100 * (_own_cpu() - own_before) / (finished - watch.started_at), 1
             )
-            # Not yet committed when publishing ended: a growing backlog means saturation.
-            backlog = len(published) - await _count(dsn, "SELECT count(*) FROM stock_movements")
             result.events = len(published)
             await drain(child, dsn, name, len(published), result, before_stop=scrape)
             result.cpu = window_cpu
         finally:
             await child.stop()
+        effects = await check_effects(dsn, system if system != "service" else name, len(published))
         conn = await asyncpg.connect(dsn)
         try:
             rows = await conn.fetch(
@@ -695,21 +721,40 @@ async def service_latency(
     finally:
         await infra.drop_database(name)
         await infra.sweep_broker(name)
-    start, end = min(published.values()), max(published.values())
-    latencies = sorted(
-        (row["t"] - published[row["event_id"]]) * 1000
-        for row in rows
-        if row["event_id"] in published and published[row["event_id"]] - start >= warmup
-    )
+        if system == "celery":
+            await infra.remove_celery_delayed_delivery()
     result.rate = rate
     result.extra = {
+        **latency_figures(published, {row["event_id"]: row["t"] for row in rows}, warmup),
+        **effects,
+    }
+    if buckets:
+        result.extra["histogram_p50_ms"] = round(histogram_quantile(buckets, 0.50) * 1000, 2)
+        result.extra["histogram_p99_ms"] = round(histogram_quantile(buckets, 0.99) * 1000, 2)
+    return result
+
+
+def latency_figures(
+    published: Mapping[uuid.UUID, float], committed: Mapping[uuid.UUID, float], warmup: float
+) -> dict[str, Any]:
+    """Publish -> commit in ms of the events published ``warmup`` seconds or more after the first:
+    p50, p99 and max, how many, the rate the publisher achieved, and the backlog: the events not
+    yet committed when the last one was published (from the commit clock, so it does not count
+    what committed while the publisher waited for its last confirms)."""
+    if not published:
+        return {"published_rate": None, "samples": 0, "p50_ms": None, "p99_ms": None}
+    start, end = min(published.values()), max(published.values())
+    committed_by_end = sum(1 for event_id in published if committed.get(event_id, math.inf) <= end)
+    latencies = sorted(
+        (committed[event_id] - at) * 1000
+        for event_id, at in published.items()
+        if at - start >= warmup and event_id in committed
+    )
+    return {
         "published_rate": round((len(published) - 1) / (end - start), 1) if end > start else None,
-        "backlog_at_end": backlog,
+        "backlog_at_end": len(published) - committed_by_end,
         "samples": len(latencies),
         "p50_ms": round(quantile(latencies, 0.50), 2),
         "p99_ms": round(quantile(latencies, 0.99), 2),
         "max_ms": round(latencies[-1], 2) if latencies else None,
-        "histogram_p50_ms": round(histogram_quantile(buckets, 0.50) * 1000, 2),
-        "histogram_p99_ms": round(histogram_quantile(buckets, 0.99) * 1000, 2),
     }
-    return result

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -63,29 +63,85 @@ def _per_message(run: Measurement, group: str) -> float | None:
     return percent / 100 / run.rate * 1000
 
 
-def summarize_latency(runs: Sequence[Measurement]) -> dict[str, Any]:
+# A system sustains a rate if, when publishing stops, no more than this many seconds' worth of
+# events are still uncommitted; beyond that its p99 is queueing, not latency.
+SUSTAIN_BACKLOG_SECONDS = 0.5
+# The issue's goal at 1,000 msg/s.
+LATENCY_GOAL_MS = 20.0
+LATENCY_GOAL_RATE = 1000.0
+
+
+def sustained(rate: float, backlog: float | None) -> bool | None:
+    """Whether a run kept up with ``rate``: its backlog at the end is at most
+    :data:`SUSTAIN_BACKLOG_SECONDS` of publishing."""
+    if backlog is None:
+        return None
+    return backlog <= rate * SUSTAIN_BACKLOG_SECONDS
+
+
+def summarize_latency(rate: float, runs: Sequence[Measurement]) -> dict[str, Any]:
+    """One system's latency runs at one rate: medians (and spreads) of each figure."""
+    ok = [run for run in runs if run.error is None]
+
     def pick(key: str) -> dict[str, float] | None:
-        values = [run.extra.get(key) for run in runs if run.error is None]
+        values = [run.extra.get(key) for run in ok]
         return spread(float(value) for value in values if isinstance(value, int | float))
 
+    backlog = pick("backlog_at_end")
     return {
-        "rate": spread(run.rate for run in runs if run.error is None),
-        "p50_ms": pick("p50_ms"),
-        "p99_ms": pick("p99_ms"),
-        "max_ms": pick("max_ms"),
-        "histogram_p50_ms": pick("histogram_p50_ms"),
-        "histogram_p99_ms": pick("histogram_p99_ms"),
-        "published_rate": pick("published_rate"),
-        "backlog_at_end": pick("backlog_at_end"),
-        "cpu_pct": {
-            group: (spread(run.cpu.get(group) for run in runs if run.error is None) or {}).get(
-                "median"
+        **{
+            key: pick(key)
+            for key in (
+                "p50_ms",
+                "p99_ms",
+                "max_ms",
+                "histogram_p50_ms",
+                "histogram_p99_ms",
+                "published_rate",
+                "backlog_at_end",
             )
-            for group in sorted({group for run in runs for group in run.cpu})
         },
-        "samples": sum(int(run.extra.get("samples", 0)) for run in runs),
+        "sustained": sustained(rate, _med(backlog)),
+        "cpu_pct": {
+            group: (spread(run.cpu.get(group) for run in ok) or {}).get("median")
+            for group in sorted({group for run in ok for group in run.cpu})
+        },
+        "samples": sum(int(run.extra.get("samples", 0)) for run in ok),
         "errors": [f"run {run.run}: {run.error}" for run in runs if run.error],
         "runs": [asdict(run) for run in runs],
+    }
+
+
+def _p99(summary: dict[str, Any] | None) -> float | None:
+    if summary is None or summary["p99_ms"] is None:
+        return None
+    return float(summary["p99_ms"]["median"])
+
+
+def summarize_latency_rate(
+    rate: float, runs: Mapping[str, Sequence[Measurement]]
+) -> dict[str, Any]:
+    """Every system at one rate, and the issue's goals: the service's p99 below that of each
+    peer that sustains the rate, and under :data:`LATENCY_GOAL_MS` at :data:`LATENCY_GOAL_RATE`."""
+    systems = {system: summarize_latency(rate, system_runs) for system, system_runs in runs.items()}
+    service = systems.get("service")
+    mine = _p99(service) if service and service["sustained"] else None
+    rivals = [
+        _p99(summary)
+        for system, summary in systems.items()
+        if system != "service" and summary["sustained"]
+    ]
+    below: bool | None = None
+    if service is not None and rivals:
+        below = mine is not None and all(other is not None and mine < other for other in rivals)
+    under: bool | None = None
+    if service is not None and rate == LATENCY_GOAL_RATE:
+        under = mine is not None and mine < LATENCY_GOAL_MS
+    return {
+        "rate": rate,
+        "systems": systems,
+        "service_p99_below_sustaining_peers": below,
+        "service_p99_under_goal": under,
     }
 
 
@@ -94,19 +150,40 @@ def _median(summary: dict[str, Any], system: str) -> float | None:
     return None if rate is None else float(rate["median"])
 
 
+def over(value: float | None, other: float | None) -> float | None:
+    """``value / other`` to 3 places, or None when either is missing (or ``other`` is not > 0)."""
+    if value is None or other is None or other <= 0:
+        return None
+    return round(value / other, 3)
+
+
 def ratios(systems: dict[str, Any]) -> dict[str, float | None]:
     service = _median(systems, "service")
-
-    def over(other: float | None) -> float | None:
-        if service is None or other is None or other <= 0:
-            return None
-        return round(service / other, 3)
-
     limits = [x for x in (_median(systems, "broker"), _median(systems, "database")) if x]
     return {
-        "service_over_celery": over(_median(systems, "celery")),
-        "service_over_dramatiq": over(_median(systems, "dramatiq")),
-        "service_over_limit": over(min(limits) if limits else None),
+        "service_over_celery": over(service, _median(systems, "celery")),
+        "service_over_dramatiq": over(service, _median(systems, "dramatiq")),
+        "service_over_limit": over(service, min(limits) if limits else None),
+    }
+
+
+# The issue's goal: at every prefetch the service drains at least this share of the ack-only rate.
+PREFETCH_GOAL = 0.85
+
+
+def summarize_prefetch(
+    prefetch: int, batch_size: int, broker: Sequence[Measurement], service: Sequence[Measurement]
+) -> dict[str, Any]:
+    """One row of the prefetch table: both systems' runs at one prefetch, and the ratio of the
+    medians."""
+    summaries = {"broker": summarize_system(broker), "service": summarize_system(service)}
+    ratio = over(_median(summaries, "service"), _median(summaries, "broker"))
+    return {
+        "prefetch": prefetch,
+        "batch_size": batch_size,
+        **summaries,
+        "service_over_broker": ratio,
+        "goal_met": None if ratio is None else ratio >= PREFETCH_GOAL,
     }
 
 
@@ -152,34 +229,13 @@ def table(result: dict[str, Any]) -> str:
         )
         for error in summary["errors"]:
             lines.append(f"    ! {error.splitlines()[0][:200]}")
-    latency = result.get("latency")
-    if latency:
+    if result.get("latency"):
         lines.append("")
-        p50, p99 = latency["p50_ms"], latency["p99_ms"]
-        h50, h99 = latency["histogram_p50_ms"], latency["histogram_p99_ms"]
-        rate = latency["rate"]
-        achieved, backlog = latency["published_rate"], latency["backlog_at_end"]
-        cpu = latency["cpu_pct"]
-        lines.append(
-            f"service publish->commit latency, paced at {_num(rate and rate['median'])} msg/s "
-            f"(achieved {_num(achieved and achieved['median'])}), "
-            f"{latency['samples']:,} events after warm-up:"
-        )
-        lines.append(
-            f"  commit clock: p50 {_num(p50 and p50['median'], 2)} ms ({_range(p50, 2)}), "
-            f"p99 {_num(p99 and p99['median'], 2)} ms ({_range(p99, 2)})"
-        )
-        lines.append(
-            f"  service's consumer_event_lag_seconds (bucket-interpolated): "
-            f"p50 {_num(h50 and h50['median'], 2)} ms, p99 {_num(h99 and h99['median'], 2)} ms"
-        )
-        lines.append(
-            f"  not yet committed when publishing stopped: {_num(backlog and backlog['median'])}; "
-            "CPU % while publishing: "
-            + ", ".join(f"{group} {_num(value)}" for group, value in cpu.items())
-        )
-        for error in latency["errors"]:
-            lines.append(f"    ! {error.splitlines()[0][:200]}")
+        seconds = result["settings"].get("latency", {}).get("seconds")
+        lines.extend(latency_lines(result["latency"], result["runs"], seconds))
+    if result.get("prefetch"):
+        lines.append("")
+        lines.extend(prefetch_lines(result["prefetch"], result["runs"]))
     ratio = result["ratios"]
     lines.append("")
     lines.append(
@@ -189,6 +245,91 @@ def table(result: dict[str, Any]) -> str:
         f"service/min(broker, database) {_num(ratio['service_over_limit'], 2)}"
     )
     return "\n".join(lines)
+
+
+LATENCY_LABELS = {"service": "service", "celery": "celery", "dramatiq": "dramatiq"}
+_VERDICT = {True: "yes", False: "NO", None: "-"}
+
+
+def latency_lines(
+    rows: Sequence[dict[str, Any]], runs: int, seconds: float | None = None
+) -> list[str]:
+    """The latency table: per rate and system, publish -> commit p50, p99 and max (medians of
+    the runs), whether it sustained the rate, and the CPU of each process while publishing."""
+    lines = [
+        "publish -> commit latency at paced rates (confirmed publishing, one publisher for all"
+        + (f", {seconds:g} s each" if seconds else "")
+        + f"; ms, medians of {runs}; goal: service p99 below every peer that sustains the rate, "
+        f"< {LATENCY_GOAL_MS:g} ms at {LATENCY_GOAL_RATE:,.0f}/s):",
+        f"{'rate/s':>7}  {'system':<10}{'p50':>10}{'p99':>11}{'max':>10}{'published/s':>13}"
+        f"{'backlog':>9}  {'sustained':<11}CPU % of a core: sut/harness/rabbit/pg, machine %",
+    ]
+    for row in rows:
+        for system, summary in row["systems"].items():
+            cpu = summary["cpu_pct"]
+            cpu_text = "/".join(
+                _num(cpu.get(group)) for group in ("sut", "harness", "rabbitmq", "postgres")
+            )
+            verdict = {True: "yes", False: "did not", None: "-"}[summary["sustained"]]
+            lines.append(
+                f"{row['rate']:>7,.0f}  {LATENCY_LABELS.get(system, system):<10}"
+                f"{_num(_med(summary['p50_ms']), 2):>10}{_num(_med(summary['p99_ms']), 2):>11}"
+                f"{_num(_med(summary['max_ms']), 1):>10}"
+                f"{_num(_med(summary['published_rate'])):>13}"
+                f"{_num(_med(summary['backlog_at_end'])):>9}  {verdict:<11}"
+                f"{cpu_text}, {_num(cpu.get('machine'))}"
+            )
+            for error in summary["errors"]:
+                lines.append(f"    ! {system} {error.splitlines()[0][:200]}")
+        service = row["systems"].get("service")
+        if service is None:
+            continue
+        notes = [
+            "service p99 below the sustaining peers': "
+            + _VERDICT[row["service_p99_below_sustaining_peers"]]
+        ]
+        if row["service_p99_under_goal"] is not None:
+            notes.append(f"under {LATENCY_GOAL_MS:g} ms: {_VERDICT[row['service_p99_under_goal']]}")
+        if service["histogram_p99_ms"] is not None:
+            notes.append(
+                "its consumer_event_lag_seconds p50/p99 (bucket-interpolated) "
+                f"{_num(_med(service['histogram_p50_ms']), 1)}"
+                f"/{_num(_med(service['histogram_p99_ms']), 1)} ms"
+            )
+        lines.append(f"{'':>9}" + "; ".join(notes))
+    return lines
+
+
+def _med(stats: dict[str, float] | None) -> float | None:
+    return None if stats is None else stats["median"]
+
+
+def prefetch_lines(rows: Sequence[dict[str, Any]], runs: int) -> list[str]:
+    """The prefetch table: per prefetch, the ack-only consumer's and the service's drain rates
+    (medians, min - max), their ratio against the goal, and each one's CPU time per message."""
+    lines = [
+        f"service against the ack-only consumer at the same prefetch (same quorum queue, "
+        f"interleaved, medians of {runs}; goal service/ack-only >= {PREFETCH_GOAL}):",
+        f"{'prefetch':>8}{'batch':>7}{'ack-only msg/s':>16}{'min - max':>18}"
+        f"{'service msg/s':>15}{'min - max':>18}{'service/ack-only':>18}"
+        f"   sut CPU ms/msg ack-only/service",
+    ]
+    for row in rows:
+        broker, service = row["broker"], row["service"]
+        verdict = {True: "met", False: "below goal", None: "-"}[row["goal_met"]]
+        lines.append(
+            f"{row['prefetch']:>8}{row['batch_size']:>7}"
+            f"{_num(broker['rate'] and broker['rate']['median']):>16}{_range(broker['rate']):>18}"
+            f"{_num(service['rate'] and service['rate']['median']):>15}"
+            f"{_range(service['rate']):>18}"
+            f"{_num(row['service_over_broker'], 2):>9} {verdict:<11}"
+            f"   {_num(broker['cpu_ms_per_msg'].get('sut'), 3)}"
+            f"/{_num(service['cpu_ms_per_msg'].get('sut'), 3)}"
+        )
+        for side in ("broker", "service"):
+            for error in row[side]["errors"]:
+                lines.append(f"    ! {side} {error.splitlines()[0][:200]}")
+    return lines
 
 
 def save(result: dict[str, Any], text: str, directory: Path, stamp: str) -> Path:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import statistics
 import sys
 import time
 import uuid
@@ -61,7 +60,9 @@ class BenchOptions:
     latency: bool
     latency_seconds: float
     latency_warmup: float
-    latency_rate: float | None
+    latency_rates: tuple[float, ...]
+    prefetch: bool
+    prefetches: tuple[int, ...]
     amqp_url: str
     admin_dsn: str
     results_dir: Path
@@ -141,12 +142,14 @@ def describe(measurement: Measurement) -> str:
         parts.append(f"peak RSS {measurement.peak_rss_mb:.0f} MB")
     if measurement.cpu:
         parts.append("cpu " + " ".join(f"{k}={v:.0f}%" for k, v in measurement.cpu.items()))
-    if "p50_ms" in measurement.extra:
+    extra = measurement.extra
+    if "p50_ms" in extra:
         parts.append(
-            f"p50 {measurement.extra['p50_ms']} ms p99 {measurement.extra['p99_ms']} ms "
-            f"(histogram {measurement.extra['histogram_p50_ms']}/"
-            f"{measurement.extra['histogram_p99_ms']} ms)"
+            f"p50 {extra['p50_ms']} ms p99 {extra['p99_ms']} ms max {extra.get('max_ms')} ms, "
+            f"published {extra.get('published_rate')}/s, backlog {extra.get('backlog_at_end')}"
         )
+    if "histogram_p99_ms" in extra:
+        parts.append(f"(histogram {extra['histogram_p50_ms']}/{extra['histogram_p99_ms']} ms)")
     return ", ".join(parts)
 
 
@@ -158,7 +161,7 @@ async def _guarded(
         result = await action()
     except BenchError as error:
         result = Measurement(system, run, events, error=str(error))
-    progress(f"  {system:<9} run {run}: {describe(result)} [{time.monotonic() - started:.0f}s]")
+    progress(f"  {system:<12} run {run}: {describe(result)} [{time.monotonic() - started:.0f}s]")
     return result
 
 
@@ -190,6 +193,12 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
             "pgbench": {"clients": sizes.pool, "events_per_transaction": sizes.batch},
             "celery": {"pool": "prefork", "concurrency": 2, "prefetch_total": sizes.prefetch},
             "dramatiq": {"processes": 2, "threads": 4, "prefetch_total": sizes.prefetch},
+            "latency": {
+                "rates": list(options.latency_rates) if options.latency else [],
+                "seconds": options.latency_seconds,
+                "warmup_seconds": options.latency_warmup,
+            },
+            "prefetches": list(options.prefetches) if options.prefetch else [],
         },
         "versions": {**versions(), **await server_versions(options.amqp_url, options.admin_dsn)},
         "machine": started_text,
@@ -198,41 +207,30 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
         f"bench {infra.prefix}: {options.events:,} events x {options.runs} runs; {started_text}"
     )
     measurements: dict[str, list[Measurement]] = {system: [] for system in options.systems}
-    latency_runs: list[Measurement] = []
     try:
         for run in range(1, options.runs + 1):
             progress(f"run {run}/{options.runs}")
             for system in options.systems:
                 action = _action(system, infra, workload, run, options, sizes)
                 measurements[system].append(await _guarded(system, run, options.events, action))
-        service_rates = [m.rate for m in measurements.get("service", []) if m.rate]
-        if options.latency and (service_rates or options.latency_rate):
-            rate = options.latency_rate or statistics.median(service_rates) / 2
-            progress(f"latency at {rate:,.0f} msg/s")
-            for run in range(1, options.runs + 1):
-
-                async def latency(run: int = run) -> Measurement:
-                    return await measure.service_latency(
-                        infra,
-                        workload,
-                        run,
-                        service_env=options.service_env,
-                        rate=rate,
-                        seconds=options.latency_seconds,
-                        warmup=options.latency_warmup,
-                    )
-
-                latency_runs.append(await _guarded("latency", run, 0, latency))
+        if options.latency:
+            result["latency"] = await _latency_rows(infra, workload, options, sizes)
+        if options.prefetch:
+            result["prefetch"] = await _prefetch_rows(infra, workload, options)
     finally:
         await _cleanup(infra)
     result["systems"] = {
         system: report.summarize_system(runs) for system, runs in measurements.items()
     }
-    if latency_runs:
-        result["latency"] = report.summarize_latency(latency_runs)
     result["ratios"] = report.ratios(result["systems"])
-    failed = any(m.error for runs in measurements.values() for m in runs) or any(
-        m.error for m in latency_runs
+    failed = (
+        any(m.error for runs in measurements.values() for m in runs)
+        or any(
+            summary["errors"]
+            for row in result.get("latency", ())
+            for summary in row["systems"].values()
+        )
+        or any(row[side]["errors"] for row in result.get("prefetch", ()) for side in SIDES)
     )
     if options.keep_logs or failed:
         result["logs"] = str(infra.log_dir)
@@ -269,6 +267,91 @@ def _action(
         raise BenchError(f"unknown system {system!r}")
 
     return action
+
+
+SIDES = ("broker", "service")
+
+
+async def _latency_rows(
+    infra: Infra, workload: Workload, options: BenchOptions, sizes: Sizes
+) -> list[dict[str, Any]]:
+    """The latency table: at each rate, the service and the peers among ``--systems``, each
+    started on an empty queue and fed by the same paced publisher, interleaved run by run."""
+    systems = [system for system in measure.LATENCY_SYSTEMS if system in options.systems]
+    runs: dict[float, dict[str, list[Measurement]]] = {
+        rate: {system: [] for system in systems} for rate in options.latency_rates
+    }
+    for run in range(1, options.runs + 1):
+        progress(f"latency run {run}/{options.runs}")
+        for rate in options.latency_rates:
+            for system in systems:
+
+                async def action(
+                    run: int = run, rate: float = rate, system: str = system
+                ) -> Measurement:
+                    return await measure.latency(
+                        infra,
+                        workload,
+                        run,
+                        system=system,
+                        rate=rate,
+                        seconds=options.latency_seconds,
+                        warmup=options.latency_warmup,
+                        service_env=options.service_env,
+                        prefetch=sizes.prefetch,
+                    )
+
+                runs[rate][system].append(await _guarded(f"{system}@{rate:g}/s", run, 0, action))
+    return [report.summarize_latency_rate(rate, runs[rate]) for rate in options.latency_rates]
+
+
+async def _prefetch_rows(
+    infra: Infra, workload: Workload, options: BenchOptions
+) -> list[dict[str, Any]]:
+    """The prefetch table: at each prefetch, the ack-only consumer and the service (given
+    ``CONSUMER_PREFETCH`` and nothing else: its batch size and workers follow from it) drain the
+    same workload from the same kind of queue, interleaved run by run."""
+    runs: dict[int, dict[str, list[Measurement]]] = {
+        prefetch: {side: [] for side in SIDES} for prefetch in options.prefetches
+    }
+    for run in range(1, options.runs + 1):
+        progress(f"prefetch run {run}/{options.runs}")
+        for prefetch in options.prefetches:
+            env = {**options.service_env, "CONSUMER_PREFETCH": str(prefetch)}
+
+            async def broker(
+                run: int = run, prefetch: int = prefetch, env: dict[str, str] = env
+            ) -> Measurement:
+                return await measure.broker_limit(
+                    infra,
+                    workload,
+                    run,
+                    prefetch=prefetch,
+                    service_env=env,
+                    label=f"pf{prefetch}ack",
+                )
+
+            async def service(
+                run: int = run, prefetch: int = prefetch, env: dict[str, str] = env
+            ) -> Measurement:
+                return await measure.service_throughput(
+                    infra, workload, run, service_env=env, label=f"pf{prefetch}svc"
+                )
+
+            for side, action in (("broker", broker), ("service", service)):
+                runs[prefetch][side].append(
+                    await _guarded(f"{side}@{prefetch}", run, options.events, action)
+                )
+    rows = []
+    for prefetch in options.prefetches:
+        knobs = effective_knobs({**options.service_env, "CONSUMER_PREFETCH": str(prefetch)})
+        batch = positive_int(knobs, "CONSUMER_BATCH_SIZE")
+        rows.append(
+            report.summarize_prefetch(
+                prefetch, batch, runs[prefetch]["broker"], runs[prefetch]["service"]
+            )
+        )
+    return rows
 
 
 async def _cleanup(infra: Infra) -> None:

@@ -54,6 +54,7 @@ __all__ = [
     "ErrorKind",
     "HandlerEndedTransaction",
     "HandlerError",
+    "HandlerRaisedBaseException",
     "HandlerTimeout",
     "HardTimeLimitExceeded",
     "MigrationError",
@@ -153,6 +154,19 @@ class HandlerEndedTransaction(PermanentError):
             f"{handler} made every deferred constraint immediate (SET CONSTRAINTS ALL "
             "IMMEDIATE), which fires the service's check that receipts commit only with its own "
             "COMMIT: name the constraints instead (SET CONSTRAINTS my_fkey IMMEDIATE)"
+        )
+
+
+class HandlerRaisedBaseException(PermanentError):
+    """The handler raised what is not an :class:`Exception` (``CancelledError`` from a future or
+    task some library cancelled, ``GeneratorExit``, a library's own ``BaseException``): a handler
+    bug, failing its event alone, never the worker that called it."""
+
+    @classmethod
+    def for_handler(cls, handler: str, error: BaseException) -> HandlerRaisedBaseException:
+        return cls(
+            f"{handler} raised {error_name(error)} ({error}), which is not an Exception: "
+            "raise an Exception (TransientError, PermanentError) to fail an event"
         )
 
 

@@ -55,7 +55,9 @@ class Preparer:
                 delivery.prepared = self._prepare(delivery)
             except Poison as poison:
                 delivery.prepared = poison
-            except Exception as error:
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as error:  # a validator's own BaseException too: all of it
                 delivery.prepared = Poison(
                     PoisonReason.INVALID_PAYLOAD,
                     one_line(f"{error_name(error)}: {error}", 300),

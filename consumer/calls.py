@@ -89,9 +89,13 @@ class HandlerCaller:
         self._calls = calls
 
     async def run(self, conn: asyncpg.Connection[Any], item: Ready) -> None:
-        """The handler of one event; a timeout becomes :class:`HandlerTimeout`."""
+        """The handler of one event; a timeout becomes :class:`HandlerTimeout`. An exception it
+        returns instead of raising (as a batch handler's result says) fails the event alike."""
         async with self._call(conn, [item]):
-            await item.handler.func(item.event, conn)
+            # Typed to return None, which is what this checks.
+            result: object = await item.handler.func(item.event, conn)  # type: ignore[func-returns-value]
+            if isinstance(result, BaseException):
+                raise result
 
     async def run_batch(
         self, conn: asyncpg.Connection[Any], items: list[Ready]

@@ -102,3 +102,32 @@ async def validated(event: Envelope[Strict], conn: asyncpg.Connection[Any]) -> N
         event.event_id,
         event.payload.key,
     )
+
+
+_spawned: set[asyncio.Task[None]] = set()
+
+
+@register("review_base.spawn", payload=Escape)
+async def spawn(event: Envelope[Escape], conn: asyncpg.Connection[Any]) -> None:
+    """A faulty handler: writes its effect, and leaves a task of its own using ``conn`` after it
+    returns (an audit row written "in the background")."""
+    await conn.execute(
+        "INSERT INTO test_effects (event_id, key) VALUES ($1, $2)",
+        event.event_id,
+        event.payload.key,
+    )
+
+    async def audit() -> None:
+        await asyncio.sleep(0)
+        await conn.execute("SELECT pg_sleep(0.5)")
+
+    task = asyncio.get_running_loop().create_task(audit())
+    _spawned.add(task)
+    task.add_done_callback(_spawned.discard)
+
+
+@register("review_base.returns", payload=Escape)
+async def returns(event: Envelope[Escape], conn: asyncpg.Connection[Any]) -> Any:
+    """A faulty handler written the batch handlers' way: it returns the exception that fails its
+    event instead of raising it (and writes nothing)."""
+    return PermanentError(f"{event.payload.key}: out of stock")

@@ -18,7 +18,9 @@ from consumer import Envelope, PermanentError, register
 
 class Escape(BaseModel):
     key: str = Field(min_length=1)
-    escape: Literal["none", "cancelled", "generator_exit", "base", "declined"] = "none"
+    escape: Literal["none", "cancelled", "generator_exit", "base", "declined", "system_exit"] = (
+        "none"
+    )
     """Raise this BaseException (not an Exception) from the handler; ``declined``: a business
     error, a PermanentError with a ``reason`` of its own."""
 
@@ -64,6 +66,8 @@ async def escape(event: Envelope[Escape], conn: asyncpg.Connection[Any]) -> None
         raise GeneratorExit
     elif event.payload.escape == "base":
         raise Aborted("a library's own BaseException")
+    elif event.payload.escape == "system_exit":
+        raise SystemExit(7)
     elif event.payload.escape == "declined":
         raise Declined("card_declined")
 
@@ -131,3 +135,18 @@ async def returns(event: Envelope[Escape], conn: asyncpg.Connection[Any]) -> Any
     """A faulty handler written the batch handlers' way: it returns the exception that fails its
     event instead of raising it (and writes nothing)."""
     return PermanentError(f"{event.payload.key}: out of stock")
+
+
+@register("review_base.wrapslow", payload=Escape)
+async def wrapslow(event: Envelope[Escape], conn: asyncpg.Connection[Any]) -> None:
+    """An innocent handler in a common style: a slow statement, database errors translated into
+    the service's own error type with a message of the handler's."""
+    try:
+        await conn.execute("SELECT pg_sleep(1.5)")
+        await conn.execute(
+            "INSERT INTO test_effects (event_id, key) VALUES ($1, $2)",
+            event.event_id,
+            event.payload.key,
+        )
+    except asyncpg.PostgresError as error:
+        raise PermanentError(f"could not record {event.payload.key}: {error}") from error

@@ -240,3 +240,35 @@ async def test_a_base_exception_from_a_payload_validator_is_poison(
     await service.wait_ready()
     await service.wait_idle()
     await service.stop()
+
+
+async def test_system_exit_from_a_handler_is_a_crash_attributed_to_its_event(
+    own: TestEnv,
+) -> None:
+    """Checked in review, sound: ``SystemExit`` (and ``KeyboardInterrupt``) from a handler still
+    end the process, as the handler asked, without the graceful stop that clears crash marks: the
+    event is convicted as a process killer is (once in company, twice alone)."""
+    env = own
+    settings = {"batch_size": "50", "db_pool_size": "1"}
+    await env.apply_topology(**settings)
+    culprit: Event = ("review_base.escape", {"key": "c", "escape": "system_exit"}, uuid.uuid4())
+    company = innocents(3)
+    async with Producer(env.amqp_url, env.settings().exchange) as producer:
+        await producer.send_many([culprit, *company])
+    exits: list[int] = []
+    survivor: ServiceProcess | None = None
+    for run in range(6):
+        service = ServiceProcess(env, label=f"run{run}", **settings).start()
+        try:
+            exits.append(await service.wait_exit(timeout=15))
+        except AssertionError:
+            survivor = service
+            break
+    assert survivor is not None, f"every process died: {exits}"
+    assert len(exits) <= 3
+    dead = await until_dead(env, culprit[2])
+    assert dead[culprit[2]][0] == "crashed"
+    assert await all_applied(env, company, timeout=15)
+    await survivor.wait_ready()
+    await survivor.wait_idle()
+    await survivor.stop()

@@ -71,6 +71,7 @@ __all__ = [
     "Unroutable",
     "classify",
     "error_name",
+    "message_of",
     "timed_out",
 ]
 
@@ -165,8 +166,8 @@ class HandlerRaisedBaseException(PermanentError):
     @classmethod
     def for_handler(cls, handler: str, error: BaseException) -> HandlerRaisedBaseException:
         return cls(
-            f"{handler} raised {error_name(error)} ({error}), which is not an Exception: "
-            "raise an Exception (TransientError, PermanentError) to fail an event"
+            f"{handler} raised {error_name(error)} ({message_of(error)}), which is not an "
+            "Exception: raise an Exception (TransientError, PermanentError) to fail an event"
         )
 
 
@@ -320,6 +321,15 @@ def timed_out(error: BaseException) -> bool:
     """Whether ``error`` is a time limit running out: the soft limit, a driver's or a statement's
     timeout. Waiting on a database that stopped answering looks like this too."""
     return isinstance(error, HandlerTimeout | TimeoutError | asyncpg.QueryCanceledError)
+
+
+def message_of(error: BaseException) -> str:
+    """``str(error)``, or what says it could not be made: a handler's exception class whose
+    ``__str__`` raises must fail its own event, not the code that judges, settles or logs it."""
+    try:
+        return str(error)
+    except Exception as failure:
+        return f"<the message of {error_name(error)} raised {error_name(failure)}>"
 
 
 def error_name(error: BaseException) -> str:

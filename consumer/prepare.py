@@ -21,7 +21,7 @@ from consumer.envelope import (
     check_content_type,
     one_line,
 )
-from consumer.errors import Poison, PoisonReason, error_name
+from consumer.errors import Poison, PoisonReason, error_name, message_of
 from consumer.registry import Handler, HandlerRegistry
 
 __all__ = ["Preparer"]
@@ -60,7 +60,7 @@ class Preparer:
             except BaseException as error:  # a validator's own BaseException too: all of it
                 delivery.prepared = Poison(
                     PoisonReason.INVALID_PAYLOAD,
-                    one_line(f"{error_name(error)}: {error}", 300),
+                    one_line(f"{error_name(error)}: {message_of(error)}", 300),
                     error_class=error_name(error),
                 )
         return delivery.prepared

@@ -18,9 +18,9 @@ from consumer import Envelope, PermanentError, register
 
 class Escape(BaseModel):
     key: str = Field(min_length=1)
-    escape: Literal["none", "cancelled", "generator_exit", "base", "declined", "system_exit"] = (
-        "none"
-    )
+    escape: Literal[
+        "none", "cancelled", "generator_exit", "base", "declined", "system_exit", "unprintable"
+    ] = "none"
     """Raise this BaseException (not an Exception) from the handler; ``declined``: a business
     error, a PermanentError with a ``reason`` of its own."""
 
@@ -28,6 +28,13 @@ class Escape(BaseModel):
 class Aborted(BaseException):
     """A BaseException of a library's own (as trio's Cancelled, pytest's Failed, gevent's
     GreenletExit are)."""
+
+
+class Unprintable(Exception):
+    """A handler's error class with a bug in its message: ``str()`` of it raises."""
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.args[0]}"  # type: ignore[attr-defined]
 
 
 class Declined(PermanentError):
@@ -66,6 +73,8 @@ async def escape(event: Envelope[Escape], conn: asyncpg.Connection[Any]) -> None
         raise GeneratorExit
     elif event.payload.escape == "base":
         raise Aborted("a library's own BaseException")
+    elif event.payload.escape == "unprintable":
+        raise Unprintable("out of stock")
     elif event.payload.escape == "system_exit":
         raise SystemExit(7)
     elif event.payload.escape == "declined":

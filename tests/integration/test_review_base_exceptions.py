@@ -272,3 +272,34 @@ async def test_system_exit_from_a_handler_is_a_crash_attributed_to_its_event(
     await survivor.wait_ready()
     await survivor.wait_idle()
     await survivor.stop()
+
+
+async def test_an_error_whose_message_cannot_be_made_fails_its_event_alone(own: TestEnv) -> None:
+    """Found in review: ``str()`` of a handler's error was taken unguarded (``_HandlerFailed``,
+    the copy's ``consumer-error-message``, the log line): an exception class whose ``__str__``
+    raises killed the worker as its event was judged or settled; the process exited 1 at every
+    delivery of it (4 of 4), returning all it held, with no crash counted."""
+    env = own
+    settings = {"batch_size": "50", "db_pool_size": "1"}
+    await env.apply_topology(**settings)
+    culprit: Event = ("review_base.escape", {"key": "c", "escape": "unprintable"}, uuid.uuid4())
+    company = innocents(3)
+    async with Producer(env.amqp_url, env.settings().exchange) as producer:
+        await producer.send_many([*company, culprit])
+    exits: list[int] = []
+    survivor: ServiceProcess | None = None
+    for run in range(4):
+        service = ServiceProcess(env, label=f"run{run}", **settings).start()
+        try:
+            exits.append(await service.wait_exit(timeout=12))
+        except AssertionError:
+            survivor = service
+            break
+    assert survivor is not None, f"every process died on the event: {exits}"
+    assert exits == []
+    dead = await until_dead(env, culprit[2])
+    assert dead[culprit[2]] == ("permanent_failure", "tests.handlers.review_base.Unprintable")
+    assert await all_applied(env, company, timeout=15)
+    await survivor.wait_ready()
+    await survivor.wait_idle()
+    await survivor.stop()

@@ -38,3 +38,16 @@ def test_the_header_limit_counts_the_bytes_a_copy_carries() -> None:
         parser.check_headers({"note": text})
     assert poison.value.reason is PoisonReason.HEADERS_TOO_LARGE
     parser.check_headers({"note": "x" * 60_000})  # ASCII under the limit is fine
+
+
+def test_the_message_of_an_error_whose_str_raises_says_so() -> None:
+    from consumer.errors import message_of
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise AttributeError("code")
+
+    message = message_of(Unprintable())
+    assert message.startswith("<the message of ")
+    assert message.endswith("Unprintable raised AttributeError>")
+    assert message_of(ValueError("plain")) == "plain"

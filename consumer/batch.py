@@ -31,7 +31,7 @@ from consumer.alone import EPOCH, Alone
 from consumer.calls import HandlerCaller
 from consumer.database import Database
 from consumer.delivery import Ready
-from consumer.errors import ConfigError, ErrorKind, PipelineFault, classify
+from consumer.errors import ConfigError, ErrorKind, PipelineFault, classify, message_of
 from consumer.guard import Guard, guarded_transaction
 from consumer.judge import (
     Judge,
@@ -69,7 +69,7 @@ class _HandlerFailed(Exception):
     """
 
     def __init__(self, index: int | None, error: Exception) -> None:
-        super().__init__(str(error))
+        super().__init__(message_of(error))
         self.index = index
         self.error = error
 

@@ -21,7 +21,12 @@ from uuid import UUID
 import asyncpg
 
 from consumer.delivery import Ready
-from consumer.errors import HandlerEndedTransaction, HandlerTimeout, PipelineFault
+from consumer.errors import (
+    HandlerEndedTransaction,
+    HandlerRaisedBaseException,
+    HandlerTimeout,
+    PipelineFault,
+)
 from topology.durations import format_duration
 
 __all__ = ["HandlerCall", "HandlerCaller", "HandlerCalls", "connection_lost"]
@@ -84,9 +89,13 @@ class HandlerCaller:
         self._calls = calls
 
     async def run(self, conn: asyncpg.Connection[Any], item: Ready) -> None:
-        """The handler of one event; a timeout becomes :class:`HandlerTimeout`."""
+        """The handler of one event; a timeout becomes :class:`HandlerTimeout`. An exception it
+        returns instead of raising (as a batch handler's result says) fails the event alike."""
         async with self._call(conn, [item]):
-            await item.handler.func(item.event, conn)
+            # Typed to return None, which is what this checks.
+            result: object = await item.handler.func(item.event, conn)  # type: ignore[func-returns-value]
+            if isinstance(result, BaseException):
+                raise result
 
     async def run_batch(
         self, conn: asyncpg.Connection[Any], items: list[Ready]
@@ -114,7 +123,10 @@ class HandlerCaller:
                 with self._calls.entered(call):
                     async with deadline:
                         yield
-            except Exception as error:
+            except BaseException as raised:
+                error = _as_exception(raised, handler.qualname)
+                if error is None:
+                    raise  # the worker itself is cancelled (a shutdown), or the process exits
                 if not connection_lost(conn):
                     if not conn.is_in_transaction():
                         raise HandlerEndedTransaction.for_handler(handler.qualname) from error
@@ -123,7 +135,9 @@ class HandlerCaller:
                         raise HandlerEndedTransaction.constraints_all_immediate(
                             handler.qualname
                         ) from error
-                raise
+                if error is raised:
+                    raise
+                raise error from raised
             if not conn.is_in_transaction():
                 raise HandlerEndedTransaction.for_handler(handler.qualname)
         except TimeoutError as error:
@@ -142,6 +156,21 @@ class HandlerCaller:
             share = (time.perf_counter() - started) / len(items)
             for item in items:
                 item.handler_seconds = share
+
+
+def _as_exception(raised: BaseException, handler: str) -> Exception | None:
+    """What a handler raised, as the event's failure; None for what must go on up: the process
+    exiting, or a cancellation of the task itself (not one the handler met in a future or task
+    of its own). Anything else that is not an Exception would otherwise end the worker."""
+    if isinstance(raised, Exception):
+        return raised
+    if isinstance(raised, KeyboardInterrupt | SystemExit):
+        return None
+    if isinstance(raised, asyncio.CancelledError):
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            return None
+    return HandlerRaisedBaseException.for_handler(handler, raised)
 
 
 def connection_lost(conn: asyncpg.Connection[Any]) -> bool:

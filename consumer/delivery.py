@@ -109,9 +109,13 @@ class Prepared:
         if key is None:
             return None
         try:
-            return key(self.event.payload)
-        except Exception:
+            value = key(self.event.payload)
+            hash(value)  # routed by its hash: an unhashable key (a list) fails here, not there
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException:
             return None
+        return value
 
 
 @dataclass(slots=True)

@@ -167,7 +167,11 @@ def _header_size(value: object, budget: int) -> int:
                 else PoisonReason.HEADERS_UNREADABLE
             )
             raise Poison(reason, str(item))
-        if isinstance(item, str | bytes | bytearray):
+        if isinstance(item, str):
+            # Bytes, not characters: each byte that was not UTF-8 decoded to a replacement
+            # character of three (consumer.wire), and a copy of the message carries them all.
+            size += (len(item) if item.isascii() else len(item.encode("utf-8", "replace"))) + 5
+        elif isinstance(item, bytes | bytearray):
             size += len(item) + 5
         elif isinstance(item, dict):
             size += sum(len(key) + 1 for key in item)

@@ -54,6 +54,7 @@ __all__ = [
     "ErrorKind",
     "HandlerEndedTransaction",
     "HandlerError",
+    "HandlerRaisedBaseException",
     "HandlerTimeout",
     "HardTimeLimitExceeded",
     "MigrationError",
@@ -70,6 +71,7 @@ __all__ = [
     "Unroutable",
     "classify",
     "error_name",
+    "message_of",
     "timed_out",
 ]
 
@@ -153,6 +155,19 @@ class HandlerEndedTransaction(PermanentError):
             f"{handler} made every deferred constraint immediate (SET CONSTRAINTS ALL "
             "IMMEDIATE), which fires the service's check that receipts commit only with its own "
             "COMMIT: name the constraints instead (SET CONSTRAINTS my_fkey IMMEDIATE)"
+        )
+
+
+class HandlerRaisedBaseException(PermanentError):
+    """The handler raised what is not an :class:`Exception` (``CancelledError`` from a future or
+    task some library cancelled, ``GeneratorExit``, a library's own ``BaseException``): a handler
+    bug, failing its event alone, never the worker that called it."""
+
+    @classmethod
+    def for_handler(cls, handler: str, error: BaseException) -> HandlerRaisedBaseException:
+        return cls(
+            f"{handler} raised {error_name(error)} ({message_of(error)}), which is not an "
+            "Exception: raise an Exception (TransientError, PermanentError) to fail an event"
         )
 
 
@@ -306,6 +321,15 @@ def timed_out(error: BaseException) -> bool:
     """Whether ``error`` is a time limit running out: the soft limit, a driver's or a statement's
     timeout. Waiting on a database that stopped answering looks like this too."""
     return isinstance(error, HandlerTimeout | TimeoutError | asyncpg.QueryCanceledError)
+
+
+def message_of(error: BaseException) -> str:
+    """``str(error)``, or what says it could not be made: a handler's exception class whose
+    ``__str__`` raises must fail its own event, not the code that judges, settles or logs it."""
+    try:
+        return str(error)
+    except Exception as failure:
+        return f"<the message of {error_name(error)} raised {error_name(failure)}>"
 
 
 def error_name(error: BaseException) -> str:

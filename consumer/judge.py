@@ -23,6 +23,7 @@ from consumer.errors import (
     PipelineFault,
     SwallowedDatabaseError,
     classify,
+    message_of,
 )
 from consumer.headers import attempts_so_far
 from consumer.outcome import Failed
@@ -106,4 +107,5 @@ def raise_unless_the_events_fault(conn: asyncpg.Connection[Any], error: Exceptio
 
 def raise_if_connection_lost(conn: asyncpg.Connection[Any], error: BaseException) -> None:
     if not isinstance(error, DatabaseUnavailable) and connection_lost(conn):
-        raise DatabaseUnavailable(f"the database connection was lost: {error}") from error
+        lost = f"the database connection was lost: {message_of(error)}"
+        raise DatabaseUnavailable(lost) from error

@@ -21,7 +21,7 @@ from consumer.envelope import (
     check_content_type,
     one_line,
 )
-from consumer.errors import Poison, PoisonReason, error_name
+from consumer.errors import Poison, PoisonReason, error_name, message_of
 from consumer.registry import Handler, HandlerRegistry
 
 __all__ = ["Preparer"]
@@ -55,10 +55,12 @@ class Preparer:
                 delivery.prepared = self._prepare(delivery)
             except Poison as poison:
                 delivery.prepared = poison
-            except Exception as error:
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as error:  # a validator's own BaseException too: all of it
                 delivery.prepared = Poison(
                     PoisonReason.INVALID_PAYLOAD,
-                    one_line(f"{error_name(error)}: {error}", 300),
+                    one_line(f"{error_name(error)}: {message_of(error)}", 300),
                     error_class=error_name(error),
                 )
         return delivery.prepared

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from consumer.errors import error_name
+from consumer.errors import error_name, message_of
 from consumer.headers import attempts_so_far, truncate
 from consumer.logs import Logger
 from consumer.metrics import Metrics
@@ -63,7 +63,7 @@ class OutcomeReporter:
                 metrics.dead_letters.labels(reason=verdict.poison.reason.value).inc()
         if isinstance(verdict, Failed):
             fields["error_class"] = error_name(verdict.error)
-            fields["error"] = truncate(str(verdict.error), 300)
+            fields["error"] = truncate(message_of(verdict.error), 300)
             decision = verdict.decision
             if isinstance(decision, Retry):
                 fields["rung"] = rung_label(decision.delay)

@@ -97,7 +97,11 @@ class RetryPolicy:
                 return DeadLetter(DeadLetterReason.CONNECTION_LOST)
             return Return()
         if kind is ErrorKind.PERMANENT:
-            reason = error.reason if isinstance(error, PermanentError) else "permanent_failure"
+            reason = getattr(error, "reason", None) if isinstance(error, PermanentError) else None
+            if not isinstance(reason, str) or reason not in _REASONS:
+                # A handler's own error may well carry a `reason` of its own (card_declined):
+                # the dead letter's reason is the service's word, so that is a permanent failure.
+                reason = DeadLetterReason.PERMANENT_FAILURE
             return DeadLetter(DeadLetterReason(reason))
         attempts_so_far = max(attempts_so_far, 0)
         if attempts_so_far >= len(self.ladder):
@@ -105,6 +109,9 @@ class RetryPolicy:
         return Retry(
             rung=attempts_so_far, delay=self.ladder[attempts_so_far], attempt=attempts_so_far + 1
         )
+
+
+_REASONS = frozenset(reason.value for reason in DeadLetterReason)
 
 
 def jittered_expiration(delay: timedelta, jitter: float, rng: random.Random) -> timedelta | None:

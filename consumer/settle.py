@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from consumer.delivery import Delivery
-from consumer.errors import ChannelGone, PublishFailed, error_name
+from consumer.errors import ChannelGone, PublishFailed, error_name, message_of
 from consumer.headers import dead_letter_headers, retry_headers
 from consumer.outcome import (
     Failed,
@@ -187,7 +187,7 @@ class Settler:
             attempt=retry.attempt,
             rung=rung_label(retry.delay),
             error_class=error_name(failed.error),
-            error_message=str(failed.error),
+            error_message=message_of(failed.error),
             original_exchange=delivery.exchange,
             original_routing_key=delivery.routing_key,
             now=datetime.now(UTC),
@@ -204,7 +204,7 @@ class Settler:
             reason=dead.reason.value,
             attempts=failed.attempts_so_far,
             error_class=error_name(failed.error),
-            error_message=str(failed.error),
+            error_message=message_of(failed.error),
             original_exchange=delivery.exchange,
             original_routing_key=delivery.routing_key,
             service=self._names.service,

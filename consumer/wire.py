@@ -97,7 +97,12 @@ def _short_str(value: bytes) -> tuple[int, str]:
     if not value:
         raise ValueError("Could not unpack short string value")
     length = value[0]
-    return length + 1, value[1 : length + 1].decode("utf-8", errors="replace")
+    text = value[1 : length + 1].decode("utf-8", errors="replace")
+    if len(text) * 3 > 255 and len(encoded := text.encode("utf-8")) > 255:
+        # Each byte that is not UTF-8 became three: keep what a short string can carry again
+        # (a retry or dead-letter copy republishes the message_id, correlation_id, ...).
+        text = encoded[:255].decode("utf-8", errors="ignore")
+    return length + 1, text
 
 
 def _long_str(original: Decoder) -> Decoder:

@@ -93,3 +93,19 @@ def test_a_permanent_error_carries_its_dead_letter_reason(
 ) -> None:
     policy = RetryPolicy.from_delays([timedelta(seconds=1)])
     assert policy.decide(error, 0) == DeadLetter(reason)
+
+
+class _Declined(PermanentError):
+    """A handler's business error with a ``reason`` of its own (found in review: it raised
+    ValueError inside the judge and killed the worker)."""
+
+    def __init__(self, reason: object) -> None:
+        super().__init__(f"declined: {reason}")
+        self.reason = reason  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("reason", ["card_declined", ["a", "list"], None])
+def test_a_reason_of_a_handlers_own_is_a_permanent_failure(reason: object) -> None:
+    policy = RetryPolicy.from_delays([timedelta(seconds=1)])
+    decision = policy.decide(_Declined(reason), 0)
+    assert decision == DeadLetter(DeadLetterReason.PERMANENT_FAILURE)

@@ -188,11 +188,20 @@ class Liveness:
                     self._conn = conn
             await asyncio.sleep(every)
 
-    async def stop(self) -> None:
-        """A graceful stop: remove this process's marks (nothing of it died), let the lock go."""
+    async def stop(self, *, keep_marks: bool = False) -> None:
+        """A graceful stop: remove this process's marks (nothing of it died), let the lock go.
+
+        ``keep_marks``: the process stops because a worker died of an error nobody expected (a
+        bug the event's handling ran into); its marks stay, as a killed process's would, so the
+        event that ends every process it meets is convicted instead of looping until the delivery
+        limit with its neighbours.
+        """
         self._stopped = True
         conn, self._conn = self._conn, None
         if conn is None:
+            return
+        if keep_marks:
+            conn.terminate()
             return
         try:
             await asyncio.wait_for(self._ledger.clear_own(conn), 5)

@@ -99,6 +99,7 @@ class Service:
         self._tasks: list[asyncio.Task[None]] = []
         self._fatal: BaseException | None = None
         self._fatal_event = asyncio.Event()
+        self._died_of_a_bug = False
         self._database_answer = DatabaseAnswer()
         metrics.in_flight.set_function(self.in_flight)
 
@@ -157,6 +158,9 @@ class Service:
         if error is None:
             error = PipelineFault(f"{task.get_name()} stopped")
         elif not isinstance(error, PipelineFault | ConfigError):
+            # Not a deployment's fault (those are PipelineFault or ConfigError, and would convict
+            # whatever event was running): the marks of what was running stay.
+            self._died_of_a_bug = True
             self._logger.error(
                 "a worker stopped on an unexpected error",
                 task=task.get_name(),
@@ -291,7 +295,7 @@ class Service:
                 "shutdown grace expired; unfinished deliveries go back to the queue",
                 in_flight=self._workers.busy,
             )
-        await self._liveness.stop()
+        await self._liveness.stop(keep_marks=self._died_of_a_bug)
 
     async def _on_delivery(self, delivery: Delivery) -> None:
         if delivery.redelivered:

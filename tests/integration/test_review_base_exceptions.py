@@ -113,6 +113,38 @@ async def until_dead(
     return seen
 
 
+async def convicted_as_a_crash(
+    env: TestEnv,
+    settings: dict[str, str],
+    culprit: Event,
+    company: list[Event],
+    *,
+    exit_within: float,
+) -> list[int]:
+    """Start a process whenever the last one exited, as a supervisor would (at most 6): the
+    culprit must be dead-lettered ``crashed`` within 3 deaths, alone, and ``company`` applied.
+    Returns the exit codes."""
+    exits: list[int] = []
+    survivor: ServiceProcess | None = None
+    for run in range(6):
+        service = ServiceProcess(env, label=f"run{run}", **settings).start()
+        try:
+            exits.append(await service.wait_exit(timeout=exit_within))
+        except AssertionError:
+            survivor = service
+            break
+    assert survivor is not None, f"every process died: {exits}"
+    assert len(exits) <= 3, f"the culprit was not convicted in time: {exits}"
+    dead = await until_dead(env, culprit[2])
+    assert dead[culprit[2]][0] == "crashed", (exits, dead)
+    assert set(dead) == {culprit[2]}, "an innocent was dead-lettered"
+    assert await all_applied(env, company, timeout=15)
+    await survivor.wait_ready()
+    await survivor.wait_idle()
+    await survivor.stop()
+    return exits
+
+
 @pytest.mark.parametrize("escape", ["cancelled", "generator_exit", "base"])
 async def test_a_base_exception_from_a_handler_in_a_batch_fails_its_event_alone(
     own: TestEnv, escape: str
@@ -255,23 +287,7 @@ async def test_system_exit_from_a_handler_is_a_crash_attributed_to_its_event(
     company = innocents(3)
     async with Producer(env.amqp_url, env.settings().exchange) as producer:
         await producer.send_many([culprit, *company])
-    exits: list[int] = []
-    survivor: ServiceProcess | None = None
-    for run in range(6):
-        service = ServiceProcess(env, label=f"run{run}", **settings).start()
-        try:
-            exits.append(await service.wait_exit(timeout=15))
-        except AssertionError:
-            survivor = service
-            break
-    assert survivor is not None, f"every process died: {exits}"
-    assert len(exits) <= 3
-    dead = await until_dead(env, culprit[2])
-    assert dead[culprit[2]][0] == "crashed"
-    assert await all_applied(env, company, timeout=15)
-    await survivor.wait_ready()
-    await survivor.wait_idle()
-    await survivor.stop()
+    await convicted_as_a_crash(env, settings, culprit, company, exit_within=15)
 
 
 async def test_an_error_whose_message_cannot_be_made_fails_its_event_alone(own: TestEnv) -> None:

@@ -90,6 +90,8 @@ _AMQP_TLS_QUERY = frozenset({"cafile", "capath", "cadata", "certfile", "keyfile"
 # A URL secret may come from a file instead (Docker and Kubernetes secrets): CONSUMER_X_FILE.
 _SECRET_FROM_FILE = ("amqp_url", "database_url")
 
+_WRITABLE_SESSIONS = ("read-write", "primary")
+"""The ``target_session_attrs`` of a several-host ``CONSUMER_DATABASE_URL``: the primary only."""
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _HANDLER_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -285,6 +287,15 @@ class Settings(BaseSettings):
                 parts.port  # noqa: B018 - raises on a port that is not a number in range
             except ValueError:
                 raise ValueError("has a port that is not a number from 0 to 65535") from None
+            return value
+        # With several hosts asyncpg takes the first that answers, a standby too: every write
+        # would then fail as if the event were at fault, and be dead-lettered.
+        wanted = parse_qs(parts.query).get("target_session_attrs", ["any"])[-1]
+        if wanted not in _WRITABLE_SESSIONS:
+            raise ValueError(
+                "names several hosts: add target_session_attrs=read-write so that the service "
+                "only ever writes to the primary"
+            )
         return value
 
     @field_validator("http_host")

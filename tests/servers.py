@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Protocol
 
 RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
 RABBITMQ_HOME = Path("/var/lib/rabbitmq")
@@ -254,6 +255,26 @@ class ThrowawayRabbitCluster:
     def thaw(self, index: int) -> None:
         self.nodes[index].signal(signal.SIGCONT)
 
+    def connection_ports(self, name_part: str) -> set[int]:
+        """The server ports (so the nodes) of the client connections whose name contains
+        ``name_part`` (the service names its connections ``<name>/<role>@<host>:<pid>``)."""
+        for node in self.nodes:
+            if node.beam_pid() is None:
+                continue
+            result = node._ctl(
+                *("list_connections", "port", "client_properties", "--formatter", "json"),
+                check=False,
+                timeout=30,
+            )
+            if result.returncode != 0:
+                continue
+            return {
+                int(row["port"])
+                for row in json.loads(result.stdout)
+                if name_part in str(row.get("client_properties"))
+            }
+        raise RuntimeError("no live node lists the connections")
+
     def index_of(self, node_name: str) -> int:
         return [node.node for node in self.nodes].index(node_name)
 
@@ -286,6 +307,18 @@ class ThrowawayRabbitCluster:
             if node.beam_pid() is not None:
                 node.signal(signal.SIGKILL)
             shutil.rmtree(node.base, ignore_errors=True)
+
+
+class PostgresServer(Protocol):
+    """What a test needs of a PostgreSQL it runs: one server (:class:`ThrowawayPostgres`) or a
+    primary with a standby (:class:`ThrowawayPostgresPair`)."""
+
+    @property
+    def admin_dsn(self) -> str: ...
+
+    def dsn(self, database: str) -> str: ...
+
+    def signal_all(self, sig: signal.Signals) -> None: ...
 
 
 class ThrowawayPostgres:
@@ -469,11 +502,20 @@ class ThrowawayPostgresPair:
         # The standby's own settings: after promotion it is a primary with no standby, so it
         # must not wait for one.
         self.standby = ThrowawayPostgres(options={"synchronous_commit": "on", "hot_standby": "on"})
-        self.admin_dsn = self.primary.admin_dsn
+
+    @property
+    def admin_dsn(self) -> str:
+        return self.dsn("postgres")
 
     def dsn(self, database: str) -> str:
+        """Both hosts, the primary wanted: whichever is the primary now (after a failover, the
+        promoted standby)."""
         hosts = f"127.0.0.1:{self.primary.port},127.0.0.1:{self.standby.port}"
         return f"postgresql://postgres@{hosts}/{database}?target_session_attrs=read-write"
+
+    def signal_all(self, sig: signal.Signals) -> None:
+        self.primary.signal_all(sig)
+        self.standby.signal_all(sig)
 
     def start(self) -> None:
         self.primary.init()

@@ -524,6 +524,13 @@ class ThrowawayPostgresPair:
         self.standby.start()
         self.await_streaming()
 
+    def _on_primary(self, query: str) -> str:
+        """``query``'s answer on the primary, as ``psql`` prints it unaligned (empty on error)."""
+        argv = [str(self.primary.bin / "psql"), "-XAtq", "-d", self.primary.admin_dsn, "-c", query]
+        return subprocess.run(
+            _as_user("postgres", argv), capture_output=True, text=True, check=False, cwd="/"
+        ).stdout.strip()
+
     def await_streaming(self, timeout: float = 60) -> None:
         """Wait until the primary sees the standby streaming (for a synchronous pair: as its
         synchronous standby), so that commits are replicated from now on."""
@@ -534,27 +541,18 @@ class ThrowawayPostgresPair:
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            result = subprocess.run(
-                _as_user(
-                    "postgres",
-                    [
-                        str(self.primary.bin / "psql"),
-                        "-XAtq",
-                        "-d",
-                        self.primary.admin_dsn,
-                        "-c",
-                        query,
-                    ],
-                ),
-                capture_output=True,
-                text=True,
-                check=False,
-                cwd="/",
-            )
-            if result.stdout.strip() == wanted:
+            if self._on_primary(query) == wanted:
                 return
             time.sleep(0.2)
         raise RuntimeError(f"the standby is not streaming ({wanted}) after {timeout:g}s")
+
+    def hold_replication(self, sig: signal.Signals = signal.SIGSTOP) -> None:
+        """SIGSTOP (or with SIGCONT, resume) the primary's WAL sender: the standby falls behind
+        as over a slow link. (Stopping the standby would not do: WAL already sent waits in its
+        socket buffer and still arrives after the primary dies.)"""
+        for pid in self._on_primary("SELECT pid FROM pg_stat_replication").split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), sig)
 
     def kill_primary(self) -> None:
         """SIGKILL the primary's postmaster and every backend: commits in flight go with it."""

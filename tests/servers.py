@@ -275,6 +275,24 @@ class ThrowawayRabbitCluster:
             }
         raise RuntimeError("no live node lists the connections")
 
+    def dead_letter_backlog(self, queue: str, vhost: str = "/") -> int:
+        """Messages quorum queue ``queue`` holds for its at-least-once dead-letter worker
+        (expired or rejected, not yet confirmed by the target): neither ready nor unacked, so
+        invisible to a passive declare. From the Raft state of the first live node's member."""
+        expression = (
+            f'{{ok, Q}} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"{vhost}">>, queue, '
+            f'<<"{queue}">>)), {{Name, _}} = amqqueue:get_pid(Q), '
+            "{ok, {_, O}, _} = ra:local_query({Name, node()}, fun rabbit_fifo:overview/1), "
+            "maps:get(num_discarded, O, 0) + maps:get(num_discard_checked_out, O, 0)."
+        )
+        for node in self.nodes:
+            if node.beam_pid() is None:
+                continue
+            result = node._ctl("eval", expression, check=False, timeout=30)
+            if result.returncode == 0 and result.stdout.strip().isdigit():
+                return int(result.stdout.strip())
+        raise RuntimeError(f"no live node reports the dead-letter backlog of {queue}")
+
     def index_of(self, node_name: str) -> int:
         return [node.node for node in self.nodes].index(node_name)
 

@@ -38,6 +38,8 @@ _CONNECT_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.AdminShutdownError,
     asyncpg.CrashShutdownError,
     asyncpg.ConnectionDoesNotExistError,
+    # Several hosts, none of them the primary now: a failover under way.
+    asyncpg.TargetServerAttributeNotMatched,
 )
 
 # These mean the settings are wrong: waiting will not help.

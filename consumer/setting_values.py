@@ -25,6 +25,7 @@ __all__ = [
     "NAME",
     "SECRET_FROM_FILE",
     "VERIFYING_SSLMODES",
+    "WRITABLE_SESSIONS",
     "Duration",
     "LogFormat",
     "LogLevel",
@@ -73,6 +74,9 @@ VERIFYING_SSLMODES = frozenset({"require", "verify-ca", "verify-full"})
 AMQP_TLS_QUERY = frozenset({"cafile", "capath", "cadata", "certfile", "keyfile", "no_verify_ssl"})
 # A URL secret may come from a file instead (Docker and Kubernetes secrets): CONSUMER_X_FILE.
 SECRET_FROM_FILE = ("amqp_url", "database_url")
+
+WRITABLE_SESSIONS = ("read-write", "primary")
+"""The ``target_session_attrs`` of a several-host ``CONSUMER_DATABASE_URL``: the primary only."""
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 HANDLER_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")

@@ -36,6 +36,7 @@ from consumer.setting_values import (
     NAME,
     SECRET_FROM_FILE,
     VERIFYING_SSLMODES,
+    WRITABLE_SESSIONS,
     Duration,
     LogFormat,
     LogLevel,
@@ -182,6 +183,15 @@ class Settings(BaseSettings):
                 parts.port  # noqa: B018 - raises on a port that is not a number in range
             except ValueError:
                 raise ValueError("has a port that is not a number from 0 to 65535") from None
+            return value
+        # With several hosts asyncpg takes the first that answers, a standby too: every write
+        # would then fail as if the event were at fault, and be dead-lettered.
+        wanted = parse_qs(parts.query).get("target_session_attrs", ["any"])[-1]
+        if wanted not in WRITABLE_SESSIONS:
+            raise ValueError(
+                "names several hosts: add target_session_attrs=read-write so that the service "
+                "only ever writes to the primary"
+            )
         return value
 
     @field_validator("http_host")

@@ -7,6 +7,7 @@ without touching the shared services other tests use.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -15,7 +16,9 @@ import subprocess
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Protocol
 
 RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
 RABBITMQ_HOME = Path("/var/lib/rabbitmq")
@@ -47,20 +50,29 @@ class ThrowawayRabbit:
     rabbitmq user, with :meth:`add_file`.
     """
 
-    def __init__(self, config: Sequence[str] = ()) -> None:
-        self.node = f"t{uuid.uuid4().hex[:8]}@localhost"
+    def __init__(
+        self, config: Sequence[str] = (), *, name: str | None = None, cookie: str | None = None
+    ) -> None:
+        self.node = f"{name or 't' + uuid.uuid4().hex[:8]}@localhost"
         self.port = free_port()
         self.dist_port = free_port()
         # Under the rabbitmq user's home: Mnesia refuses some temporary file systems.
         self.base = RABBITMQ_HOME / f"throwaway-{self.node.split('@')[0]}"
         self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/"
         self.config = list(config)
+        self.cookie = cookie
+        """The Erlang cookie of a cluster's nodes (and of their ``rabbitmqctl``): a ``HOME`` of
+        the node's own holds it. None: the rabbitmq user's, shared with the machine's broker."""
+
+    @property
+    def _home(self) -> Path:
+        return RABBITMQ_HOME if self.cookie is None else self.base / "home"
 
     @property
     def _env(self) -> dict[str, str]:
         base = self.base
         return {
-            "HOME": str(RABBITMQ_HOME),
+            "HOME": str(self._home),
             "RABBITMQ_NODENAME": self.node,
             "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
             "RABBITMQ_NODE_PORT": str(self.port),
@@ -100,6 +112,11 @@ class ThrowawayRabbit:
             (self.base / sub).mkdir(parents=True)
         for name in ("rabbitmq.conf", "enabled_plugins", "rabbitmq-env.conf"):
             (self.base / name).write_text("")
+        if self.cookie is not None:
+            self._home.mkdir()
+            cookie = self._home / ".erlang.cookie"
+            cookie.write_text(self.cookie)
+            cookie.chmod(0o400)  # Erlang refuses a cookie file others can read
         shutil.chown(self.base, "rabbitmq", "rabbitmq")
         for path in self.base.rglob("*"):
             shutil.chown(path, "rabbitmq", "rabbitmq")
@@ -140,12 +157,186 @@ class ThrowawayRabbit:
         self.stop()
         self.start()
 
+    def beam_pid(self) -> int | None:
+        """The node's Erlang VM, from its pid file (None when it is not running)."""
+        try:
+            pid = int((self.base / "pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if _running(pid) else None
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the node's Erlang VM (SIGKILL: a crash; SIGSTOP/SIGCONT: a freeze)."""
+        pid = self.beam_pid()
+        if pid is None:
+            raise RuntimeError(f"RabbitMQ node {self.node} is not running")
+        os.kill(pid, sig)
+        if sig == signal.SIGKILL:
+            _wait_gone(pid)
+
     def close_all_connections(self) -> None:
         self._ctl("close_all_connections", "closed by a test")
 
     def destroy(self) -> None:
         self.stop()
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+class ThrowawayRabbitCluster:
+    """Three (by default) :class:`ThrowawayRabbit` nodes with one Erlang cookie, joined with
+    ``rabbitmqctl join_cluster`` to the first.
+
+    A node is named by its index. :attr:`urls` lists them all, the form ``CONSUMER_AMQP_URL``
+    takes for a cluster.
+    """
+
+    def __init__(self, size: int = 3) -> None:
+        tag = f"rc{uuid.uuid4().hex[:6]}"
+        cookie = uuid.uuid4().hex.upper()
+        self.nodes = [ThrowawayRabbit(name=f"{tag}-{n + 1}", cookie=cookie) for n in range(size)]
+        self.start_seconds: float | None = None
+        """How long :meth:`start` took (all nodes up and joined)."""
+
+    @property
+    def urls(self) -> list[str]:
+        return [node.url for node in self.nodes]
+
+    @property
+    def url_list(self) -> str:
+        """The comma-separated list ``CONSUMER_AMQP_URL`` takes."""
+        return ",".join(self.urls)
+
+    def start(self) -> None:
+        """Start every node (in parallel: each takes seconds) and join the others to the first."""
+        began = time.monotonic()
+        with ThreadPoolExecutor(len(self.nodes)) as pool:
+            list(pool.map(ThrowawayRabbit.start, self.nodes))
+        seed = self.nodes[0].node
+        for node in self.nodes[1:]:
+            node._ctl("stop_app")
+            node._ctl("join_cluster", seed, timeout=120)
+            node._ctl("start_app", timeout=120)
+        self.await_members(len(self.nodes))
+        self.start_seconds = time.monotonic() - began
+
+    def await_members(self, count: int, timeout: float = 120) -> None:
+        """Wait until the first live node sees ``count`` running members."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.running_members() >= count:
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"the cluster does not have {count} running nodes")
+
+    def running_members(self) -> int:
+        for node in self.nodes:
+            if node.beam_pid() is None:
+                continue
+            result = node._ctl("cluster_status", "--formatter", "json", check=False, timeout=30)
+            if result.returncode == 0:
+                return len(json.loads(result.stdout).get("running_nodes", []))
+        return 0
+
+    def kill(self, index: int) -> None:
+        """SIGKILL the node's Erlang VM: a crash, no goodbye to the others."""
+        self.nodes[index].signal(signal.SIGKILL)
+
+    def stop(self, index: int) -> None:
+        self.nodes[index].stop()
+
+    def start_node(self, index: int) -> None:
+        """Start a stopped or killed node again: it rejoins the cluster it was in."""
+        self.nodes[index].start()
+
+    def freeze(self, index: int) -> None:
+        """SIGSTOP the node: to the others and to clients it stops answering (a partition)."""
+        self.nodes[index].signal(signal.SIGSTOP)
+
+    def thaw(self, index: int) -> None:
+        self.nodes[index].signal(signal.SIGCONT)
+
+    def connection_ports(self, name_part: str) -> set[int]:
+        """The server ports (so the nodes) of the client connections whose name contains
+        ``name_part`` (the service names its connections ``<name>/<role>@<host>:<pid>``)."""
+        for node in self.nodes:
+            if node.beam_pid() is None:
+                continue
+            result = node._ctl(
+                *("list_connections", "port", "client_properties", "--formatter", "json"),
+                check=False,
+                timeout=30,
+            )
+            if result.returncode != 0:
+                continue
+            return {
+                int(row["port"])
+                for row in json.loads(result.stdout)
+                if name_part in str(row.get("client_properties"))
+            }
+        raise RuntimeError("no live node lists the connections")
+
+    def dead_letter_backlog(self, queue: str, vhost: str = "/") -> int:
+        """Messages quorum queue ``queue`` holds for its at-least-once dead-letter worker
+        (expired or rejected, not yet confirmed by the target): neither ready nor unacked, so
+        invisible to a passive declare. From the Raft state of the first live node's member."""
+        expression = (
+            f'{{ok, Q}} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"{vhost}">>, queue, '
+            f'<<"{queue}">>)), {{Name, _}} = amqqueue:get_pid(Q), '
+            "{ok, {_, O}, _} = ra:local_query({Name, node()}, fun rabbit_fifo:overview/1), "
+            "maps:get(num_discarded, O, 0) + maps:get(num_discard_checked_out, O, 0)."
+        )
+        for node in self.nodes:
+            if node.beam_pid() is None:
+                continue
+            result = node._ctl("eval", expression, check=False, timeout=30)
+            if result.returncode == 0 and result.stdout.strip().isdigit():
+                return int(result.stdout.strip())
+        raise RuntimeError(f"no live node reports the dead-letter backlog of {queue}")
+
+    def index_of(self, node_name: str) -> int:
+        return [node.node for node in self.nodes].index(node_name)
+
+    def leader_of(self, queue: str, vhost: str = "/") -> int:
+        """The index of the node that leads quorum queue ``queue``, asked of a live node."""
+        for node in self.nodes:
+            if node.beam_pid() is None:
+                continue
+            result = node._ctl(
+                "list_queues",
+                "-p",
+                vhost,
+                "name",
+                "leader",
+                "--formatter",
+                "json",
+                check=False,
+                timeout=30,
+            )
+            if result.returncode != 0:
+                continue
+            for row in json.loads(result.stdout):
+                if row.get("name") == queue and row.get("leader"):
+                    return self.index_of(str(row["leader"]))
+        raise RuntimeError(f"no live node knows the leader of {queue}")
+
+    def destroy(self) -> None:
+        """SIGKILL every node (nothing of it is kept) and remove their folders."""
+        for node in self.nodes:
+            if node.beam_pid() is not None:
+                node.signal(signal.SIGKILL)
+            shutil.rmtree(node.base, ignore_errors=True)
+
+
+class PostgresServer(Protocol):
+    """What a test needs of a PostgreSQL it runs: one server (:class:`ThrowawayPostgres`) or a
+    primary with a standby (:class:`ThrowawayPostgresPair`)."""
+
+    @property
+    def admin_dsn(self) -> str: ...
+
+    def dsn(self, database: str) -> str: ...
+
+    def signal_all(self, sig: signal.Signals) -> None: ...
 
 
 class ThrowawayPostgres:
@@ -163,6 +354,8 @@ class ThrowawayPostgres:
         options: Mapping[str, str] | None = None,
         hba: str | None = None,
     ) -> None:
+        """Nothing runs yet: :meth:`init` (or a base backup, see :class:`ThrowawayPostgresPair`)
+        makes the data folder, :meth:`start` starts it."""
         self.bin = version_bin or _postgres_bin()
         self.port = free_port()
         self.base = Path(f"/tmp/throwaway-pg-{uuid.uuid4().hex[:8]}")
@@ -183,9 +376,12 @@ class ThrowawayPostgres:
             capture_output=True,
         )
 
-    def init(self) -> None:
+    def _make_base(self) -> None:
         self.base.mkdir(parents=True)
         shutil.chown(self.base, "postgres", "postgres")
+
+    def init(self) -> None:
+        self._make_base()
         self._run(
             str(self.bin / "initdb"),
             "-D",
@@ -202,6 +398,16 @@ class ThrowawayPostgres:
             hba = self.data / "pg_hba.conf"
             hba.write_text(self.hba)
             shutil.chown(hba, "postgres", "postgres")
+
+    def init_standby_of(self, primary: ThrowawayPostgres, name: str) -> None:
+        """Instead of :meth:`init`: a base backup of ``primary`` that, started, streams from it
+        as ``name`` (``pg_basebackup -R`` writes the connection and ``standby.signal``)."""
+        self._make_base()
+        self._run(
+            str(self.bin / "pg_basebackup"),
+            *("-D", str(self.data), "-X", "stream", "-R", "--no-sync"),
+            *("-d", f"host=127.0.0.1 port={primary.port} user=postgres application_name={name}"),
+        )
 
     def add_file(self, name: str, source: Path, mode: int = 0o600) -> Path:
         """Copy ``source`` into the cluster's folder, owned by postgres; its path for options."""
@@ -267,6 +473,115 @@ class ThrowawayPostgres:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not: a detached node's parent may never
+    reap it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _wait_gone(pid: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _running(pid):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"process {pid} still there {timeout:g}s after SIGKILL")
+
+
 def _postgres_bin() -> Path:
     versions = sorted(Path("/usr/lib/postgresql").iterdir(), key=lambda p: int(p.name))
     return versions[-1] / "bin"
+
+
+STANDBY_NAME = "standby"
+"""The standby's ``application_name`` on the primary, as ``synchronous_standby_names`` lists it."""
+
+
+class ThrowawayPostgresPair:
+    """A :class:`ThrowawayPostgres` primary and a streaming standby of it (``pg_basebackup -R``).
+
+    ``synchronous``: the primary's commits wait until the standby has flushed them
+    (``synchronous_standby_names`` names it, ``synchronous_commit=on``); otherwise a commit
+    returns once local, and the standby follows when it can. :meth:`kill_primary` then
+    :meth:`promote_standby` is a failover: :meth:`dsn` names both hosts with
+    ``target_session_attrs=read-write``, so a client finds whichever is the primary.
+    """
+
+    def __init__(self, *, synchronous: bool) -> None:
+        self.synchronous = synchronous
+        replication = {"wal_level": "replica", "max_wal_senders": "4", "synchronous_commit": "on"}
+        if synchronous:
+            replication["synchronous_standby_names"] = STANDBY_NAME
+        self.primary = ThrowawayPostgres(options=replication)
+        # The standby's own settings: after promotion it is a primary with no standby, so it
+        # must not wait for one.
+        self.standby = ThrowawayPostgres(options={"synchronous_commit": "on", "hot_standby": "on"})
+
+    @property
+    def admin_dsn(self) -> str:
+        return self.dsn("postgres")
+
+    def dsn(self, database: str) -> str:
+        """Both hosts, the primary wanted: whichever is the primary now (after a failover, the
+        promoted standby)."""
+        hosts = f"127.0.0.1:{self.primary.port},127.0.0.1:{self.standby.port}"
+        return f"postgresql://postgres@{hosts}/{database}?target_session_attrs=read-write"
+
+    def signal_all(self, sig: signal.Signals) -> None:
+        self.primary.signal_all(sig)
+        self.standby.signal_all(sig)
+
+    def start(self) -> None:
+        self.primary.init()
+        self.primary.start()
+        self.standby.init_standby_of(self.primary, STANDBY_NAME)
+        self.standby.start()
+        self.await_streaming()
+
+    def _on_primary(self, query: str) -> str:
+        """``query``'s answer on the primary, as ``psql`` prints it unaligned (empty on error)."""
+        argv = [str(self.primary.bin / "psql"), "-XAtq", "-d", self.primary.admin_dsn, "-c", query]
+        return subprocess.run(
+            _as_user("postgres", argv), capture_output=True, text=True, check=False, cwd="/"
+        ).stdout.strip()
+
+    def await_streaming(self, timeout: float = 60) -> None:
+        """Wait until the primary sees the standby streaming (for a synchronous pair: as its
+        synchronous standby), so that commits are replicated from now on."""
+        wanted = "sync" if self.synchronous else "async"
+        query = (
+            "SELECT sync_state FROM pg_stat_replication "
+            f"WHERE application_name = '{STANDBY_NAME}' AND state = 'streaming'"
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._on_primary(query) == wanted:
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"the standby is not streaming ({wanted}) after {timeout:g}s")
+
+    def hold_replication(self, sig: signal.Signals = signal.SIGSTOP) -> None:
+        """SIGSTOP (or with SIGCONT, resume) the primary's WAL sender: the standby falls behind
+        as over a slow link. (Stopping the standby would not do: WAL already sent waits in its
+        socket buffer and still arrives after the primary dies.)"""
+        for pid in self._on_primary("SELECT pid FROM pg_stat_replication").split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), sig)
+
+    def kill_primary(self) -> None:
+        """SIGKILL the primary's postmaster and every backend: commits in flight go with it."""
+        self.primary.signal_all(signal.SIGKILL)
+
+    def promote_standby(self) -> None:
+        """``pg_ctl promote``: the standby ends recovery and takes writes (waits until it does)."""
+        self.standby._run(
+            str(self.standby.bin / "pg_ctl"), "-D", str(self.standby.data), "-w", "promote"
+        )
+
+    def destroy(self) -> None:
+        self.standby.destroy()
+        self.primary.destroy()

@@ -116,7 +116,7 @@ class TestEnv:
 
     async def apply_topology(self, **overrides: str) -> Topology:
         topology = self.topology(**overrides)
-        connection = await aio_pika.connect(self.amqp_url)
+        connection = await connect_any(self.amqp_url)
         try:
             await apply_topology(connection, topology)
         finally:
@@ -166,7 +166,7 @@ class TestEnv:
     async def cleanup_broker(self) -> None:
         """Delete the queues and exchanges of the test's topologies, its ingress exchange too,
         and never a name outside the test's own prefix (such as a shared ``events``)."""
-        connection = await aio_pika.connect(self.amqp_url)
+        connection = await connect_any(self.amqp_url)
         try:
             channel = await connection.channel()
             for topology in self.topologies:
@@ -499,9 +499,20 @@ class Producer:
         return sent + len(pending)
 
 
+async def connect_any(urls: str, timeout: float = 10) -> AbstractConnection:
+    """A connection to the first node of ``urls`` (comma-separated, as ``CONSUMER_AMQP_URL``
+    takes a cluster's) that answers."""
+    *others, last = urls.split(",")
+    for url in others:
+        with contextlib.suppress(OSError, aiormq.exceptions.AMQPError, TimeoutError):
+            return await aio_pika.connect(url, timeout=timeout)
+    return await aio_pika.connect(last, timeout=timeout)
+
+
 async def queue_depth(url: str, queue: str) -> int:
-    """Ready messages in ``queue`` (passive declare; unacked ones are not counted)."""
-    connection = await aio_pika.connect(url)
+    """Ready messages in ``queue`` (passive declare; unacked ones are not counted); ``url`` may
+    list a cluster's nodes."""
+    connection = await connect_any(url)
     try:
         channel = await connection.channel()
         declared = await channel.declare_queue(queue, passive=True)
@@ -600,3 +611,30 @@ def run_cli(
 def behave(key: str, **spec: Any) -> dict[str, Any]:
     """A ``test.behave`` payload."""
     return {"key": key, **spec}
+
+
+Event = tuple[str, dict[str, object], uuid.UUID]
+
+
+def restocks(count: int) -> list[Event]:
+    """``count`` restocks of one SKU, a unit each: each one's effect is a stock movement."""
+    return [("inventory.restock", {"sku": "SKU", "qty": 1}, uuid.uuid4()) for _ in range(count)]
+
+
+async def movements(dsn: str) -> int:
+    return int(await fetchval(dsn, "SELECT count(*) FROM stock_movements"))
+
+
+async def assert_exactly_once(dsn: str, events: list[Event]) -> None:
+    """Each of :func:`restocks`' events applied exactly once: a movement, a receipt, a unit."""
+    await assert_applied_once(dsn, [event_id for _, _, event_id in events], "stock_movements")
+    assert await fetchval(dsn, "SELECT count(*) FROM receipts") == len(events)
+    assert await fetchval(dsn, "SELECT available FROM stock WHERE sku = 'SKU'") == len(events)
+
+
+async def movements_at_least(dsn: str, expected: int) -> bool:
+    """For polling: at least ``expected`` stock movements; False while the database is down."""
+    try:
+        return await movements(dsn) >= expected
+    except OSError:
+        return False

@@ -226,3 +226,113 @@ class BrokerAlarm:
             await asyncio.to_thread(clear_alarms, world.rabbit)
             raise RuntimeError(f"the {resource} alarm was not raised and cleared: {answer}")
         await world.wait_ready()
+
+
+NodeChoice = Literal["leader", "connected"]
+"""Which cluster node a fault strikes: the one leading the work queue, or the one consumer-0 is
+connected to."""
+
+
+@dataclass(frozen=True)
+class KillNode:
+    """SIGKILL one node of the cluster (no goodbye to the others or to clients), then start it
+    again: it rejoins, and its replicas catch up."""
+
+    target: NodeChoice = "leader"
+    down_s: float = 2.0
+
+    @property
+    def label(self) -> str:
+        return f"SIGKILL the {self.target} node + restart"
+
+    @property
+    def cuts_broker_links(self) -> bool:
+        return True
+
+    async def inject(self, world: World) -> None:
+        cluster = world.need_cluster()
+        index = await world.node_of(self.target)
+        await asyncio.to_thread(cluster.kill, index)
+        await asyncio.sleep(self.down_s)
+        await asyncio.to_thread(cluster.start_node, index)
+        await asyncio.to_thread(cluster.await_members, len(cluster.nodes))
+        await world.wait_ready()
+
+
+@dataclass(frozen=True)
+class FreezeNode:
+    """SIGSTOP one node for ``seconds``, then SIGCONT: to the others (below Erlang's 60s net tick
+    time) and to its clients it stops answering, as behind a partition."""
+
+    seconds: float
+    target: NodeChoice = "leader"
+
+    @property
+    def label(self) -> str:
+        return f"SIGSTOP the {self.target} node {self.seconds:g}s"
+
+    @property
+    def cuts_broker_links(self) -> bool:
+        return True
+
+    async def inject(self, world: World) -> None:
+        cluster = world.need_cluster()
+        index = await world.node_of(self.target)
+        cluster.freeze(index)
+        try:
+            await asyncio.sleep(self.seconds)
+        finally:
+            cluster.thaw(index)
+        await asyncio.to_thread(cluster.await_members, len(cluster.nodes))
+        await world.wait_ready()
+
+
+@dataclass(frozen=True)
+class RollingRestart:
+    """Stop and start every node in turn, each back in the cluster before the next goes."""
+
+    @property
+    def label(self) -> str:
+        return "rolling restart of the cluster"
+
+    @property
+    def cuts_broker_links(self) -> bool:
+        return True
+
+    async def inject(self, world: World) -> None:
+        cluster = world.need_cluster()
+        for index in range(len(cluster.nodes)):
+            await asyncio.to_thread(cluster.stop, index)
+            await asyncio.to_thread(cluster.start_node, index)
+            await asyncio.to_thread(cluster.await_members, len(cluster.nodes))
+        await world.wait_ready()
+
+
+@dataclass(frozen=True)
+class FailoverPostgres:
+    """The standby falls behind (the primary's WAL sender stopped for ``lag_s``, as over a slow
+    link), the primary is SIGKILLed, then the standby is promoted: the service's multi-host DSN
+    finds the new primary once it takes writes. With synchronous replication the primary's
+    commits wait for the standby meanwhile; with asynchronous replication those acked while it
+    lagged are on the dead primary only."""
+
+    lag_s: float = 2.0
+    promote_after_s: float = 1.0
+
+    @property
+    def label(self) -> str:
+        return f"standby {self.lag_s:g}s behind, primary SIGKILLed, standby promoted"
+
+    @property
+    def cuts_broker_links(self) -> bool:
+        return False
+
+    async def inject(self, world: World) -> None:
+        pair = world.need_pair()
+        await asyncio.to_thread(pair.hold_replication)
+        await asyncio.sleep(self.lag_s)
+        await asyncio.to_thread(pair.kill_primary)
+        # The consumers meet the dead primary before there is a new one.
+        await asyncio.sleep(self.promote_after_s)
+        await asyncio.to_thread(pair.promote_standby)
+        await world.wait_ready()

@@ -20,7 +20,7 @@ import aio_pika
 import asyncpg
 
 from consumer import wire
-from tests.support import REPO
+from tests.support import REPO, connect_any
 
 FIRST_DEATH_REASON = "x-first-death-reason"
 DEAD_REASON = "consumer-dead-reason"
@@ -155,7 +155,7 @@ async def list_dead_letters(environment: dict[str, str], state: EndState) -> Non
 async def take_dead_letters(url: str, queue: str, state: EndState) -> None:
     """Every message in the dead-letter queue, removed (the queue is deleted afterwards)."""
     wire.install()
-    connection = await aio_pika.connect(url, timeout=10)
+    connection = await connect_any(url)
     try:
         channel = await connection.channel()
         target = await channel.get_queue(queue)
@@ -180,7 +180,7 @@ async def take_dead_letters(url: str, queue: str, state: EndState) -> None:
 async def sample_messages(url: str, queue: str, state: EndState, limit: int = 50) -> None:
     """Describe up to ``limit`` messages left in ``queue`` (read, then returned)."""
     wire.install()
-    connection = await aio_pika.connect(url, timeout=10)
+    connection = await connect_any(url)
     try:
         channel = await connection.channel()
         target = await channel.get_queue(queue)
@@ -213,7 +213,7 @@ class QueueProbe:
     async def ready(self, queue: str) -> int | None:
         try:
             if self._connection is None or self._connection.is_closed:
-                self._connection = await aio_pika.connect(self._url, timeout=5)
+                self._connection = await connect_any(self._url, timeout=5)
             channel = await self._connection.channel()
             try:
                 declared = await channel.declare_queue(queue, passive=True, timeout=5)

@@ -22,6 +22,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange, 
 
 from tests.chaos import hostile
 from tests.chaos.workload import Publication, attempt_id
+from tests.support import connect_any
 
 PUBLISH_TIMEOUT = 10.0
 TICK = 0.05
@@ -81,7 +82,7 @@ class ResilientProducer:
 
     async def _target(self) -> AbstractExchange:
         if self._exchange is None:
-            connection = await aio_pika.connect(self._url, timeout=5)
+            connection = await connect_any(self._url, timeout=5)
             try:
                 channel: AbstractChannel = await connection.channel(
                     publisher_confirms=True, on_return_raises=True

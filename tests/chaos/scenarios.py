@@ -5,16 +5,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from consumer.watchdog import EXIT_HARD_TIMEOUT
 from tests.chaos.faults import (
     BrokerAlarm,
     CloseConnections,
+    FailoverPostgres,
     Fault,
+    FreezeNode,
     FreezePostgres,
     Kill,
+    KillNode,
     RestartPostgres,
     RestartRabbit,
+    RollingRestart,
     Terminate,
 )
 from tests.chaos.workload import SLOW_S, Kind
@@ -28,6 +33,25 @@ STALL_TIMEOUT = "300ms"
 """Where a duplicate meets its first copy in a slow handler: below the handler's sleep."""
 EXIT_CRASH = 17
 """``test.behave``'s ``crash``: ``os._exit(17)``."""
+
+Site = Literal["node", "cluster", "pg-sync", "pg-async"]
+"""Where a scenario runs: the run's RabbitMQ node and PostgreSQL; the run's three-node RabbitMQ
+cluster (each consumer given the node list starting at another node; quorum queues on all three);
+or the run's node and a PostgreSQL primary with a synchronous or asynchronous standby of the
+scenario's own, which its fault fails over."""
+CLUSTER_SETTINGS = {"quorum_initial_group_size": "3"}
+
+
+BEYOND_ONE = (
+    "cluster-leader-kill",
+    "cluster-node-freeze",
+    "cluster-rolling-restart",
+    "cluster-connected-node-kill",
+    "cluster-scale-out",
+    "pg-failover-sync",
+    "pg-failover-async",
+)
+"""The scenarios on a RabbitMQ cluster or a PostgreSQL failover pair."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +86,10 @@ class Profile:
     """Scenarios run only when named (``--scenario``)."""
     freeze_s: float = 4.0
     alarm_s: float = 5.0
+    node_freeze_s: float = 30.0
+    """How long a cluster node stays SIGSTOPped."""
+    cluster_events: int | None = None
+    """Publications of the cluster and failover scenarios (None: :attr:`events`)."""
     settle_timeout: float = 60.0
     """After publishing, how long the consumers get to finish."""
     budget: float = 220.0
@@ -89,9 +117,15 @@ PROFILES = {
         alarms=1,
         hostile=4,
         hostile_events=600,
-        # The handler faults run together here (`handler-faults`); each alone when named.
-        named_only=frozenset({"swallow", "blocking", "crashing", "odd-payload", "kill-connection"}),
+        # The handler faults run together here (`handler-faults`); each alone when named. The
+        # cluster and failover scenarios too: tests/integration/test_cluster.py runs a leader kill
+        # and a synchronous failover in `make test` already, and a cluster takes 20-30s to start.
+        named_only=frozenset(
+            {"swallow", "blocking", "crashing", "odd-payload", "kill-connection", *BEYOND_ONE}
+        ),
         alarm_s=3.0,
+        node_freeze_s=10.0,
+        cluster_events=1_500,
         settle_timeout=60,
         budget=350,
     ),
@@ -144,6 +178,11 @@ class Scenario:
     ``lost RabbitMQ`` log line) or sees a delivery come back redelivered is a violation."""
     events: int | None = None
     """Publications, where not the profile's."""
+    site: Site = "node"
+    losses_reported: bool = False
+    """Events acked with no effect are expected here (asynchronous replication): the report
+    counts them as lost, and they, and what follows from them (stock, the consumers' counts),
+    are not violations."""
 
     @property
     def cuts_broker_links(self) -> bool:
@@ -287,6 +326,62 @@ def scenarios_for(profile: Profile) -> list[Scenario]:
             faults=[
                 BrokerAlarm(p.alarm_s, "memory" if n % 2 == 0 else "disk") for n in range(p.alarms)
             ],
+        ),
+        *beyond_one_machine(profile),
+    ]
+
+
+def beyond_one_machine(profile: Profile) -> list[Scenario]:
+    """The cluster and failover scenarios (see :data:`Site`)."""
+    p = profile
+
+    def on_cluster(slug: str, title: str, fault: Fault, consumers: int = 1) -> Scenario:
+        return Scenario(
+            slug,
+            f"cluster: {title}",
+            consumers=consumers,
+            faults=[fault],
+            settings=CLUSTER_SETTINGS,
+            site="cluster",
+            events=p.cluster_events,
+        )
+
+    return [
+        on_cluster(
+            "cluster-leader-kill", "SIGKILL of the work queue's leader + restart", KillNode()
+        ),
+        on_cluster(
+            "cluster-node-freeze",
+            f"SIGSTOP of the leader node {p.node_freeze_s:g}s",
+            FreezeNode(p.node_freeze_s),
+        ),
+        on_cluster("cluster-rolling-restart", "rolling restart of the 3 nodes", RollingRestart()),
+        on_cluster(
+            "cluster-connected-node-kill",
+            "SIGKILL of the node the consumer is connected to + restart",
+            KillNode("connected"),
+        ),
+        on_cluster(
+            "cluster-scale-out",
+            "3 consumers, one per node; SIGKILL of the leader + restart",
+            KillNode(),
+            consumers=3,
+        ),
+        Scenario(
+            "pg-failover-sync",
+            "PostgreSQL failover: synchronous standby 2s behind, primary SIGKILLed",
+            faults=[FailoverPostgres()],
+            site="pg-sync",
+            events=p.cluster_events,
+        ),
+        Scenario(
+            "pg-failover-async",
+            "PostgreSQL failover: asynchronous standby 2s behind, primary SIGKILLed "
+            "(losses reported)",
+            faults=[FailoverPostgres()],
+            site="pg-async",
+            events=p.cluster_events,
+            losses_reported=True,
         ),
     ]
 

@@ -4,7 +4,7 @@ its documentation says."""
 from __future__ import annotations
 
 from consumer.durations import parse_duration
-from tests.chaos.scenarios import CONSUMER_SETTINGS, PROFILES, chosen, scenarios_for
+from tests.chaos.scenarios import BEYOND_ONE, CONSUMER_SETTINGS, PROFILES, chosen, scenarios_for
 from tests.chaos.workload import (
     BLOCK_S,
     HANDLER_FAULTS,
@@ -78,3 +78,21 @@ def test_every_scenario_workload_fits_in_both_profiles() -> None:
             check_faults(scenario.events or profile.events, scenario.mix_in)
         # Every reserve fits in the seeded stock of its SKU, whatever the order.
         assert profile.events * MIX[Kind.RESERVE] * MAX_QTY < SEED_STOCK
+
+
+def test_the_long_profile_runs_every_cluster_and_failover_scenario_and_the_short_names_them() -> (
+    None
+):
+    long = {scenario.slug for scenario in chosen(PROFILES["long"])}
+    short = {scenario.slug for scenario in chosen(PROFILES["short"])}
+
+    assert set(BEYOND_ONE) <= long
+    assert not set(BEYOND_ONE) & short  # tests/integration/test_cluster.py covers them there
+    for scenario in scenarios_for(PROFILES["long"]):
+        if scenario.slug in BEYOND_ONE:
+            assert scenario.site != "node", scenario.slug
+            assert (scenario.events or PROFILES["long"].events) == 50_000, scenario.slug
+            # Only the asynchronous standby is allowed to lose acked commits.
+            assert scenario.losses_reported == (scenario.site == "pg-async"), scenario.slug
+        else:
+            assert scenario.site == "node", scenario.slug

@@ -13,7 +13,7 @@ from consumer.errors import Poison, PoisonReason
 from tests.chaos.hostile import KEPT_HEADER, READ_TAIL, SAFE_ONCE_READ, Wire
 from tests.chaos.observe import DeadCopy, EndState
 from tests.chaos.producer import Attempt, PublishLog
-from tests.chaos.verify import check
+from tests.chaos.verify import Figures, Verdict, check, excuse_losses
 from tests.chaos.workload import (
     DUPLICATE_SHARE,
     HANDLER_FAULTS,
@@ -471,3 +471,25 @@ def test_hostile_messages_ending_elsewhere_than_promised_are_caught() -> None:
     assert any(
         v.startswith("dead copies of messages never published: 1") for v in verdict.violations
     )
+
+
+def test_excused_losses_become_notes_and_stay_counted() -> None:
+    # Given a verdict with losses, a stock short of them, a count above them, and a duplicate
+    verdict = Verdict(
+        Figures(lost=2),
+        violations=[
+            "LOST: events that must apply with no effect: 2 (k1, k2)",
+            "stock that is not the seed + restocks - reserves: 1 (A: 1 != 2)",
+            "metrics: processed 10 != 8 effects",
+            "DUPLICATED effects: 1 (k3x2)",
+        ],
+    )
+
+    # When losses are excused (asynchronous replication)
+    excuse_losses(verdict, "asynchronous replication")
+
+    # Then only the duplicate is still a violation; the losses are notes, and counted
+    assert verdict.violations == ["DUPLICATED effects: 1 (k3x2)"]
+    assert len(verdict.notes) == 3
+    assert all(note.startswith("asynchronous replication: ") for note in verdict.notes)
+    assert verdict.figures.lost == 2

@@ -22,7 +22,14 @@ from typing import Any
 
 import asyncpg
 
-from tests.servers import ThrowawayPostgres, ThrowawayRabbit, free_port
+from tests.servers import (
+    PostgresServer,
+    ThrowawayPostgres,
+    ThrowawayPostgresPair,
+    ThrowawayRabbit,
+    ThrowawayRabbitCluster,
+    free_port,
+)
 from tests.support import ServiceProcess, TestEnv
 
 SCRAPE_TIMEOUT = 3.0
@@ -80,6 +87,13 @@ def summarise_metrics(
     return summary
 
 
+def rotated(urls: list[str], start: int) -> str:
+    """The node list as ``CONSUMER_AMQP_URL`` takes it, starting at node ``start`` (mod the
+    count): consumers given different starts connect to different nodes."""
+    start %= len(urls)
+    return ",".join(urls[start:] + urls[:start])
+
+
 class Progress:
     """Polls how many effects are applied, on its own connection, through outages and freezes."""
 
@@ -128,12 +142,24 @@ class World:
         postgres: ThrowawayPostgres,
         consumers: int,
         self_exits: frozenset[int] = frozenset(),
+        cluster: ThrowawayRabbitCluster | None = None,
+        pair: ThrowawayPostgresPair | None = None,
     ) -> None:
         self.env = env
         self.rabbit = rabbit
         self.postgres = postgres
+        self.cluster = cluster
+        """Where the scenario runs on a cluster: its nodes (``env.amqp_url`` lists them)."""
+        self.pair = pair
+        """Where the scenario fails PostgreSQL over: the pair (``env.database_url`` names both)."""
+        self.database: PostgresServer = pair or postgres
         self.services = [
-            ServiceProcess(env, f"consumer-{index}", http_port=str(free_port()))
+            ServiceProcess(
+                env,
+                f"consumer-{index}",
+                http_port=str(free_port()),
+                **({} if cluster is None else {"amqp_url": rotated(cluster.urls, index + 1)}),
+            )
             for index in range(consumers)
         ]
         self.current: list[Lifetime | None] = [None] * consumers
@@ -318,6 +344,30 @@ class World:
         findings += [f"{what} (restarted) x{count}" for what, count in self.self_exits.items()]
         return findings
 
+    # -- the cluster and the PostgreSQL pair --------------------------------------------------
+
+    def need_cluster(self) -> ThrowawayRabbitCluster:
+        if self.cluster is None:
+            raise RuntimeError("this fault needs a scenario on the RabbitMQ cluster")
+        return self.cluster
+
+    def need_pair(self) -> ThrowawayPostgresPair:
+        if self.pair is None:
+            raise RuntimeError("this fault needs a scenario on a PostgreSQL primary and standby")
+        return self.pair
+
+    async def node_of(self, target: str) -> int:
+        """The index of the node leading the work queue (``leader``) or the one consumer-0 is
+        connected to (``connected``: by the port of its connection, named with its pid)."""
+        cluster = self.need_cluster()
+        if target == "leader":
+            return await asyncio.to_thread(cluster.leader_of, self.env.names.work)
+        ports = await asyncio.to_thread(cluster.connection_ports, f":{self.services[0].pid}")
+        for index, node in enumerate(cluster.nodes):
+            if node.port in ports:
+                return index
+        raise RuntimeError("consumer-0 has no connection to any node")
+
     def kill_everything(self) -> None:
         for index, service in enumerate(self.services):
             if self.alive(index):
@@ -336,7 +386,7 @@ class World:
         """Wait until no connection of this scenario's consumers is left in the database (a killed
         process's last COMMIT may still be in a backend), so a count is final."""
         deadline = time.monotonic() + timeout
-        conn = await asyncpg.connect(self.postgres.admin_dsn, timeout=10)
+        conn = await asyncpg.connect(self.database.admin_dsn, timeout=10)
         try:
             while time.monotonic() < deadline:
                 left = await conn.fetchval(

@@ -30,6 +30,8 @@ DEPLOY = REPO / "deploy"
 PROMETHEUS_DIR = DEPLOY / "prometheus"
 DASHBOARD = DEPLOY / "grafana" / "rabbit-pg-consumer.json"
 COMPOSE = DEPLOY / "compose.yaml"
+COMPOSE_CLUSTER = DEPLOY / "compose.cluster.yaml"
+"""compose.yaml's override with a three-node RabbitMQ cluster."""
 K8S = DEPLOY / "k8s"
 SYSTEMD = DEPLOY / "systemd"
 
@@ -96,10 +98,12 @@ def yaml_file(path: Path) -> dict[str, Any]:
 # -- the deploy paths' files, read as their tools read them -------------------------------------
 
 
-def compose_model() -> dict[str, Any]:
-    """compose.yaml as Compose itself normalises it (``docker-compose config``): anchors merged,
-    variables interpolated with their defaults, paths absolute."""
-    result = run_tool("docker-compose", "-f", str(COMPOSE), "config", "--format", "json")
+def compose_model(*overrides: Path) -> dict[str, Any]:
+    """compose.yaml (with ``overrides`` on top) as Compose itself normalises it
+    (``docker-compose config``): anchors merged, variables interpolated with their defaults,
+    paths absolute."""
+    files = [argument for path in (COMPOSE, *overrides) for argument in ("-f", str(path))]
+    result = run_tool("docker-compose", *files, "config", "--format", "json")
     assert result.returncode == 0, result.stderr
     model = json.loads(result.stdout)
     assert isinstance(model, dict)

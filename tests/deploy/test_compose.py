@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from consumer.durations import parse_duration
-from consumer.settings import Settings
+from consumer.settings import Settings, split_urls
 from tests.deploy.support import (
     COMPOSE,
+    COMPOSE_CLUSTER,
     DEPLOY,
     assert_clean,
     compose_model,
@@ -125,3 +127,29 @@ def test_every_bind_mount_exists_and_prometheus_reads_the_checked_config() -> No
     consumer_job = next(job for job in scrape if job["job_name"] == "consumer")
     assert consumer_job["dns_sd_configs"][0]["names"] == ["consumer"]
     assert consumer_job["dns_sd_configs"][0]["port"] == 8080
+
+
+def test_the_cluster_override_adds_two_nodes_and_gives_every_broker_client_all_three() -> None:
+    assert_clean(
+        run_tool("docker-compose", "-f", str(COMPOSE), "-f", str(COMPOSE_CLUSTER), "config", "-q")
+    )
+    services = compose_model(COMPOSE_CLUSTER)["services"]
+    nodes = {"rabbitmq", "rabbitmq-2", "rabbitmq-3"}
+
+    assert nodes <= set(services)
+    cookies = {
+        services[node]["environment"]["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"] for node in nodes
+    }
+    assert len(cookies) == 1  # one Erlang cookie
+    assert services["rabbitmq-users"]["environment"]["RABBITMQ_CTL_ERL_ARGS"] in cookies
+    for node in nodes:
+        assert services[node]["hostname"] == node
+        mounts = {v["target"]: Path(v["source"]) for v in services[node]["volumes"]}
+        assert mounts["/etc/rabbitmq/conf.d/20-cluster.conf"] == DEPLOY / "rabbitmq/cluster.conf"
+        assert f"rabbit@{node}" in (DEPLOY / "rabbitmq/cluster.conf").read_text()
+        assert services["rabbitmq-users"]["depends_on"][node]["condition"] == "service_healthy"
+    for client in ("topology", "consumer"):
+        settings = _settings(services[client])
+        urls = split_urls(settings.amqp_url.get_secret_value())
+        assert {urlsplit(url).hostname for url in urls} == nodes, client
+        assert settings.quorum_initial_group_size == 3, client

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from consumer.durations import parse_duration
-from consumer.settings import Settings
+from consumer.settings import Settings, split_urls
 from tests.deploy.support import (
     K8S,
     alert_rules,
@@ -195,8 +195,11 @@ def test_keda_scales_the_deployment_on_the_work_queue_depth() -> None:
     assert int(trigger["metadata"]["value"]) > 0
     assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
     (reference,) = auth["spec"]["secretTargetRef"]
-    assert reference == {"parameter": "host", "name": "consumer", "key": "amqp-url"}
-    assert k8s_secret_values(reference["name"])[reference["key"]].startswith("amqp://")
+    # One address: the scaler's host takes no list of nodes
+    assert reference == {"parameter": "host", "name": "consumer", "key": "keda-amqp-url"}
+    host = k8s_secret_values(reference["name"])[reference["key"]]
+    assert host.startswith("amqp://")
+    assert "," not in host
     assert 2 <= scaled["spec"]["minReplicaCount"] <= scaled["spec"]["maxReplicaCount"]
 
 
@@ -264,16 +267,44 @@ def _egress(policy: dict[str, Any]) -> dict[str, set[tuple[str, int]]]:
 
 
 def _example_servers() -> dict[str, tuple[str, int]]:
-    """``scheme -> (namespace, port)`` of every URL in the example Secrets (host.namespace.svc)."""
+    """``scheme -> (namespace, port)`` of every server the example Secrets' URLs name."""
     servers: dict[str, tuple[str, int]] = {}
     for secret in k8s_all("Secret"):
         for value in secret["stringData"].values():
-            url = urlsplit(value)
-            assert url.hostname is not None, value
-            assert url.port is not None, value
-            _, namespace, *_ = url.hostname.split(".")
-            servers[url.scheme] = (namespace, url.port)
+            for scheme, host, port in _nodes(value):
+                # host.namespace.svc, or pod.service.namespace.svc for a cluster's nodes
+                labels = host.split(".")
+                servers[scheme] = (labels[labels.index("svc") - 1], port)
     return servers
+
+
+def _nodes(value: str) -> list[tuple[str, str, int]]:
+    """``(scheme, host, port)`` of every server a URL names: a comma-separated list of amqp://
+    URLs, or a postgresql:// URL with several ``host:port`` (each port given)."""
+    urls = split_urls(value) if value.startswith("amqp") else [value]
+    found = []
+    for text in urls:
+        url = urlsplit(text)
+        for address in url.netloc.rpartition("@")[2].split(","):
+            host, _, port = address.rpartition(":")
+            assert host, text
+            assert port.isdigit(), text
+            found.append((url.scheme, host, int(port)))
+    return found
+
+
+def test_the_example_secrets_name_three_broker_nodes_and_a_primary_with_its_standby() -> None:
+    for name in ("consumer", "consumer-setup"):
+        values = k8s_secret_values(name)
+        brokers = {host for _, host, _ in _nodes(values["amqp-url"])}
+        databases = {host for _, host, _ in _nodes(values["database-url"])}
+        assert len(brokers) == 3, name
+        assert len(databases) == 2, name
+        # The service's own parser takes both (a several-host DSN must ask for the primary)
+        settings = Settings.model_validate(
+            {"amqp_url": values["amqp-url"], "database_url": values["database-url"]}
+        )
+        assert "target_session_attrs=read-write" in settings.database_url.get_secret_value()
 
 
 def test_one_network_policy_isolates_each_workload_both_ways() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import uuid
 
 import pytest
 
@@ -13,27 +12,12 @@ from tests.servers import ThrowawayPostgres, ThrowawayRabbit
 from tests.support import (
     ServiceProcess,
     TestEnv,
-    assert_applied_once,
-    fetchval,
+    assert_exactly_once,
+    movements_at_least,
     queue_depth,
+    restocks,
     wait_until,
 )
-
-Event = tuple[str, dict[str, object], uuid.UUID]
-
-
-def restocks(count: int) -> list[Event]:
-    return [("inventory.restock", {"sku": "SKU", "qty": 1}, uuid.uuid4()) for _ in range(count)]
-
-
-async def movements(dsn: str) -> int:
-    return int(await fetchval(dsn, "SELECT count(*) FROM stock_movements"))
-
-
-async def assert_exactly_once(dsn: str, events: list[Event]) -> None:
-    await assert_applied_once(dsn, [event_id for _, _, event_id in events], "stock_movements")
-    assert await fetchval(dsn, "SELECT count(*) FROM receipts") == len(events)
-    assert await fetchval(dsn, "SELECT available FROM stock WHERE sku = 'SKU'") == len(events)
 
 
 @pytest.fixture
@@ -52,10 +36,14 @@ async def test_connection_closes_and_a_broker_restart_lose_and_double_nothing(
         await producer.send_many(events)
     service = await ServiceProcess(env).start().wait_ready()
 
-    await wait_until(lambda: _at_least(env, 300), timeout=60, what="300 applied")
+    await wait_until(
+        lambda: movements_at_least(env.database_url, 300), timeout=60, what="300 applied"
+    )
     rabbit.close_all_connections()  # the broker drops us mid-stream
 
-    await wait_until(lambda: _at_least(env, 1500), timeout=60, what="1,500 applied")
+    await wait_until(
+        lambda: movements_at_least(env.database_url, 1500), timeout=60, what="1,500 applied"
+    )
     rabbit.stop()
 
     async def disconnected() -> bool:
@@ -66,7 +54,9 @@ async def test_connection_closes_and_a_broker_restart_lose_and_double_nothing(
     assert await service.metric("consumer_broker_connected") == 0
     rabbit.start()
 
-    await wait_until(lambda: _at_least(env, 3000), timeout=120, what="all 3,000 applied")
+    await wait_until(
+        lambda: movements_at_least(env.database_url, 3000), timeout=120, what="all 3,000 applied"
+    )
     await service.wait_ready(timeout=30)
     await service.wait_idle()
     await assert_exactly_once(env.database_url, events)
@@ -92,7 +82,9 @@ async def test_a_database_outage_longer_than_the_ladder_pauses_and_dead_letters_
                 await asyncio.sleep(0.1)  # about 200 events a second, for three seconds
 
     publishing = asyncio.create_task(publish_steadily())
-    await wait_until(lambda: _at_least(env, 100), timeout=30, what="100 applied")
+    await wait_until(
+        lambda: movements_at_least(env.database_url, 100), timeout=30, what="100 applied"
+    )
     postgres.stop()
 
     async def paused() -> bool:
@@ -108,7 +100,9 @@ async def test_a_database_outage_longer_than_the_ladder_pauses_and_dead_letters_
     await publishing
     postgres.start()
 
-    await wait_until(lambda: _at_least(env, 600), timeout=90, what="all 600 applied")
+    await wait_until(
+        lambda: movements_at_least(env.database_url, 600), timeout=90, what="all 600 applied"
+    )
     await service.wait_ready(timeout=30)
     await service.wait_idle()
     await assert_exactly_once(dsn, events)
@@ -119,13 +113,6 @@ async def test_a_database_outage_longer_than_the_ladder_pauses_and_dead_letters_
         assert await service.metric("consumer_dead_letters_total", reason=reason) == 0
     paused_lines = [x for x in service.log_lines() if x.get("event") == "paused"]
     assert paused_lines, "the pause is logged"
-
-
-async def _at_least(env: TestEnv, expected: int) -> bool:
-    try:
-        return await movements(env.database_url) >= expected
-    except OSError:
-        return False
 
 
 async def test_a_frozen_database_pauses_instead_of_spending_retries(
@@ -140,7 +127,9 @@ async def test_a_frozen_database_pauses_instead_of_spending_retries(
     events = restocks(400)
     async with env.producer() as producer:
         await producer.send_many(events[:100])
-        await wait_until(lambda: _at_least(env, 100), timeout=30, what="100 applied")
+        await wait_until(
+            lambda: movements_at_least(env.database_url, 100), timeout=30, what="100 applied"
+        )
         # Frozen, not down: connections hang instead of failing, past the handler's time limit.
         postgres.freeze()
         await producer.send_many(events[100:])
@@ -152,7 +141,9 @@ async def test_a_frozen_database_pauses_instead_of_spending_retries(
         await asyncio.sleep(3)  # longer than the whole retry ladder
         postgres.thaw()
 
-    await wait_until(lambda: _at_least(env, 400), timeout=120, what="all 400 applied")
+    await wait_until(
+        lambda: movements_at_least(env.database_url, 400), timeout=120, what="all 400 applied"
+    )
     await service.wait_idle()
     await assert_exactly_once(dsn, events)
     assert await queue_depth(env.amqp_url, env.names.dead) == 0

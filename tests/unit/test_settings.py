@@ -1,8 +1,9 @@
 from datetime import timedelta
 
 import pytest
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
+from consumer.config import broker_config
 from consumer.redact import redact_url, scrub
 from consumer.setting_errors import describe_settings_error, unknown_variables
 from consumer.settings import Settings
@@ -77,6 +78,11 @@ def test_reads_durations_lists_and_case_insensitive_choices(
         ({"name": "has space"}, "CONSUMER_NAME"),
         ({"amqp_url": "http://x"}, "CONSUMER_AMQP_URL"),
         ({"database_url": "mysql://x"}, "CONSUMER_DATABASE_URL"),
+        ({"database_url": "postgresql://u@a:5432,b:5432/db"}, "CONSUMER_DATABASE_URL"),
+        (
+            {"database_url": "postgresql://u@a,b/db?target_session_attrs=prefer-standby"},
+            "CONSUMER_DATABASE_URL",
+        ),
         ({"handlers": "not a module"}, "CONSUMER_HANDLERS"),
         ({"http_port": "70000"}, "CONSUMER_HTTP_PORT"),
     ],
@@ -201,3 +207,21 @@ def test_redact_url(url: str, expected: str) -> None:
 def test_scrub_replaces_every_password_in_free_text() -> None:
     text = "failed amqp://a:one@h and postgresql://b:two@db/x: refused"
     assert scrub(text) == "failed amqp://a:***@h and postgresql://b:***@db/x: refused"
+
+
+@pytest.mark.parametrize("wanted", ["read-write", "primary"])
+def test_a_several_host_database_url_that_asks_for_the_primary_is_taken(wanted: str) -> None:
+    url = f"postgresql://app:pw@db-a:5432,db-b:5432/app?target_session_attrs={wanted}"
+    assert Settings(database_url=SecretStr(url)).database_url.get_secret_value() == url
+
+
+def test_several_broker_nodes_become_one_url_each_in_the_order_given() -> None:
+    nodes = [
+        "amqp://app:pw@rabbit-1:5672/",
+        "amqp://app:pw@rabbit-2:5672/",
+        "amqp://app:pw@rabbit-3/",
+    ]
+    config = broker_config(Settings(amqp_url=SecretStr(" , ".join(nodes))))
+    assert [url.get_secret_value() for url in config.urls] == nodes
+    assert "pw" not in config.safe_url
+    assert config.safe_url.count("rabbit-") == 3

@@ -26,6 +26,7 @@ from consumer.config import (
     database_config,
     envelope_limits,
     names_for,
+    receipt_window,
     topology_for,
 )
 from consumer.crashes import CrashLedger, Liveness
@@ -39,6 +40,7 @@ from consumer.logs import Logger, TickFlushed, make_logger, route_library_logs
 from consumer.metrics import Metrics
 from consumer.pipeline import Pipeline
 from consumer.prepare import Preparer
+from consumer.pruning import PeriodicPruner, ReceiptPruner
 from consumer.receipts import Receipts
 from consumer.registry import HandlerRegistry
 from consumer.report import OutcomeReporter
@@ -105,7 +107,7 @@ def build_service(
         ledger=ledger,
     )
     parser = EnvelopeParser(envelope_limits(settings))
-    preparer = Preparer(registry, parser, calls)
+    preparer = Preparer(registry, parser, calls, receipt_window(settings))
     pipeline = Pipeline(
         preparer=preparer,
         engine=BatchEngine(
@@ -163,6 +165,12 @@ def build_service(
         liveness=Liveness(ledger, database.connect_one),
         logger=logger,
         metrics=metrics,
+        pruner=PeriodicPruner(
+            ReceiptPruner(receipt_window(settings), max_future_skew=settings.max_future_skew),
+            connect=database.connect_one,
+            logger=logger,
+            metrics=metrics,
+        ),
     )
     return service
 

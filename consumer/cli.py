@@ -66,10 +66,12 @@ def _parser() -> argparse.ArgumentParser:
     publish_cmd.add_argument("--correlation-id")
 
     from consumer.dlq_cli import add_dlq_parser
+    from consumer.receipts_cli import add_receipts_parser
     from consumer.topology_cli import add_topology_parser
 
     add_topology_parser(commands)
     add_dlq_parser(commands)
+    add_receipts_parser(commands)
     return parser
 
 
@@ -86,6 +88,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from consumer.topology_cli import run_topology
 
         return run_topology(settings, arguments)
+    if arguments.command == "receipts":
+        from consumer.receipts_cli import run_receipts
+
+        return run_receipts(settings, arguments)
     from consumer.dlq_cli import run_dlq
 
     return run_dlq(settings, arguments)

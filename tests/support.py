@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
@@ -441,6 +442,9 @@ class Producer:
         self._exchange_name = exchange
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
+        # An event sent again is the same envelope, as a producer's retry is: the receipts tell
+        # copies apart by (event_id, occurred_at), so a copy keeps its first occurred_at.
+        self._occurred: dict[uuid.UUID, datetime] = {}
 
     async def __aenter__(self) -> Producer:
         self._connection = await aio_pika.connect(self._url)
@@ -477,10 +481,19 @@ class Producer:
         )
 
     async def send(
-        self, event_type: str, payload: dict[str, Any], *, event_id: uuid.UUID | None = None
+        self,
+        event_type: str,
+        payload: dict[str, Any],
+        *,
+        event_id: uuid.UUID | None = None,
+        occurred_at: datetime | None = None,
     ) -> uuid.UUID:
         event_id = event_id or uuid.uuid4()
-        await self.send_raw(envelope_body(event_type, payload, event_id=event_id), event_type)
+        if occurred_at is not None:
+            self._occurred[event_id] = occurred_at
+        occurred_at = self._occurred.setdefault(event_id, datetime.now(UTC))
+        body = envelope_body(event_type, payload, event_id=event_id, occurred_at=occurred_at)
+        await self.send_raw(body, event_type)
         return event_id
 
     async def send_many(

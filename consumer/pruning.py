@@ -34,6 +34,7 @@ _LOCK_KEY = 0x7265636569707473
 DEFAULT_LOCK_WAIT = timedelta(milliseconds=200)
 
 _TRY_LOCK = "SELECT pg_try_advisory_xact_lock($1)"
+_LOCK = "SELECT pg_advisory_xact_lock($1)"
 _EXTEND = "SELECT consumer_receipts_extend($1, $2, $3, $4)"
 _PRUNE = "SELECT partition, starts, ends, estimated_rows FROM consumer_receipts_prune($1, $2, $3)"
 # The legacy table's oldest receipt is not known without reading it all: it counts from its newest.
@@ -91,15 +92,21 @@ class ReceiptPruner:
         self._ahead = window.ahead(max_future_skew)
         self._lock_wait = lock_wait
 
-    async def prune(self, conn: asyncpg.Connection[Any], *, dry_run: bool = False) -> PruneReport:
+    async def prune(
+        self, conn: asyncpg.Connection[Any], *, dry_run: bool = False, wait: bool = False
+    ) -> PruneReport:
         """Make the partitions ahead, then drop those past the retention (``dry_run``: only
         say which). Raises the database's error (a lock not had in time) for the caller to
-        count; nothing of a failed step stays."""
+        count; nothing of a failed step stays. ``wait``: make the partitions even if another
+        replica holds the lock, after it (start-up: a replica must not consume before the
+        partitions for now exist)."""
         window = self.window
         created = 0
         if not dry_run:
             async with conn.transaction():
-                if not await conn.fetchval(_TRY_LOCK, _LOCK_KEY):
+                if wait:
+                    await conn.execute(_LOCK, _LOCK_KEY)
+                elif not await conn.fetchval(_TRY_LOCK, _LOCK_KEY):
                     return PruneReport(ran=False)
                 extend = (window.partition, window.retention, self._ahead, self._lock_wait)
                 created = int(await conn.fetchval(_EXTEND, *extend))
@@ -155,7 +162,7 @@ class PeriodicPruner:
             await asyncio.gather(task, return_exceptions=True)
 
     async def first(self) -> None:
-        await self._round()
+        await self._round(wait=True)
 
     async def _keep(self) -> None:
         interval = self._pruner.window.prune_interval.total_seconds()
@@ -163,7 +170,7 @@ class PeriodicPruner:
             await asyncio.sleep(interval)
             await self._round()
 
-    async def _round(self) -> None:
+    async def _round(self, *, wait: bool = False) -> None:
         """One round; a failure is logged and counted, never raised: receipts are kept a little
         longer, and the alert on their age says so if it goes on."""
         metrics = self._metrics
@@ -174,7 +181,7 @@ class PeriodicPruner:
             self._logger.warning("receipt pruning: no database connection", error=str(error))
             return
         try:
-            report = await self._pruner.prune(conn)
+            report = await self._pruner.prune(conn, wait=wait)
             if report.ran:
                 metrics.receipt_prunes.inc()
                 if report.dropped or report.created:

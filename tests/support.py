@@ -434,6 +434,12 @@ async def unacked_messages(queues: Collection[str]) -> dict[str, int]:
     }
 
 
+_OCCURRED: dict[uuid.UUID, datetime] = {}
+"""Each event's occurred_at, as its producer keeps its envelope: an event sent again (a producer's
+retry, by any :class:`Producer` of the test run) is the same envelope. The receipts tell copies
+apart by (event_id, occurred_at): a copy with a new occurred_at would be another event."""
+
+
 class Producer:
     """Publishes persistent events with publisher confirms, many at a time."""
 
@@ -442,9 +448,6 @@ class Producer:
         self._exchange_name = exchange
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
-        # An event sent again is the same envelope, as a producer's retry is: the receipts tell
-        # copies apart by (event_id, occurred_at), so a copy keeps its first occurred_at.
-        self._occurred: dict[uuid.UUID, datetime] = {}
 
     async def __aenter__(self) -> Producer:
         self._connection = await aio_pika.connect(self._url)
@@ -490,8 +493,8 @@ class Producer:
     ) -> uuid.UUID:
         event_id = event_id or uuid.uuid4()
         if occurred_at is not None:
-            self._occurred[event_id] = occurred_at
-        occurred_at = self._occurred.setdefault(event_id, datetime.now(UTC))
+            _OCCURRED[event_id] = occurred_at
+        occurred_at = _OCCURRED.setdefault(event_id, datetime.now(UTC))
         body = envelope_body(event_type, payload, event_id=event_id, occurred_at=occurred_at)
         await self.send_raw(body, event_type)
         return event_id

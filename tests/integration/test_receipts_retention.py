@@ -66,6 +66,14 @@ async def test_an_expired_event_is_dead_lettered_with_no_effect_and_replayed_onl
     )
     # Then the old one has no effect and no receipt, the fresh one is applied
     await assert_applied_once(env.database_url, [fresh])
+    # (the service pruned at start-up: the migration's past days are gone, and it says so)
+    assert await service.metric("consumer_receipt_prunes_total") >= 1
+    assert await service.metric("consumer_receipts_partitions") == len(await _partitions(env))
+    assert await service.metric("consumer_receipts_prune_late_after_seconds") == 3600 + 600 + 1200
+    assert not await fetch(
+        env.database_url,
+        "SELECT name FROM consumer_receipt_partitions WHERE ends <= now() - interval '1 hour'",
+    )
     assert await fetchval(env.database_url, "SELECT count(*) FROM receipts") == 1
     code, out, err = cli(env, "dlq", "list", "--json")
     assert code == 0, err

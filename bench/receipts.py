@@ -79,14 +79,22 @@ async def run_receipts(options: ReceiptsOptions) -> dict[str, Any]:
     result["upgrade"] = await _in_database(
         options.admin_dsn, f"bench_receipts_upgrade_{stamp}", _upgrade, options
     )
-    result["insert_empty"] = await _in_database(
-        options.admin_dsn, f"bench_receipts_empty_{stamp}", _insert_empty, options
-    )
+    empty_dsn = dsn_for(options.admin_dsn, f"bench_receipts_empty_{stamp}")
+
+    async def prune(dsn: str, options: ReceiptsOptions) -> dict[str, Any]:
+        return await _prune(dsn, empty_dsn, options)
+
+    async def with_empty(_: str, options: ReceiptsOptions) -> dict[str, Any]:
+        found: dict[str, Any] = await _in_database(
+            options.admin_dsn, f"bench_receipts_{stamp}", prune, options
+        )
+        return found
+
     result["prune"] = await _in_database(
-        options.admin_dsn, f"bench_receipts_{stamp}", _prune, options
+        options.admin_dsn, f"bench_receipts_empty_{stamp}", with_empty, options
     )
-    empty = result["insert_empty"]["batch_ms_median"]
-    full = result["prune"]["insert"]["batch_ms_median"]
+    insert = result["prune"]["insert"]
+    empty, full = insert["empty_ms_median"], insert["full_ms_median"]
     result["insert_ratio"] = full / empty if empty else None
     return result
 
@@ -171,78 +179,90 @@ async def _upgrade(dsn: str, options: ReceiptsOptions) -> dict[str, Any]:
     }
 
 
-async def _insert_empty(dsn: str, options: ReceiptsOptions) -> dict[str, Any]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        await migrate(conn, [service_set()])
-        return await _insert_cost(conn, options)
-    finally:
-        await conn.close()
-
-
-async def _insert_cost(conn: asyncpg.Connection[Any], options: ReceiptsOptions) -> dict[str, Any]:
-    """The service's receipt statement and seal, one transaction per batch, as a batch does."""
-    timings: list[float] = []
+async def _insert_cost(
+    full: asyncpg.Connection[Any], empty: asyncpg.Connection[Any], options: ReceiptsOptions
+) -> dict[str, Any]:
+    """The service's receipt statement and seal, one transaction per batch as a batch does,
+    alternately in the full and the empty database (so that the shared machine's moods fall on
+    both alike). The consumer is the receipts' own ('bench'), as in a service's database."""
+    timings: dict[str, list[float]] = {"full": [], "empty": []}
     for _ in range(options.batches):
-        ids = [uuid.uuid4() for _ in range(options.batch_size)]
-        now = datetime.now(UTC)
-        times = [now] * len(ids)
-        types = ["inventory.reserve"] * len(ids)
-        started = time.perf_counter()
-        async with conn.transaction():
-            await conn.fetch(_INSERT_MANY, "bench-insert", ids, types, times)
-            await conn.fetchval(_SEAL, "bench-insert", ids, times)
-        timings.append(time.perf_counter() - started)
+        for label, conn in (("full", full), ("empty", empty)):
+            ids = [uuid.uuid4() for _ in range(options.batch_size)]
+            now = datetime.now(UTC)
+            times = [now] * len(ids)
+            types = ["inventory.reserve"] * len(ids)
+            started = time.perf_counter()
+            async with conn.transaction():
+                await conn.fetch(_INSERT_MANY, "bench", ids, types, times)
+                await conn.fetchval(_SEAL, "bench", ids, times)
+            timings[label].append(time.perf_counter() - started)
     return {
         "batches": options.batches,
         "batch_size": options.batch_size,
-        "batch_ms_median": round(statistics.median(timings) * 1000, 3),
-        "batch_ms_mean": round(statistics.fmean(timings) * 1000, 3),
+        **{
+            f"{label}_ms_median": round(statistics.median(found) * 1000, 3)
+            for label, found in timings.items()
+        },
+        **{
+            f"{label}_ms_mean": round(statistics.fmean(found) * 1000, 3)
+            for label, found in timings.items()
+        },
     }
 
 
-async def _prune(dsn: str, options: ReceiptsOptions) -> dict[str, Any]:
+async def _prune(dsn: str, empty_dsn: str, options: ReceiptsOptions) -> dict[str, Any]:
     conn = await asyncpg.connect(dsn)
+    empty = await asyncpg.connect(empty_dsn)
     try:
+        await migrate(empty, [service_set()])
         await migrate(conn, [service_set()])
         generated = await _generate(conn, _GENERATE_PARTITIONED, options.rows)
         size_before = await conn.fetchval(_SIZE)
         partitions_before = await conn.fetchval(
             "SELECT count(*) FROM pg_partition_tree('receipts') WHERE isleaf"
         )
-        insert = await _insert_cost(conn, options)
-        # The oldest of the week's partitions is wholly older than six days, the next is not.
-        started = time.perf_counter()
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "consumer",
-            "receipts",
-            "prune",
-            env=_env(dsn),
-            cwd=REPO,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await process.communicate()
-        prune_s = time.perf_counter() - started
-        if process.returncode != 0:
-            raise RuntimeError(f"consumer receipts prune failed: {err.decode().strip()}")
+        insert = await _insert_cost(conn, empty, options)
+        rows_before = await conn.fetchval("SELECT count(*) FROM receipts")
+        # The command's own cost (interpreter, connection, the partitions ahead) without a drop,
+        # then with it: the oldest of the week's partitions is wholly older than six days.
+        dry_s, _ = await _prune_command(dsn, "--dry-run")
+        prune_s, out = await _prune_command(dsn)
         size_after = await conn.fetchval(_SIZE)
         rows_after = await conn.fetchval("SELECT count(*) FROM receipts")
     finally:
+        await empty.close()
         await conn.close()
     return {
         "rows": options.rows,
         "generate_s": round(generated, 1),
         "partitions_before": partitions_before,
         "size_before_mb": round(size_before / 2**20, 1),
+        "dry_run_s": round(dry_s, 3),
         "prune_s": round(prune_s, 3),
-        "prune_output": out.decode().strip().splitlines(),
+        "prune_output": out.splitlines(),
+        "rows_removed": rows_before - rows_after,
         "size_after_mb": round(size_after / 2**20, 1),
         "rows_after": rows_after,
         "insert": insert,
     }
+
+
+async def _prune_command(dsn: str, *args: str) -> tuple[float, str]:
+    started = time.perf_counter()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "consumer", "receipts", "prune", *args),
+        env=_env(dsn),
+        cwd=REPO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await process.communicate()
+    seconds = time.perf_counter() - started
+    if process.returncode != 0:
+        raise RuntimeError(f"consumer receipts prune failed: {err.decode().strip()}")
+    return seconds, out.decode().strip()
 
 
 def _env(dsn: str) -> dict[str, str]:
@@ -256,18 +276,19 @@ def _env(dsn: str) -> dict[str, str]:
 
 
 def table(result: dict[str, Any]) -> str:
-    upgrade, prune, empty = result["upgrade"], result["prune"], result["insert_empty"]
-    full = prune["insert"]
+    upgrade, prune = result["upgrade"], result["prune"]
+    insert = prune["insert"]
     lines = [
         f"upgrade of {upgrade['rows']:,} receipts: migration {upgrade['migration_s']} s "
         f"(the lock held), slowest concurrent read {upgrade['probe_max_ms']} ms "
         f"({upgrade['probe_reads']} reads), {upgrade['legacy_rows']:,} kept in receipts_legacy",
-        f"prune of one day of {prune['rows']:,} receipts over 7 days: {prune['prune_s']} s "
-        f"(consumer receipts prune, interpreter start included); table + indexes "
-        f"{prune['size_before_mb']} MB -> {prune['size_after_mb']} MB, "
-        f"{prune['rows_after']:,} rows left",
-        f"receipt insert, {full['batch_size']} per batch, median of {full['batches']}: "
-        f"{full['batch_ms_median']} ms with {prune['rows']:,} kept, "
-        f"{empty['batch_ms_median']} ms empty (ratio {result['insert_ratio']:.3f})",
+        f"prune of one day ({prune['rows_removed']:,} of {prune['rows']:,} receipts over 7 "
+        f"days): consumer receipts prune {prune['prune_s']} s, its --dry-run "
+        f"{prune['dry_run_s']} s (interpreter start included); table + indexes "
+        f"{prune['size_before_mb']} MB -> {prune['size_after_mb']} MB",
+        f"receipt insert + seal, {insert['batch_size']} per batch, median of "
+        f"{insert['batches']} each, alternating: {insert['full_ms_median']} ms with "
+        f"{prune['rows']:,} kept, {insert['empty_ms_median']} ms empty "
+        f"(ratio {result['insert_ratio']:.3f})",
     ]
     return "\n".join(lines)

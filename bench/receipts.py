@@ -227,7 +227,8 @@ async def _prune(dsn: str, empty_dsn: str, options: ReceiptsOptions) -> dict[str
         # The command's own cost (interpreter, connection, the partitions ahead) without a drop,
         # then with it: the oldest of the week's partitions is wholly older than six days.
         dry_s, _ = await _prune_command(dsn, "--dry-run")
-        prune_s, out = await _prune_command(dsn)
+        async with _Inserter(dsn) as inserter:
+            prune_s, out = await _prune_command(dsn)
         size_after = await conn.fetchval(_SIZE)
         rows_after = await conn.fetchval("SELECT count(*) FROM receipts")
     finally:
@@ -242,10 +243,48 @@ async def _prune(dsn: str, empty_dsn: str, options: ReceiptsOptions) -> dict[str
         "prune_s": round(prune_s, 3),
         "prune_output": out.splitlines(),
         "rows_removed": rows_before - rows_after,
+        "inserts_during_prune": len(inserter.waits),
+        "slowest_insert_during_prune_ms": round(max(inserter.waits) * 1000, 1),
         "size_after_mb": round(size_after / 2**20, 1),
         "rows_after": rows_after,
         "insert": insert,
     }
+
+
+class _Inserter:
+    """The service's receipt statement in a loop on a connection of its own, timing each batch
+    (of 10) while the prune runs: how long the consume path waits for it."""
+
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self.waits: list[float] = []
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> _Inserter:
+        conn = await asyncpg.connect(self._dsn)
+        self._task = asyncio.create_task(self._insert(conn))
+        await asyncio.sleep(0.2)
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await asyncio.sleep(0.2)
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+
+    async def _insert(self, conn: asyncpg.Connection[Any]) -> None:
+        try:
+            while not self._stop.is_set():
+                ids = [uuid.uuid4() for _ in range(10)]
+                times = [datetime.now(UTC)] * len(ids)
+                started = time.perf_counter()
+                async with conn.transaction():
+                    await conn.fetch(_INSERT_MANY, "bench", ids, ["inventory.reserve"] * 10, times)
+                    await conn.fetchval(_SEAL, "bench", ids, times)
+                self.waits.append(time.perf_counter() - started)
+        finally:
+            await conn.close()
 
 
 async def _prune_command(dsn: str, *args: str) -> tuple[float, str]:
@@ -285,7 +324,9 @@ def table(result: dict[str, Any]) -> str:
         f"prune of one day ({prune['rows_removed']:,} of {prune['rows']:,} receipts over 7 "
         f"days): consumer receipts prune {prune['prune_s']} s, its --dry-run "
         f"{prune['dry_run_s']} s (interpreter start included); table + indexes "
-        f"{prune['size_before_mb']} MB -> {prune['size_after_mb']} MB",
+        f"{prune['size_before_mb']} MB -> {prune['size_after_mb']} MB; slowest of "
+        f"{prune['inserts_during_prune']} receipt inserts meanwhile "
+        f"{prune['slowest_insert_during_prune_ms']} ms",
         f"receipt insert + seal, {insert['batch_size']} per batch, median of "
         f"{insert['batches']} each, alternating: {insert['full_ms_median']} ms with "
         f"{prune['rows']:,} kept, {insert['empty_ms_median']} ms empty "

@@ -95,6 +95,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     found record;
     legacy_ends timestamptz;
+    locked boolean := false;
 BEGIN
     PERFORM set_config('lock_timeout', (extract(epoch FROM lock_wait) * 1000)::bigint || 'ms',
                        true);
@@ -120,6 +121,13 @@ BEGIN
         SELECT greatest(c.reltuples, 0)::bigint INTO estimated_rows
         FROM pg_class c WHERE c.oid = to_regclass(found.name);
         IF NOT dry_run THEN
+            IF NOT locked THEN
+                -- receipts first, as every insert takes it (then its partitions, and
+                -- receipts_legacy): taking a partition first would deadlock with an insert
+                -- that holds receipts and waits for that partition.
+                LOCK TABLE ONLY receipts IN ACCESS EXCLUSIVE MODE;
+                locked := true;
+            END IF;
             IF found.name = 'receipts_legacy' THEN
                 -- Emptied, not dropped: every receipt insert reads it.
                 TRUNCATE receipts_legacy;

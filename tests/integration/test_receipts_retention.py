@@ -17,6 +17,7 @@ import pytest
 from consumer.migration_sets import SERVICE_SET, MigrationSet, service_set
 from consumer.migrations import migrate
 from consumer.pruning import ReceiptPruner
+from consumer.receipts import _INSERT_MANY, _SEAL
 from consumer.retention import ReceiptWindow
 from tests.support import (
     ServiceProcess,
@@ -186,22 +187,22 @@ async def test_two_pruners_at_once_do_not_conflict_nor_block_inserts(
     inserted = 0
 
     async def insert() -> None:
+        # The service's own statements: prepared, they lock every partition as they run, the
+        # ones being dropped too (a prune that took a partition before receipts would deadlock).
         nonlocal inserted
         while not stop.is_set():
+            ids = [uuid.uuid4() for _ in range(5)]
+            times = [datetime.now(UTC)] * len(ids)
             async with inserter.transaction():
-                await inserter.execute("SELECT set_config('consumer.sealed', 'yes', true)")
-                await inserter.execute(
-                    "INSERT INTO receipts (consumer, event_id, type, occurred_at)"
-                    " VALUES ('pruning', $1, 'test.insert', now())",
-                    uuid.uuid4(),
-                )
-            inserted += 1
+                await inserter.fetch(_INSERT_MANY, "pruning", ids, ["test.insert"] * 5, times)
+                await inserter.fetchval(_SEAL, "pruning", ids, times)
+            inserted += len(ids)
 
     inserting = asyncio.create_task(insert())
-    while inserted < 20:
+    while inserted < 50:
         await asyncio.sleep(0.01)
     reports = await asyncio.gather(pruner.prune(first), pruner.prune(second))
-    more = inserted + 20
+    more = inserted + 50
     while inserted < more:
         await asyncio.sleep(0.01)
     stop.set()

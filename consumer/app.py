@@ -166,7 +166,11 @@ def build_service(
         logger=logger,
         metrics=metrics,
         pruner=PeriodicPruner(
-            ReceiptPruner(receipt_window(settings), max_future_skew=settings.max_future_skew),
+            ReceiptPruner(
+                receipt_window(settings),
+                max_future_skew=settings.max_future_skew,
+                lock_wait=settings.receipt_prune_lock_wait,
+            ),
             connect=database.connect_one,
             logger=logger,
             metrics=metrics,

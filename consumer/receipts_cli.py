@@ -44,7 +44,11 @@ def run_receipts(settings: Settings, arguments: argparse.Namespace) -> int:
 
 async def _prune(settings: Settings, *, dry_run: bool) -> int:
     database = database_config(settings)
-    pruner = ReceiptPruner(receipt_window(settings), max_future_skew=settings.max_future_skew)
+    pruner = ReceiptPruner(
+        receipt_window(settings),
+        max_future_skew=settings.max_future_skew,
+        lock_wait=settings.receipt_prune_lock_wait,
+    )
     try:
         conn = await database.connector()(database.dsn)
     except ConfigError as error:

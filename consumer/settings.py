@@ -231,6 +231,8 @@ class Settings(BaseSettings):
     receipt_margin: Duration = timedelta(hours=1)
     receipt_partition: Duration = timedelta(days=1)
     receipt_prune_interval: Duration = timedelta(minutes=10)
+    # How long a prune waits for the receipts' lock: inserts queued behind it wait as long.
+    receipt_prune_lock_wait: Duration = timedelta(milliseconds=200)
     allow_extra_fields: bool = False
     log_level: LogLevel = "INFO"
     log_format: LogFormat = "auto"

@@ -1,4 +1,5 @@
-"""``python -m bench {run,soak}``: the comparison benchmark and the memory soak."""
+"""``python -m bench {run,soak,receipts}``: the comparison benchmark, the memory soak and the
+receipts retention costs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import report, soak
+from bench import receipts, report, soak
 from bench.infra import OWNED_SERVICE_ENV, REPO, BenchError
 from bench.run import SYSTEMS, BenchOptions, run_bench
 
@@ -157,11 +158,50 @@ def parser() -> argparse.ArgumentParser:
     soak_cmd.add_argument("--rss-limit-mb", type=float, default=150.0)
     soak_cmd.add_argument("--growth-limit", type=float, default=0.10)
     _common(soak_cmd)
+    receipts_cmd = commands.add_parser(
+        "receipts", help="receipts retention: upgrade lock, prune of a day, insert cost"
+    )
+    receipts_cmd.add_argument(
+        "--rows", type=int, default=50_000_000, help="receipts over the week (default 50000000)"
+    )
+    receipts_cmd.add_argument(
+        "--upgrade-rows",
+        type=int,
+        default=10_000_000,
+        help="receipts in the plain table the upgrade migrates (default 10000000)",
+    )
+    receipts_cmd.add_argument("--batches", type=int, default=2000)
+    receipts_cmd.add_argument("--batch-size", type=int, default=50)
+    receipts_cmd.add_argument(
+        "--admin-dsn",
+        default=os.environ.get("BENCH_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"),
+    )
+    receipts_cmd.add_argument("--results-dir", type=Path, default=RESULTS)
     return root
+
+
+def _receipts(arguments: argparse.Namespace) -> int:
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    options = receipts.ReceiptsOptions(
+        rows=arguments.rows,
+        upgrade_rows=arguments.upgrade_rows,
+        batches=arguments.batches,
+        batch_size=arguments.batch_size,
+        admin_dsn=arguments.admin_dsn,
+        results_dir=arguments.results_dir,
+    )
+    result = asyncio.run(receipts.run_receipts(options))
+    text = receipts.table(result)
+    saved = report.save(result, text, arguments.results_dir, stamp)
+    print(text)
+    print(f"saved {saved} and {saved.with_suffix('.txt').name}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser().parse_args(argv)
+    if arguments.command == "receipts":
+        return _receipts(arguments)
     service_env = _service_env(arguments.service_env)
     if arguments.events < 1:
         raise SystemExit("--events must be at least 1")

@@ -65,7 +65,7 @@ class Alone:
                         fresh = await self._receipts.insert(conn, item.event)
                         if fresh:
                             await self._caller.run(conn, item)
-                        await self._receipts.seal(conn, [item.event.event_id] if fresh else [])
+                        await self._receipts.seal(conn, [item.event] if fresh else [])
                 except (HandlerEndedTransaction, TransactionLost) as ended:
                     return await self._after_ended_transaction(conn, item, ended)
                 except Exception as error:
@@ -114,7 +114,7 @@ class Alone:
                     async with guarded_transaction(conn, within=guard.within):
                         verdict = await self.in_savepoint(conn, item)
                         await guard.run(conn, self._ledger.clear(conn, event_id))
-                        fresh = [event_id] if _fresh(verdict) else []
+                        fresh = [item.event] if _fresh(verdict) else []
                         await self._receipts.seal(conn, fresh)
                 except (HandlerEndedTransaction, TransactionLost) as ended:
                     verdict = await self._after_ended_transaction(conn, item, ended)
@@ -155,7 +155,7 @@ class Alone:
         went with it and the event is applied (and the bug reported), else it is dead-lettered."""
         if not isinstance(ended, HandlerEndedTransaction):
             ended = HandlerEndedTransaction.for_handler(item.handler.qualname)
-        if await self._receipts.exists(conn, item.event.event_id):
+        if await self._receipts.exists(conn, item.event):
             return Applied(False, datetime.now(UTC), note=str(ended))
         return self._judge.failed(item.delivery, ended)
 

@@ -26,6 +26,7 @@ from consumer.config import (
     database_config,
     envelope_limits,
     names_for,
+    receipt_window,
     topology_for,
 )
 from consumer.crashes import CrashLedger, Liveness
@@ -40,6 +41,7 @@ from consumer.logs import Logger, TickFlushed, make_logger, route_library_logs
 from consumer.metrics import Metrics
 from consumer.pipeline import Pipeline
 from consumer.prepare import Preparer
+from consumer.pruning import PeriodicPruner, ReceiptPruner
 from consumer.receipts import Receipts
 from consumer.registry import HandlerRegistry
 from consumer.report import OutcomeReporter
@@ -106,7 +108,7 @@ def build_service(
         ledger=ledger,
     )
     parser = EnvelopeParser(envelope_limits(settings))
-    preparer = Preparer(registry, parser, calls)
+    preparer = Preparer(registry, parser, calls, receipt_window(settings))
     pipeline = Pipeline(
         preparer=preparer,
         engine=BatchEngine(
@@ -164,6 +166,16 @@ def build_service(
         liveness=Liveness(ledger, database.connect_one),
         logger=logger,
         metrics=metrics,
+        pruner=PeriodicPruner(
+            ReceiptPruner(
+                receipt_window(settings),
+                max_future_skew=settings.max_future_skew,
+                lock_wait=settings.receipt_prune_lock_wait,
+            ),
+            connect=database.connect_one,
+            logger=logger,
+            metrics=metrics,
+        ),
     )
     return service
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
-from uuid import UUID
 
 import asyncpg
 
@@ -31,6 +30,7 @@ from consumer.alone import EPOCH, Alone
 from consumer.calls import HandlerCaller
 from consumer.database import Database
 from consumer.delivery import Ready
+from consumer.envelope import Envelope
 from consumer.errors import ConfigError, ErrorKind, PipelineFault, classify, message_of
 from consumer.guard import Guard, guarded_transaction
 from consumer.judge import (
@@ -237,10 +237,10 @@ class BatchEngine:
         return verdicts
 
 
-def _fresh(items: list[Ready], verdicts: Sequence[Verdict | None]) -> list[UUID]:
+def _fresh(items: list[Ready], verdicts: Sequence[Verdict | None]) -> list[Envelope[Any]]:
     """The events whose receipts the transaction inserted and keeps: applied, not duplicates."""
     return [
-        item.event.event_id
+        item.event
         for item, verdict in zip(items, verdicts, strict=True)
         if isinstance(verdict, Applied) and not verdict.duplicate
     ]

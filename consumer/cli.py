@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from uuid import UUID
 
 import asyncpg
@@ -63,14 +64,32 @@ def _parser() -> argparse.ArgumentParser:
     body.add_argument("--payload", help="the payload as a JSON object")
     body.add_argument("--raw-body", help="send this exact body instead of an envelope")
     publish_cmd.add_argument("--event-id", type=UUID, help="defaults to a new UUID")
+    publish_cmd.add_argument(
+        "--occurred-at",
+        type=_aware_time,
+        help="RFC 3339 with an offset; defaults to now. Publishing an event again (a retry) "
+        "needs the same --event-id and --occurred-at",
+    )
     publish_cmd.add_argument("--correlation-id")
 
     from consumer.dlq_cli import add_dlq_parser
+    from consumer.receipts_cli import add_receipts_parser
     from consumer.topology_cli import add_topology_parser
 
     add_topology_parser(commands)
     add_dlq_parser(commands)
+    add_receipts_parser(commands)
     return parser
+
+
+def _aware_time(text: str) -> datetime:
+    try:
+        stamp = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not an RFC 3339 time") from None
+    if stamp.tzinfo is None:
+        raise argparse.ArgumentTypeError("needs an offset (Z or +01:00)")
+    return stamp
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -86,6 +105,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from consumer.topology_cli import run_topology
 
         return run_topology(settings, arguments)
+    if arguments.command == "receipts":
+        from consumer.receipts_cli import run_receipts
+
+        return run_receipts(settings, arguments)
     from consumer.dlq_cli import run_dlq
 
     return run_dlq(settings, arguments)
@@ -165,6 +188,7 @@ async def _publish(settings: Settings, arguments: argparse.Namespace) -> int:
         raw_body=arguments.raw_body.encode() if arguments.raw_body is not None else None,
         event_id=arguments.event_id,
         correlation_id=arguments.correlation_id,
+        occurred_at=arguments.occurred_at,
     )
     try:
         event_id = await publish_event(broker_config(settings), settings.exchange, request)

@@ -16,6 +16,7 @@ from consumer.amqp import BrokerConfig
 from consumer.database import DatabaseConfig
 from consumer.envelope import EnvelopeLimits
 from consumer.memory import MemoryBudget
+from consumer.retention import ReceiptWindow
 from consumer.settings import Settings, split_urls
 from consumer.tls import TlsFiles
 from topology.model import Topology
@@ -30,6 +31,7 @@ __all__ = [
     "envelope_limits",
     "memory_budget",
     "names_for",
+    "receipt_window",
     "topology_for",
 ]
 
@@ -114,4 +116,13 @@ def memory_budget(settings: Settings) -> MemoryBudget:
         max_body_bytes=settings.max_body_bytes,
         workers=settings.db_pool_size,
         limit=settings.memory_limit,
+    )
+
+
+def receipt_window(settings: Settings) -> ReceiptWindow:
+    return ReceiptWindow(
+        retention=settings.receipt_retention,
+        margin=settings.receipt_margin,
+        partition=settings.receipt_partition,
+        prune_interval=settings.receipt_prune_interval,
     )

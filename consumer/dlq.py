@@ -27,14 +27,25 @@ from consumer.publisher import Publisher, copy_properties
 from consumer.registry import HandlerRegistry
 
 __all__ = [
+    "EXPIRED",
+    "REFUSED_EXPIRED",
     "DeadLetterQueue",
     "DeadMessage",
     "ReplayResult",
     "Selection",
     "counts",
     "read_dead_letter",
+    "renewed",
     "replay",
 ]
+
+EXPIRED = "expired"
+REFUSED_EXPIRED = (
+    "expired: its occurred_at is older than the receipts kept (CONSUMER_RECEIPT_RETENTION), so "
+    "the service would refuse it again, and no receipt can say whether it was applied before; "
+    "--force replays it as a new event (occurred_at set to now, the old one kept in the "
+    f"{h.ORIGINAL_OCCURRED_AT} header): applied even if a copy was applied before"
+)
 
 # What the broker's own dead-lettering reasons mean here.
 _BROKER_REASONS = {"delivery_limit": "delivery_limit", "expired": "expired", "maxlen": "maxlen"}
@@ -60,6 +71,11 @@ class DeadMessage:
     headers: dict[str, Any]
     body: bytes
     poison_detail: str | None
+
+    @property
+    def expired(self) -> bool:
+        """The service refused it as too old to deduplicate (not a broker's TTL expiry)."""
+        return h.text(self.headers.get(h.REASON)) == EXPIRED
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -303,27 +319,43 @@ async def replay(
     publisher: Publisher,
     *,
     exchange: str,
+    force: bool = False,
 ) -> ReplayResult:
     """Publish each letter to ``exchange`` with its event type as the routing key and the attempt
     count reset, wait for the confirm, then remove the dead copy. A failed publish leaves it in
-    place, as does a letter with no valid envelope."""
+    place, as does a letter with no valid envelope, and an expired one unless ``force`` (then it
+    goes as a new event: :func:`renewed`)."""
     replayed: list[DeadMessage] = []
     failed: list[tuple[DeadMessage, str]] = []
     for letter in letters:
         if letter.type is None:
             failed.append((letter, "not a valid envelope: there is no event to replay"))
             continue
+        if letter.expired and not force:
+            failed.append((letter, REFUSED_EXPIRED))
+            continue
         original = dead.message(letter)
-        properties = copy_properties(original.properties, headers=h.replay_headers(letter.headers))
+        headers = h.replay_headers(letter.headers)
+        body = original.body
+        if letter.expired:
+            body, headers[h.ORIGINAL_OCCURRED_AT] = renewed(body, datetime.now(UTC))
+        properties = copy_properties(original.properties, headers=headers)
         try:
             # The validated event type, never a routing key a header claims: a producer could
             # otherwise have the replay delivered wherever it likes.
-            await publisher.publish(
-                original.body, properties, exchange=exchange, routing_key=letter.type
-            )
+            await publisher.publish(body, properties, exchange=exchange, routing_key=letter.type)
         except PublishFailed as error:
             failed.append((letter, str(error)))
             continue
         await dead.take(letter)
         replayed.append(letter)
     return ReplayResult(replayed, failed)
+
+
+def renewed(body: bytes, now: datetime) -> tuple[bytes, str]:
+    """An expired event's body with ``occurred_at`` set to ``now``, and the old value: to the
+    receipts a new event, since (event_id, occurred_at) is what they deduplicate on."""
+    envelope = json.loads(body)
+    before = str(envelope["occurred_at"])
+    envelope["occurred_at"] = now.isoformat()
+    return json.dumps(envelope, ensure_ascii=False, separators=(",", ":")).encode(), before

@@ -13,7 +13,14 @@ import aiormq
 
 from consumer.amqp import connect, describe_amqp_error
 from consumer.config import broker_config, envelope_limits, names_for
-from consumer.dlq import DeadLetterQueue, DeadMessage, Selection, counts, replay
+from consumer.dlq import (
+    REFUSED_EXPIRED,
+    DeadLetterQueue,
+    DeadMessage,
+    Selection,
+    counts,
+    replay,
+)
 from consumer.durations import parse_duration
 from consumer.envelope import EnvelopeParser, one_line
 from consumer.errors import BrokerUnreachable
@@ -70,6 +77,12 @@ def add_dlq_parser(commands: Any) -> None:
     _add_filters(replay_cmd)
     replay_cmd.add_argument("--all", action="store_true", help="replay every dead letter")
     replay_cmd.add_argument("--dry-run", action="store_true", help="say what would be replayed")
+    replay_cmd.add_argument(
+        "--force",
+        action="store_true",
+        help="replay expired dead letters too, as new events (occurred_at set to now): applied "
+        "even if a copy was applied before",
+    )
 
     purge = actions.add_parser("purge", help="delete every dead letter")
     purge.add_argument("--yes", action="store_true", help="do not ask")
@@ -142,6 +155,9 @@ async def _run(settings: Settings, arguments: argparse.Namespace) -> int:
             chosen = [letter for letter in letters if _selection(arguments).matches(letter)]
             if arguments.dry_run:
                 for letter in chosen:
+                    if letter.expired and not arguments.force:
+                        print(f"would keep   {shown(letter.id)}: {REFUSED_EXPIRED}")
+                        continue
                     print(
                         f"would replay {shown(letter.id)} -> {settings.exchange} "
                         f"{shown(letter.type)} ({shown(letter.reason)})"
@@ -150,13 +166,16 @@ async def _run(settings: Settings, arguments: argparse.Namespace) -> int:
                 return 0
             channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             publisher = await Publisher.on(channel, confirm_within=settings.publish_timeout)
-            result = await replay(dead, chosen, publisher, exchange=settings.exchange)
+            result = await replay(
+                dead, chosen, publisher, exchange=settings.exchange, force=arguments.force
+            )
             for letter in result.replayed:
                 print(f"replayed {shown(letter.id)} -> {shown(letter.type)}")
             for letter, error in result.failed:
                 print(f"kept     {shown(letter.id)}: {shown(error)}", file=sys.stderr)
             print(
-                f"replayed {len(result.replayed)}, kept {len(result.failed)} after a failed publish"
+                f"replayed {len(result.replayed)}, kept {len(result.failed)} (a failed publish, "
+                "no valid envelope, or expired without --force)"
             )
             return 0 if not result.failed else 1
     finally:

@@ -17,7 +17,8 @@
     │       ├── BatchResultError         a batch handler's answer did not fit its events
     │       ├── HardTimeLimitExceeded    it blocked the event loop past the hard time limit
     │       ├── CrashedRepeatedly        processes died while it was being applied alone
-    │       └── ConnectionLostRepeatedly its database connection broke each time it was applied
+    │       ├── ConnectionLostRepeatedly its database connection broke each time it was applied
+    │       └── EventExpired             its receipts' range was dropped: too old to apply
     ├── DatabaseUnavailable    the database cannot be reached: pause, count no attempt
     │   └── DatabaseStalled    it stopped answering the service's own statement in time
     ├── PipelineFault          the service itself cannot work (no receipts table): it stops
@@ -52,6 +53,7 @@ __all__ = [
     "DatabaseStalled",
     "DatabaseUnavailable",
     "ErrorKind",
+    "EventExpired",
     "HandlerEndedTransaction",
     "HandlerError",
     "HandlerRaisedBaseException",
@@ -194,6 +196,13 @@ class ConnectionLostRepeatedly(PermanentError):
     reason = "connection_lost"
 
 
+class EventExpired(PermanentError):
+    """The database refused the event's receipt: its occurred_at falls in a range of receipts
+    already dropped (:mod:`consumer.retention`), so an earlier copy may have been applied."""
+
+    reason = "expired"
+
+
 class DatabaseUnavailable(ConsumerError):
     """The database cannot be reached; the service pauses instead of failing events."""
 
@@ -244,6 +253,9 @@ class PoisonReason(enum.StrEnum):
     HEADERS_TOO_LARGE = "headers_too_large"
     HEADERS_TOO_DEEP = "headers_too_deep"
     HEADERS_UNREADABLE = "headers_unreadable"
+    EXPIRED = "expired"
+    """Its occurred_at is older than the receipts kept can vouch for (:mod:`consumer.retention`):
+    applying it could apply it twice."""
 
 
 class Poison(ConsumerError):

@@ -56,6 +56,8 @@ SERVICE = "consumer-service"
 DEAD_LETTERED_AT = "consumer-dead-lettered-at"
 REPLAYS = "consumer-replays"
 """How many times an operator replayed this event from the dead-letter queue."""
+ORIGINAL_OCCURRED_AT = "consumer-original-occurred-at"
+"""The occurred_at an expired event had before ``dlq replay --force`` made it a new one."""
 
 _FAILURE_HEADERS = (
     ATTEMPT,
@@ -71,7 +73,9 @@ _FAILURE_HEADERS = (
 ERROR_MESSAGE_LIMIT = 500
 MAX_ATTEMPT = 10_000
 _OWN_PREFIX = "consumer-"
-_FROM_ANYONE = frozenset({REPLAYS})  # informational: the operator's replay count
+_FROM_ANYONE = frozenset(
+    {REPLAYS, ORIGINAL_OCCURRED_AT}
+)  # informational: the operator's replay count
 
 Headers = dict[str, Any]
 

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from consumer.errors import PoisonReason
 from consumer.outcome import OutcomeKind
+from consumer.retention import ReceiptWindow
 from consumer.retry import DeadLetterReason
 from consumer.version import __version__
 
@@ -121,6 +122,35 @@ class Metrics:
         self.pool_size = Gauge(
             "consumer_db_pool_size", "Database connections open in the pool.", registry=registry
         )
+        self.receipt_prunes = Counter(
+            "consumer_receipt_prunes_total",
+            "Receipt pruning rounds this replica ran (it held the lock).",
+            registry=registry,
+        )
+        self.receipt_prune_failures = Counter(
+            "consumer_receipt_prune_failures_total",
+            "Receipt pruning rounds that failed (a lock not had in time, the database away).",
+            registry=registry,
+        )
+        self.receipts_oldest_age = Gauge(
+            "consumer_receipts_oldest_age_seconds",
+            "Age of the oldest receipt range kept: no receipt kept is older.",
+            registry=registry,
+        )
+        self.receipts_rows = Gauge(
+            "consumer_receipts_rows",
+            "Receipts kept, estimated from the planner's statistics.",
+            registry=registry,
+        )
+        self.receipts_partitions = Gauge(
+            "consumer_receipts_partitions", "Receipt partitions kept.", registry=registry
+        )
+        self.receipts_prune_late_after = Gauge(
+            "consumer_receipts_prune_late_after_seconds",
+            "The oldest a receipt range may get before pruning counts as behind: the retention, "
+            "a partition and two prune intervals.",
+            registry=registry,
+        )
         self.build_info = Gauge(
             "consumer_build_info",
             "Always 1; the labels say what is running.",
@@ -162,6 +192,14 @@ class Metrics:
         if child is None:
             child = self._lag_children[type_label] = self.lag.labels(type_label)
         child.observe(seconds)
+
+    def describe_receipt_window(self, window: ReceiptWindow) -> None:
+        self.receipts_prune_late_after.set(window.late_after().total_seconds())
+
+    def observe_receipts(self, partitions: int, rows: int, oldest_age: float | None) -> None:
+        self.receipts_partitions.set(partitions)
+        self.receipts_rows.set(rows)
+        self.receipts_oldest_age.set(oldest_age or 0.0)
 
     def watch_pool(self, size: Callable[[], int], in_use: Callable[[], int]) -> None:
         """Read the pool's numbers at scrape time."""

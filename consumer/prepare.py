@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -23,6 +24,7 @@ from consumer.envelope import (
 )
 from consumer.errors import Poison, PoisonReason, error_name, message_of
 from consumer.registry import Handler, HandlerRegistry
+from consumer.retention import ReceiptWindow
 
 __all__ = ["Preparer"]
 
@@ -35,10 +37,15 @@ class Preparer:
     validator blocks the event loop."""
 
     def __init__(
-        self, registry: HandlerRegistry, parser: EnvelopeParser, calls: HandlerCalls | None = None
+        self,
+        registry: HandlerRegistry,
+        parser: EnvelopeParser,
+        calls: HandlerCalls | None = None,
+        window: ReceiptWindow | None = None,
     ) -> None:
         self._registry = registry
         self._parser = parser
+        self._window = window
         self._calls = calls or HandlerCalls()
         # Per event type, the envelope model with the handler's payload model in it: a valid
         # event is validated in one pass; any other goes the long way, which says what is wrong.
@@ -69,9 +76,11 @@ class Preparer:
         """The delivery's envelope by the service's own model alone (no handler's code runs):
         enough to know which event it is."""
         try:
-            return self._parser.validate(self._decoded(delivery))
+            envelope = self._parser.validate(self._decoded(delivery))
+            self._check_age(envelope)
         except Poison as poison:
             return poison
+        return envelope
 
     def _decoded(self, delivery: Delivery) -> dict[str, Any]:
         check_content_type(delivery.content_type, delivery.content_encoding)
@@ -91,11 +100,19 @@ class Preparer:
                 pass
             else:
                 self._parser.check_skew(event)
+                self._check_age(event)
                 return Prepared(handler, event)
         raw = self._parser.validate(decoded)
+        self._check_age(raw)
         handler = self._registry.handler_for(raw)
         with self._validating(handler, decoded, delivery):
             return Prepared(handler, handler.bind(raw))
+
+    def _check_age(self, event: Envelope[Any]) -> None:
+        # Before any handler code runs (the payload's validators included): an event too old
+        # for its receipt to be kept is never applied.
+        if self._window is not None:
+            self._window.check(event, datetime.now(UTC))
 
     @contextmanager
     def _validating(

@@ -24,6 +24,9 @@ class PublishRequest:
     raw_body: bytes | None = None
     event_id: uuid.UUID | None = None
     correlation_id: str | None = None
+    occurred_at: datetime | None = None
+    """Default: now. A retry of a publish must send the first one's: the receipts deduplicate on
+    (event_id, occurred_at)."""
 
 
 def envelope_body(
@@ -63,6 +66,7 @@ async def publish_event(broker: BrokerConfig, exchange: str, request: PublishReq
             request.event_type,
             request.payload or {},
             event_id=event_id,
+            occurred_at=request.occurred_at,
             correlation_id=request.correlation_id,
         )
     connection = await connect(broker, "publish")

@@ -14,39 +14,61 @@ from uuid import UUID
 import asyncpg
 
 from consumer.envelope import Envelope
-from consumer.errors import ErrorKind, PipelineFault, classify
+from consumer.errors import ErrorKind, EventExpired, PipelineFault, classify
 from consumer.guard import Guard
 
 __all__ = ["Receipts", "TransactionLost"]
 
+# Receipts are partitioned by the event's occurred_at (sql/005): every copy of an event carries the
+# same one, so it lands in the same partition and the key (consumer, event_id, occurred_at) finds
+# it. Receipts written before that migration are in receipts_legacy, read-only, emptied whole once
+# older than the retention: an event found there is a duplicate too.
 _INSERT_ONE = """
-INSERT INTO receipts (consumer, event_id, type) VALUES ($1, $2, $3)
+INSERT INTO receipts (consumer, event_id, type, occurred_at)
+SELECT $1, $2, $3, $4
+WHERE NOT EXISTS (SELECT FROM receipts_legacy WHERE consumer = $1 AND event_id = $2)
 ON CONFLICT DO NOTHING
 RETURNING true
 """
 
 # Sorted, so concurrent batches take the receipts' row locks in the same order (no deadlock).
 _INSERT_MANY = """
-INSERT INTO receipts (consumer, event_id, type)
-SELECT $1, batch.event_id, batch.type
-FROM unnest($2::uuid[], $3::text[]) AS batch (event_id, type)
+INSERT INTO receipts (consumer, event_id, type, occurred_at)
+SELECT $1, batch.event_id, batch.type, batch.occurred_at
+FROM unnest($2::uuid[], $3::text[], $4::timestamptz[]) AS batch (event_id, type, occurred_at)
+WHERE NOT EXISTS (
+    SELECT FROM receipts_legacy AS legacy
+    WHERE legacy.consumer = $1 AND legacy.event_id = batch.event_id
+)
 ORDER BY batch.event_id
 ON CONFLICT DO NOTHING
 RETURNING event_id
 """
 
-_EXISTS = "SELECT EXISTS (SELECT FROM receipts WHERE consumer = $1 AND event_id = $2)"
+_EXISTS = """
+SELECT EXISTS (SELECT FROM receipts WHERE consumer = $1 AND event_id = $2 AND occurred_at = $3)
+"""
 
 # Receipts commit only in a sealed transaction (sql/004): a COMMIT a handler runs is refused. The
 # seal is set only if every receipt this transaction inserted is still in it: a handler that
 # rolled the transaction back and began another leaves them gone, and its transaction unsealed.
 # In an aborted transaction (a handler swallowed a database error) the seal itself fails, where
 # COMMIT would answer ROLLBACK without an error. So nothing is ever taken for committed that was
-# not, and no effect commits without its receipt.
+# not, and no effect commits without its receipt. Matched on the whole key: an event id published
+# again with another occurred_at is another event, whose receipt may exist already. One index probe
+# per event (OFFSET 0 keeps the planner from making a join of it, which in a generic plan could
+# read every receipt of the consumer).
 _SEAL = """
 SELECT set_config('consumer.sealed', 'yes', true)
-WHERE (SELECT count(*) FROM receipts WHERE consumer = $1 AND event_id = ANY($2::uuid[]))
-    = cardinality($2::uuid[])
+WHERE (
+    SELECT count(*)
+    FROM unnest($2::uuid[], $3::timestamptz[]) AS fresh (event_id, occurred_at)
+    WHERE EXISTS (
+        SELECT FROM receipts
+        WHERE consumer = $1 AND event_id = fresh.event_id AND occurred_at = fresh.occurred_at
+        OFFSET 0
+    )
+) = cardinality($2::uuid[])
 """
 
 
@@ -65,7 +87,9 @@ class Receipts:
     async def insert(self, conn: asyncpg.Connection[Any], event: Envelope[Any]) -> bool:
         """Insert ``event``'s receipt; False if it was there already (a duplicate). A duplicate
         whose first copy is still being applied waits for it: contention, not a stall."""
-        query = conn.fetchval(_INSERT_ONE, self._consumer, event.event_id, event.type)
+        query = conn.fetchval(
+            _INSERT_ONE, self._consumer, event.event_id, event.type, event.occurred_at
+        )
         try:
             return bool(await self._guard.run(conn, query, locks=True))
         except Exception as error:
@@ -78,7 +102,8 @@ class Receipts:
         """Insert every receipt of a batch in one statement; the event ids whose receipt is new."""
         ids = [event.event_id for event in events]
         types = [event.type for event in events]
-        query = conn.fetch(_INSERT_MANY, self._consumer, ids, types)
+        times = [event.occurred_at for event in events]
+        query = conn.fetch(_INSERT_MANY, self._consumer, ids, types, times)
         try:
             rows = await self._guard.run(conn, query, locks=True)
         except Exception as error:
@@ -86,20 +111,28 @@ class Receipts:
             raise
         return {row[0] for row in rows}
 
-    async def seal(self, conn: asyncpg.Connection[Any], fresh: Sequence[UUID]) -> None:
-        """Seal the transaction for its COMMIT, given the event ids whose receipts it inserted;
+    async def seal(self, conn: asyncpg.Connection[Any], fresh: Sequence[Envelope[Any]]) -> None:
+        """Seal the transaction for its COMMIT, given the events whose receipts it inserted;
         :class:`TransactionLost` if they are gone, ``asyncpg.InFailedSQLTransactionError`` if a
         handler left it aborted."""
-        sealed = await self._guard.run(conn, conn.fetchval(_SEAL, self._consumer, list(fresh)))
+        ids = [event.event_id for event in fresh]
+        times = [event.occurred_at for event in fresh]
+        sealed = await self._guard.run(conn, conn.fetchval(_SEAL, self._consumer, ids, times))
         if sealed is None:
             raise TransactionLost("the transaction's receipts are gone: a handler ended it")
 
-    async def exists(self, conn: asyncpg.Connection[Any], event_id: UUID) -> bool:
-        query = conn.fetchval(_EXISTS, self._consumer, event_id)
+    async def exists(self, conn: asyncpg.Connection[Any], event: Envelope[Any]) -> bool:
+        query = conn.fetchval(_EXISTS, self._consumer, event.event_id, event.occurred_at)
         return bool(await self._guard.run(conn, query))
 
 
 def _stop_if_broken(error: Exception) -> None:
+    if isinstance(error, asyncpg.CheckViolationError):
+        # No partition takes the receipt: its range was dropped, the event is too old to apply
+        # (its expiry check passed on a clock ahead of the database's, or just before a prune).
+        raise EventExpired(
+            f"the database has no receipts for occurred_at this old any more: {error}"
+        ) from error
     if classify(error) is ErrorKind.PERMANENT:
         # Not the event's fault: the receipts table itself is broken or missing.
         raise PipelineFault(f"cannot write receipts: {error}") from error

@@ -39,6 +39,7 @@ class DeadLetterReason(enum.StrEnum):
     HARD_TIME_LIMIT = "hard_time_limit"
     CRASHED = "crashed"
     CONNECTION_LOST = "connection_lost"
+    EXPIRED = "expired"
 
 
 @dataclass(frozen=True, slots=True)

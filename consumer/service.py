@@ -40,6 +40,7 @@ from consumer.errors import (
 )
 from consumer.logs import Logger
 from consumer.metrics import Metrics
+from consumer.pruning import PeriodicPruner
 from consumer.readiness import DatabaseAnswer, Readiness
 from consumer.settle import Settler
 from consumer.waiting import database_ready, wait_any
@@ -84,8 +85,10 @@ class Service:
         liveness: Liveness,
         logger: Logger,
         metrics: Metrics,
+        pruner: PeriodicPruner | None = None,
     ) -> None:
         self._config = config
+        self._pruner = pruner
         self._names = names
         self._topology = topology
         self._database = database
@@ -123,7 +126,13 @@ class Service:
             # Not watched like the workers: it ends by design at a graceful stop, before them.
             liveness = asyncio.create_task(self._liveness.keep(), name="liveness")
             try:
-                await self._run_broker(stop)
+                if self._pruner is None:
+                    await self._run_broker(stop)
+                else:
+                    # The receipts' partitions for now and ahead exist before the first delivery.
+                    await self._pruner.first()
+                    async with self._pruner:
+                        await self._run_broker(stop)
             finally:
                 tasks, self._tasks = self._tasks, []
                 for task in tasks:

@@ -123,6 +123,15 @@ class Settings(BaseSettings):
     memory_limit: ByteSize | None = None
     max_header_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
     max_future_skew: Duration = timedelta(hours=24)
+    # Receipts retention (consumer.retention): how long a receipt is kept, how much sooner than
+    # that an event is refused as expired, the span of one partition, and how often one replica
+    # drops the partitions past the retention.
+    receipt_retention: Duration = timedelta(days=7)
+    receipt_margin: Duration = timedelta(hours=1)
+    receipt_partition: Duration = timedelta(days=1)
+    receipt_prune_interval: Duration = timedelta(minutes=10)
+    # How long a prune waits for the receipts' lock: inserts queued behind it wait as long.
+    receipt_prune_lock_wait: Duration = timedelta(milliseconds=200)
     allow_extra_fields: bool = False
     log_level: LogLevel = "INFO"
     log_format: LogFormat = "auto"
@@ -292,6 +301,28 @@ class Settings(BaseSettings):
         if soft is not None and value <= soft:
             raise ValueError(
                 f"must be longer than CONSUMER_HANDLER_TIMEOUT ({format_duration(soft)})"
+            )
+        return value
+
+    @field_validator("receipt_margin")
+    @classmethod
+    def _check_receipt_margin(cls, value: timedelta, info: ValidationInfo) -> timedelta:
+        retention = info.data.get("receipt_retention")
+        if retention is not None and value >= retention:
+            raise ValueError(
+                f"must be shorter than CONSUMER_RECEIPT_RETENTION ({format_duration(retention)})"
+            )
+        return value
+
+    @field_validator("receipt_partition")
+    @classmethod
+    def _check_receipt_partition(cls, value: timedelta, info: ValidationInfo) -> timedelta:
+        retention = info.data.get("receipt_retention")
+        if value < timedelta(seconds=1) or value.total_seconds() % 1:
+            raise ValueError("must be whole seconds, at least 1s")
+        if retention is not None and value > retention:
+            raise ValueError(
+                f"must be no longer than CONSUMER_RECEIPT_RETENTION ({format_duration(retention)})"
             )
         return value
 

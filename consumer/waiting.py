@@ -15,7 +15,7 @@ from consumer.logs import Logger
 __all__ = ["database_ready", "wait_any"]
 
 # The schema the service cannot run without (`consumer migrate` makes it).
-_TABLES = ["receipts", "consumer_in_progress"]
+_TABLES = ["receipts", "consumer_in_progress", "consumer_receipt_partitions"]
 
 
 async def database_ready(

@@ -111,6 +111,17 @@ async def drop_database(admin_dsn: str, name: str) -> None:
         await admin.close()
 
 
+@pytest.fixture
+async def empty_database(admin_dsn: str) -> AsyncIterator[str]:
+    """A database with nothing in it (not migrated), dropped afterwards."""
+    name = f"ctest_migrate_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(admin_dsn)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await admin.close()
+    yield admin_dsn.rsplit("/", 1)[0] + "/" + name
+    await drop_database(admin_dsn, name)
+
+
 @pytest.fixture(scope="session")
 async def template_database(admin_dsn: str, amqp_url: str) -> AsyncIterator[str]:
     connection = await aio_pika.connect(amqp_url)  # fail early and clearly without a broker

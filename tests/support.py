@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
@@ -433,6 +434,12 @@ async def unacked_messages(queues: Collection[str]) -> dict[str, int]:
     }
 
 
+_OCCURRED: dict[uuid.UUID, datetime] = {}
+"""Each event's occurred_at, as its producer keeps its envelope: an event sent again (a producer's
+retry, by any :class:`Producer` of the test run) is the same envelope. The receipts tell copies
+apart by (event_id, occurred_at): a copy with a new occurred_at would be another event."""
+
+
 class Producer:
     """Publishes persistent events with publisher confirms, many at a time."""
 
@@ -477,10 +484,19 @@ class Producer:
         )
 
     async def send(
-        self, event_type: str, payload: dict[str, Any], *, event_id: uuid.UUID | None = None
+        self,
+        event_type: str,
+        payload: dict[str, Any],
+        *,
+        event_id: uuid.UUID | None = None,
+        occurred_at: datetime | None = None,
     ) -> uuid.UUID:
         event_id = event_id or uuid.uuid4()
-        await self.send_raw(envelope_body(event_type, payload, event_id=event_id), event_type)
+        if occurred_at is not None:
+            _OCCURRED[event_id] = occurred_at
+        occurred_at = _OCCURRED.setdefault(event_id, datetime.now(UTC))
+        body = envelope_body(event_type, payload, event_id=event_id, occurred_at=occurred_at)
+        await self.send_raw(body, event_type)
         return event_id
 
     async def send_many(

@@ -300,7 +300,6 @@ async def run_scenario(
         pair=pair,
     )
     events = scenario.events or profile.events
-    workload = plan_workload(events, seed=seed, faults=scenario.mix_in)
     progress = asyncio.create_task(world.progress.run(), name="progress")
     publishing: asyncio.Task[PublishLog] | None = None
     supervisor: asyncio.Task[None] | None = None
@@ -309,8 +308,12 @@ async def run_scenario(
             await asyncio.to_thread(pair.start)
             await _make_template(pair, template)
         await _admin(server.admin_dsn, f'CREATE DATABASE "{database}" TEMPLATE "{template}"')
+        if scenario.database_setup:
+            await _admin(env.database_url, scenario.database_setup)
         await env.apply_topology()
         await world.start(*range(scenario.consumers))
+        # Planned once the consumers are up: the events' occurred_at is now, not a start-up ago.
+        workload = plan_workload(events, seed=seed, faults=scenario.mix_in)
         if scenario.self_exits or scenario.supervised:
             supervisor = asyncio.create_task(world.supervise(), name="supervisor")
         # Publishing takes events / rate; faults and a slow machine can stretch it, within bounds.
@@ -345,7 +348,13 @@ async def run_scenario(
         await list_dead_letters(env.env(), state)
         await take_dead_letters(env.amqp_url, env.names.dead, state)
         await read_database(env.database_url, name, state)
-        verdict = check(workload, log, state, extra_dead_allowed=scenario.cuts_broker_links)
+        verdict = check(
+            workload,
+            log,
+            state,
+            extra_dead_allowed=scenario.cuts_broker_links,
+            expired_copies=scenario.expired_copies,
+        )
         result.metrics, failures = world.metrics_check(
             state.applied, dead_by_reason(state), scenario.cuts_broker_links
         )

@@ -31,6 +31,32 @@ HARD_TIMEOUT = "2s"
 """Where handlers block the event loop: the hard time limit, low so that crash loops are short."""
 STALL_TIMEOUT = "300ms"
 """Where a duplicate meets its first copy in a slow handler: below the handler's sleep."""
+RECEIPT_WINDOW = {
+    "receipt_retention": "30s",
+    "receipt_margin": "10s",
+    "receipt_partition": "1s",
+    "receipt_prune_interval": "1s",
+    "max_future_skew": "2s",
+}
+"""``receipt-pruning``: events older than 20s are refused, every second a partition goes. The
+window is wider than publishing a profile's events takes, so that originals expire only on a
+machine too slow for it (then every copy is in the DLQ, reason ``expired``: not lost)."""
+SECOND_PARTITIONS = """
+DO $$
+DECLARE
+    partition text;
+BEGIN
+    FOR partition IN
+        SELECT name FROM consumer_receipt_partitions WHERE name <> 'receipts_legacy'
+    LOOP
+        EXECUTE format('DROP TABLE %I', partition);
+    END LOOP;
+    DELETE FROM consumer_receipt_partitions WHERE name <> 'receipts_legacy';
+END
+$$
+"""
+"""Without the migration's daily partitions: the consumers make partitions a second wide from
+their start-up on."""
 EXIT_CRASH = 17
 """``test.behave``'s ``crash``: ``os._exit(17)``."""
 
@@ -183,6 +209,12 @@ class Scenario:
     """Events acked with no effect are expected here (asynchronous replication): the report
     counts them as lost, and they, and what follows from them (stock, the consumers' counts),
     are not violations."""
+    database_setup: str = ""
+    """SQL run on the scenario's database (a copy of the migrated template) before any consumer
+    starts."""
+    expired_copies: bool = False
+    """Copies of an applied event may be dead-lettered ``expired`` (its receipts' window is short
+    here): counted, not a violation. An event with no effect is still lost."""
 
     @property
     def cuts_broker_links(self) -> bool:
@@ -319,6 +351,15 @@ def scenarios_for(profile: Profile) -> list[Scenario]:
             supervised=True,
             keeps_broker_links=True,
             events=p.hostile_events,
+        ),
+        Scenario(
+            "receipt-pruning",
+            f"receipts kept {RECEIPT_WINDOW['receipt_retention']} in 1s partitions, pruned "
+            "every second by whichever of 2 consumers holds the lock, duplicates around each prune",
+            consumers=2,
+            settings=RECEIPT_WINDOW,
+            database_setup=SECOND_PARTITIONS,
+            expired_copies=True,
         ),
         Scenario(
             "broker-alarm",

@@ -493,3 +493,35 @@ def test_excused_losses_become_notes_and_stay_counted() -> None:
     assert len(verdict.notes) == 3
     assert all(note.startswith("asynchronous replication: ") for note in verdict.notes)
     assert verdict.figures.lost == 2
+
+
+def test_an_expired_late_copy_of_an_applied_event_is_counted_only_where_expected() -> None:
+    workload = plan_workload(500, seed=5)
+    log, state = perfect(workload)
+    duplicate = next(p for p in workload.publications if p.copy and p.event.kind is Kind.APPLIED)
+    state.dead.append(
+        DeadCopy(
+            duplicate.message_id,
+            "expired",
+            None,
+            error_class="EventExpired",
+            routing_key=duplicate.event.routing_key,
+            attempt=0,
+            header_names=frozenset({"consumer-dead-reason"}),
+        )
+    )
+    state.listed.append({"id": str(duplicate.event.event_id), "reason": "expired"})
+
+    # A scenario with a short receipts window: a note, not a violation
+    expected = check(workload, log, state, extra_dead_allowed=False, expired_copies=True)
+    assert expected.ok, expected.violations
+    assert any("dead-lettered expired: 1" in note for note in expected.notes)
+    # Anywhere else: an event that must apply found in the DLQ
+    elsewhere = check(workload, log, state, extra_dead_allowed=False)
+    assert any("INNOCENT" in violation for violation in elsewhere.violations)
+
+    # And an expired event with no effect is lost even where expiry is expected
+    assert duplicate.event.event_id is not None
+    rows(state, duplicate.event)[duplicate.event.event_id] = 0
+    lost = check(workload, log, state, extra_dead_allowed=False, expired_copies=True)
+    assert any("LOST" in violation for violation in lost.violations)

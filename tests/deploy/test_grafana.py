@@ -28,6 +28,9 @@ REQUIRED = {
     "pool size": "consumer_db_pool_size",
     "paused": "consumer_paused",
     "broker connected": "consumer_broker_connected",
+    "oldest receipt kept": "consumer_receipts_oldest_age_seconds",
+    "receipts kept": "consumer_receipts_rows",
+    "receipt partitions kept": "consumer_receipts_partitions",
 }
 
 

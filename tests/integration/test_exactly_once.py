@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from datetime import UTC, datetime
 
 import pytest
 
@@ -121,8 +122,8 @@ async def test_malformed_body_and_unknown_type_are_dead_lettered_with_no_effect(
         # here only because a producer used a bound routing key with the wrong type inside).
         await producer.send_raw(b"{not json", "inventory.reserve")
         await producer.send_raw(
-            b'{"event_id": "%s", "type": "billing.charge", "occurred_at": '
-            b'"2026-11-29T10:00:00Z", "payload": {}}' % str(uuid.uuid4()).encode(),
+            b'{"event_id": "%s", "type": "billing.charge", "occurred_at": "%s", "payload": {}}'
+            % (str(uuid.uuid4()).encode(), datetime.now(UTC).isoformat().encode()),
             "inventory.reserve",
         )
 

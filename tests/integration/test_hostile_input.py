@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 from tests.support import (
@@ -33,7 +34,7 @@ def valid_envelope(event_type: str, payload: dict[str, Any]) -> dict[str, Any]:
     return {
         "event_id": str(uuid.uuid4()),
         "type": event_type,
-        "occurred_at": "2026-11-29T10:00:00+00:00",
+        "occurred_at": datetime.now(UTC).isoformat(),
         "payload": payload,
     }
 

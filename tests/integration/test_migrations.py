@@ -11,7 +11,6 @@ import shutil
 import sys
 import textwrap
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
@@ -46,16 +45,6 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
     applied_at  timestamptz NOT NULL DEFAULT now()
 )
 """
-
-
-@pytest.fixture
-async def empty_database(admin_dsn: str) -> AsyncIterator[str]:
-    name = f"ctest_migrate_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(admin_dsn)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    yield admin_dsn.rsplit("/", 1)[0] + "/" + name
-    await drop_database(admin_dsn, name)
 
 
 async def _migrate(dsn: str, sets: list[MigrationSet] | None = None) -> MigrationReport:

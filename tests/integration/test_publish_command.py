@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, datetime
 
 from tests.support import (
     ServiceProcess,
@@ -16,11 +17,13 @@ from tests.support import (
 )
 
 
-def publish(env: TestEnv, event_type: str, payload: dict[str, object], event_id: uuid.UUID) -> str:
+def publish(
+    env: TestEnv, event_type: str, payload: dict[str, object], event_id: uuid.UUID, *more: str
+) -> str:
     result = run_cli(
         "consumer",
         *("publish", "--type", event_type, "--payload", json.dumps(payload)),
-        *("--event-id", str(event_id)),
+        *("--event-id", str(event_id), *more),
         env=env.env(),
     )
     assert result.returncode == 0, result.stderr
@@ -32,8 +35,12 @@ async def test_publish_with_an_event_id_sends_that_id_and_twice_applies_once(env
     await env.apply_topology()
     event_id = uuid.uuid4()
 
-    # When one event is published by hand with its id, twice (a retrying producer)
-    printed = [publish(env, "test.behave", {"key": "by-hand"}, event_id) for _ in range(2)]
+    # When one event is published by hand with its id and time, twice (a retrying producer)
+    occurred = datetime.now(UTC).isoformat()
+    printed = [
+        publish(env, "test.behave", {"key": "by-hand"}, event_id, "--occurred-at", occurred)
+        for _ in range(2)
+    ]
 
     # Then both messages carry that id, persistent, as JSON, routed by their type
     assert printed == [str(event_id)] * 2

@@ -80,5 +80,7 @@ def test_usage_names_the_consumer_command(capsys: pytest.CaptureFixture[str]) ->
 
     usage = capsys.readouterr().out
     assert usage.startswith("usage: consumer ")
-    for command in ("run", "migrate", "topology", "publish", "dlq"):
-        assert command in usage.splitlines()[0]
+    # The usage paragraph (argparse wraps it once the commands no longer fit on one line).
+    paragraph = usage.split("\n\n")[0]
+    for command in ("run", "migrate", "topology", "publish", "dlq", "receipts"):
+        assert command in paragraph

@@ -18,7 +18,11 @@ from typing import Any
 import psycopg  # type: ignore[import-not-found, unused-ignore]
 
 INSERT_RECEIPT = """
-INSERT INTO receipts (consumer, event_id, type) VALUES (%s, %s, %s)
+INSERT INTO receipts (consumer, event_id, type, occurred_at)
+SELECT %(consumer)s, %(event_id)s, %(type)s, %(occurred_at)s::timestamptz
+WHERE NOT EXISTS (
+    SELECT FROM receipts_legacy WHERE consumer = %(consumer)s AND event_id = %(event_id)s
+)
 ON CONFLICT DO NOTHING
 RETURNING true
 """
@@ -62,7 +66,13 @@ def apply_reserve(conn: psycopg.Connection[Any], consumer: str, event: Mapping[s
     event_id = uuid.UUID(str(event["event_id"]))
     payload = event["payload"]
     with conn.transaction():
-        fresh = conn.execute(INSERT_RECEIPT, (consumer, event_id, event["type"])).fetchone()
+        receipt = {
+            "consumer": consumer,
+            "event_id": event_id,
+            "type": event["type"],
+            "occurred_at": str(event["occurred_at"]),
+        }
+        fresh = conn.execute(INSERT_RECEIPT, receipt).fetchone()
         if fresh is None:
             return False
         params = {

@@ -165,8 +165,12 @@ SELECT array_agg(gen_random_uuid())::text AS batch_ids,
            + CAST(:clients AS integer) * floor(random() * CAST(:span AS integer))::integer
        )::text AS batch_skus
 FROM generate_series(1, {batch}) \\gset
-INSERT INTO receipts (consumer, event_id, type)
-SELECT 'pgbench', id, '{type}' FROM unnest(CAST(:batch_ids AS uuid[])) AS id ORDER BY id
+INSERT INTO receipts (consumer, event_id, type, occurred_at)
+SELECT 'pgbench', id, '{type}', now() FROM unnest(CAST(:batch_ids AS uuid[])) AS id
+WHERE NOT EXISTS (
+    SELECT FROM receipts_legacy AS legacy WHERE legacy.consumer = 'pgbench' AND legacy.event_id = id
+)
+ORDER BY id
 ON CONFLICT DO NOTHING RETURNING event_id;
 SELECT sku, available FROM stock WHERE sku = ANY(CAST(:batch_skus AS text[]))
 ORDER BY sku FOR UPDATE;

@@ -15,10 +15,8 @@ import asyncio
 import json
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
 from typing import Any
 
-import aio_pika
 import pytest
 
 from tests.support import (
@@ -34,16 +32,11 @@ from tests.support import (
 
 
 @pytest.fixture
-async def own(env: TestEnv) -> AsyncIterator[TestEnv]:
-    env.overrides["exchange"] = f"{env.name}.events"
+def own(env: TestEnv) -> TestEnv:
+    """The test's env with these handlers (its ingress exchange, `<name>.events`, is the env's own
+    and goes with its topology)."""
     env.overrides["handlers"] = f"{TEST_HANDLERS},tests.handlers.review"
-    yield env
-    connection = await aio_pika.connect(env.amqp_url)
-    try:
-        channel = await connection.channel()
-        await channel.exchange_delete(f"{env.name}.events")
-    finally:
-        await connection.close()
+    return env
 
 
 async def test_a_blocking_payload_validator_is_named_and_dead_lettered_alone(

@@ -200,11 +200,9 @@ class Liveness:
         conn, self._conn = self._conn, None
         if conn is None:
             return
-        if keep_marks:
-            conn.terminate()
-            return
         try:
-            await asyncio.wait_for(self._ledger.clear_own(conn), 5)
+            if not keep_marks:
+                await asyncio.wait_for(self._ledger.clear_own(conn), 5)
         except Exception:  # the database is away: a dead owner's mark counts once, no more
             pass
         finally:

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from consumer.alone import Alone
 from consumer.batch import BatchEngine
-from consumer.calls import HandlerCall, HandlerCaller, HandlerCalls
+from consumer.calls import HandlerCaller, HandlerCalls, RunningCall
 from consumer.config import (
     batch_size,
     broker_config,
@@ -252,12 +252,12 @@ def _on_signals(stop: asyncio.Event, logger: Logger, before_exit: Callable[[], N
         loop.add_signal_handler(sig, on_signal, sig)
 
 
-def _convicting(settings: Settings, owner: UUID) -> Callable[[HandlerCall, float], bool]:
+def _convicting(settings: Settings, owner: UUID) -> Callable[[RunningCall, float], bool]:
     """What the watchdog calls, from its own thread, to record the event that blocked the loop."""
     ledger = CrashLedger(consumer=settings.name, owner=owner)
     limit = settings.hard_timeout.total_seconds()
 
-    def convict(call: HandlerCall, blocked: float) -> bool:
+    def convict(call: RunningCall, blocked: float) -> bool:
         detail = (
             f"{call.handler} blocked the event loop for {blocked:.1f}s, past the hard time limit "
             f"of {limit:g}s (CONSUMER_HARD_TIMEOUT); the process exited"

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 from uuid import UUID
 
 import asyncpg
@@ -29,7 +29,19 @@ from consumer.errors import (
 )
 from topology.durations import format_duration
 
-__all__ = ["HandlerCall", "HandlerCaller", "HandlerCalls", "connection_lost"]
+__all__ = ["HandlerCall", "HandlerCaller", "HandlerCalls", "RunningCall", "connection_lost"]
+
+
+class RunningCall(Protocol):
+    """What the watchdog reads of the call the event loop is stuck in."""
+
+    @property
+    def handler(self) -> str: ...
+
+    @property
+    def event_ids(self) -> tuple[UUID, ...]: ...
+
+    def describe(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +56,7 @@ class HandlerCall:
     def describe(self) -> dict[str, Any]:
         """The fields a log line names the call by."""
         fields: dict[str, Any] = {
-            "event_id": str(self.event_ids[0]),
+            "event_id": str(self.event_ids[0]) if self.event_ids else None,
             "type": self.event_type,
             "message_id": self.message_id,
             "handler": self.handler,
@@ -58,24 +70,32 @@ class HandlerCalls:
     """The open handler calls, by the task that makes them."""
 
     def __init__(self) -> None:
-        self._by_task: dict[asyncio.Task[Any], HandlerCall] = {}
+        self._by_task: dict[asyncio.Task[Any], RunningCall] = {}
 
     @contextmanager
-    def entered(self, call: HandlerCall) -> Iterator[None]:
-        try:
-            task = asyncio.current_task()
-        except RuntimeError:  # no event loop (a tool parsing outside the service)
-            task = None
-        if task is None:
-            yield
-            return
-        self._by_task[task] = call
+    def entered(self, call: RunningCall) -> Iterator[None]:
+        task = self.enter(call)
         try:
             yield
         finally:
+            self.leave(task)
+
+    def enter(self, call: RunningCall) -> asyncio.Task[Any] | None:
+        """Register ``call`` for the current task until :meth:`leave` with what this returns:
+        the context manager :meth:`entered` without its cost, for a call made per delivery."""
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:  # no event loop (a tool parsing outside the service)
+            return None
+        if task is not None:
+            self._by_task[task] = call
+        return task
+
+    def leave(self, task: asyncio.Task[Any] | None) -> None:
+        if task is not None:
             self._by_task.pop(task, None)
 
-    def running(self, loop: asyncio.AbstractEventLoop) -> HandlerCall | None:
+    def running(self, loop: asyncio.AbstractEventLoop) -> RunningCall | None:
         """The call ``loop`` is in right now; safe from another thread while the loop is stuck."""
         task = asyncio.current_task(loop)
         return self._by_task.get(task) if task is not None else None

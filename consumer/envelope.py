@@ -268,14 +268,17 @@ class EnvelopeParser:
         return model
 
     def check_skew(self, envelope: Envelope[Any], *, now: datetime | None = None) -> None:
-        limits = self.limits
-        # Compared as POSIX timestamps: cheaper than aware datetimes, once per message.
         now_ts = now.timestamp() if now is not None else time.time()
-        if envelope.occurred_at.timestamp() - now_ts > self._max_skew_s:
-            ahead = envelope.occurred_at - (now or datetime.now(UTC))
+        self.check_skew_at(envelope, envelope.occurred_at.timestamp(), now_ts)
+
+    def check_skew_at(self, envelope: Envelope[Any], occurred: float, now: float) -> None:
+        """:meth:`check_skew` on POSIX timestamps already taken (cheaper than aware datetimes,
+        once per message)."""
+        if occurred - now > self._max_skew_s:
+            ahead = envelope.occurred_at - datetime.fromtimestamp(now, UTC)
             raise Poison(
                 PoisonReason.INVALID_ENVELOPE,
-                f"occurred_at is {ahead} in the future (more than {limits.max_future_skew})",
+                f"occurred_at is {ahead} in the future (more than {self.limits.max_future_skew})",
             )
 
 

@@ -5,8 +5,7 @@ Internal: the service's first step for every delivery (see the README's "How it 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+import time
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
@@ -26,7 +25,7 @@ from consumer.errors import Poison, PoisonReason, error_name, message_of
 from consumer.registry import Handler, HandlerRegistry
 from consumer.retention import ReceiptWindow
 
-__all__ = ["Preparer"]
+__all__ = ["Preparer", "ValidationCall"]
 
 
 class Preparer:
@@ -47,6 +46,7 @@ class Preparer:
         self._parser = parser
         self._window = window
         self._calls = calls or HandlerCalls()
+        self._max_age_s = window.max_age.total_seconds() if window is not None else 0.0
         # Per event type, the envelope model with the handler's payload model in it: a valid
         # event is validated in one pass; any other goes the long way, which says what is wrong.
         self._typed: dict[str, tuple[Handler, type[Envelope[Any]]]] = {}
@@ -91,22 +91,36 @@ class Preparer:
         decoded = self._decoded(delivery)
         event_type = decoded.get("type")
         typed = self._typed.get(event_type) if isinstance(event_type, str) else None
+        calls = self._calls
         if typed is not None:
             handler, model = typed
+            # Registered by hand, not with a context manager: this runs for every delivery.
+            task = calls.enter(ValidationCall(handler, decoded, delivery.message_id))
             try:
-                with self._validating(handler, decoded, delivery):
-                    event = model.model_validate(decoded)
+                event = model.model_validate(decoded)
             except ValidationError:
                 pass
             else:
-                self._parser.check_skew(event)
-                self._check_age(event)
+                self._check_times(event)
                 return Prepared(handler, event)
+            finally:
+                calls.leave(task)
         raw = self._parser.validate(decoded)
         self._check_age(raw)
         handler = self._registry.handler_for(raw)
-        with self._validating(handler, decoded, delivery):
+        task = calls.enter(ValidationCall(handler, decoded, delivery.message_id))
+        try:
             return Prepared(handler, handler.bind(raw))
+        finally:
+            calls.leave(task)
+
+    def _check_times(self, event: Envelope[Any]) -> None:
+        """Not from the future, and not too old to be applied: one clock reading for both."""
+        now = time.time()
+        occurred = event.occurred_at.timestamp()
+        self._parser.check_skew_at(event, occurred, now)
+        if self._window is not None and occurred < now - self._max_age_s:
+            self._window.check(event, datetime.now(UTC))
 
     def _check_age(self, event: Envelope[Any]) -> None:
         # Before any handler code runs (the payload's validators included): an event too old
@@ -114,20 +128,29 @@ class Preparer:
         if self._window is not None:
             self._window.check(event, datetime.now(UTC))
 
-    @contextmanager
-    def _validating(
-        self, handler: Handler, decoded: dict[str, Any], delivery: Delivery
-    ) -> Iterator[None]:
+
+class ValidationCall:
+    """A payload's validation as the watchdog names it: described only if the watchdog asks,
+    which is when a validator has blocked the event loop (it costs nothing otherwise)."""
+
+    __slots__ = ("_decoded", "_handler", "_message_id")
+
+    def __init__(self, handler: Handler, decoded: dict[str, Any], message_id: str | None) -> None:
+        self._handler = handler
+        self._decoded = decoded
+        self._message_id = message_id
+
+    @property
+    def handler(self) -> str:
+        return f"{self._handler.qualname} (payload validation)"
+
+    @property
+    def event_ids(self) -> tuple[UUID, ...]:
         try:
-            event_id = UUID(str(decoded.get("event_id")))
+            return (UUID(str(self._decoded.get("event_id"))),)
         except ValueError:
-            yield  # no event to name: the envelope is poison anyway
-            return
-        call = HandlerCall(
-            handler=f"{handler.qualname} (payload validation)",
-            event_type=handler.event_type,
-            event_ids=(event_id,),
-            message_id=delivery.message_id,
-        )
-        with self._calls.entered(call):
-            yield
+            return ()  # no event to name: the envelope is poison anyway
+
+    def describe(self) -> dict[str, Any]:
+        call = HandlerCall(self.handler, self._handler.event_type, self.event_ids, self._message_id)
+        return call.describe()

@@ -23,52 +23,67 @@ __all__ = ["Receipts", "TransactionLost"]
 # same one, so it lands in the same partition and the key (consumer, event_id, occurred_at) finds
 # it. Receipts written before that migration are in receipts_legacy, read-only, emptied whole once
 # older than the retention: an event found there is a duplicate too.
-_INSERT_ONE = """
-INSERT INTO receipts (consumer, event_id, type, occurred_at)
-SELECT $1, $2, $3, $4
-WHERE NOT EXISTS (SELECT FROM receipts_legacy WHERE consumer = $1 AND event_id = $2)
-ON CONFLICT DO NOTHING
-RETURNING true
+# Each statement that inserts receipts adds how many to a transaction-local count
+# (``consumer.receipts``): the seal compares it with the receipts the service believes it inserted.
+# A setting made in a transaction or savepoint is undone with it, as the receipts are, and nothing
+# else can remove a receipt (the run-time role may only insert them, sql/002): so the count is
+# that of the receipts still in the transaction, without reading them again.
+_COUNTED = """
+, counted AS (
+    SELECT set_config(
+        'consumer.receipts',
+        ((SELECT count(*) FROM inserted)
+            + coalesce(nullif(current_setting('consumer.receipts', true), ''), '0')::bigint)::text,
+        true
+    ) AS total
+)
 """
 
-# Sorted, so concurrent batches take the receipts' row locks in the same order (no deadlock).
-_INSERT_MANY = """
-INSERT INTO receipts (consumer, event_id, type, occurred_at)
-SELECT $1, batch.event_id, batch.type, batch.occurred_at
-FROM unnest($2::uuid[], $3::text[], $4::timestamptz[]) AS batch (event_id, type, occurred_at)
-WHERE NOT EXISTS (
-    SELECT FROM receipts_legacy AS legacy
-    WHERE legacy.consumer = $1 AND legacy.event_id = batch.event_id
+_INSERT_ONE = (
+    """
+WITH inserted AS (
+    INSERT INTO receipts (consumer, event_id, type, occurred_at)
+    SELECT $1, $2, $3, $4
+    WHERE NOT EXISTS (SELECT FROM receipts_legacy WHERE consumer = $1 AND event_id = $2)
+    ON CONFLICT DO NOTHING
+    RETURNING true AS fresh
+)"""
+    + _COUNTED
+    + "SELECT fresh, (SELECT total FROM counted) FROM inserted"
 )
-ORDER BY batch.event_id
-ON CONFLICT DO NOTHING
-RETURNING event_id
-"""
+
+# Sorted, so concurrent batches take the receipts' row locks in the same order (no deadlock).
+_INSERT_MANY = (
+    """
+WITH inserted AS (
+    INSERT INTO receipts (consumer, event_id, type, occurred_at)
+    SELECT $1, batch.event_id, batch.type, batch.occurred_at
+    FROM unnest($2::uuid[], $3::text[], $4::timestamptz[]) AS batch (event_id, type, occurred_at)
+    WHERE NOT EXISTS (
+        SELECT FROM receipts_legacy AS legacy
+        WHERE legacy.consumer = $1 AND legacy.event_id = batch.event_id
+    )
+    ORDER BY batch.event_id
+    ON CONFLICT DO NOTHING
+    RETURNING event_id
+)"""
+    + _COUNTED
+    + "SELECT event_id, (SELECT total FROM counted) FROM inserted"
+)
 
 _EXISTS = """
 SELECT EXISTS (SELECT FROM receipts WHERE consumer = $1 AND event_id = $2 AND occurred_at = $3)
 """
 
 # Receipts commit only in a sealed transaction (sql/004): a COMMIT a handler runs is refused. The
-# seal is set only if every receipt this transaction inserted is still in it: a handler that
-# rolled the transaction back and began another leaves them gone, and its transaction unsealed.
-# In an aborted transaction (a handler swallowed a database error) the seal itself fails, where
-# COMMIT would answer ROLLBACK without an error. So nothing is ever taken for committed that was
-# not, and no effect commits without its receipt. Matched on the whole key: an event id published
-# again with another occurred_at is another event, whose receipt may exist already. One index probe
-# per event (OFFSET 0 keeps the planner from making a join of it, which in a generic plan could
-# read every receipt of the consumer).
+# seal is set only if every receipt this transaction inserted is still in it (the count above): a
+# handler that rolled the transaction back and began another leaves them gone, and its transaction
+# unsealed. In an aborted transaction (a handler swallowed a database error) the seal itself
+# fails, where COMMIT would answer ROLLBACK without an error. So nothing is ever taken for
+# committed that was not, and no effect commits without its receipt.
 _SEAL = """
 SELECT set_config('consumer.sealed', 'yes', true)
-WHERE (
-    SELECT count(*)
-    FROM unnest($2::uuid[], $3::timestamptz[]) AS fresh (event_id, occurred_at)
-    WHERE EXISTS (
-        SELECT FROM receipts
-        WHERE consumer = $1 AND event_id = fresh.event_id AND occurred_at = fresh.occurred_at
-        OFFSET 0
-    )
-) = cardinality($2::uuid[])
+WHERE coalesce(nullif(current_setting('consumer.receipts', true), ''), '0')::bigint = $1
 """
 
 
@@ -115,9 +130,7 @@ class Receipts:
         """Seal the transaction for its COMMIT, given the events whose receipts it inserted;
         :class:`TransactionLost` if they are gone, ``asyncpg.InFailedSQLTransactionError`` if a
         handler left it aborted."""
-        ids = [event.event_id for event in fresh]
-        times = [event.occurred_at for event in fresh]
-        sealed = await self._guard.run(conn, conn.fetchval(_SEAL, self._consumer, ids, times))
+        sealed = await self._guard.run(conn, conn.fetchval(_SEAL, len(fresh)))
         if sealed is None:
             raise TransactionLost("the transaction's receipts are gone: a handler ended it")
 

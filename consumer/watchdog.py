@@ -18,14 +18,14 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-from consumer.calls import HandlerCall, HandlerCalls
+from consumer.calls import HandlerCalls, RunningCall
 from consumer.logs import Logger
 
 __all__ = ["EXIT_HARD_TIMEOUT", "Convict", "LoopWatchdog"]
 
 EXIT_HARD_TIMEOUT = 3
 
-Convict = Callable[[HandlerCall, float], bool]
+Convict = Callable[[RunningCall, float], bool]
 """Record that ``call`` blocked the loop for that many seconds; True once it is recorded."""
 
 
@@ -80,7 +80,7 @@ class LoopWatchdog:
             await asyncio.sleep(self._interval)
 
     def _watch(self) -> None:
-        seen: HandlerCall | None = None
+        seen: RunningCall | None = None
         while not self._stopped.wait(self._interval):
             blocked = time.monotonic() - self._beat
             if blocked <= self._limit:

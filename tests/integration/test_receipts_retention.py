@@ -195,7 +195,7 @@ async def test_two_pruners_at_once_do_not_conflict_nor_block_inserts(
             times = [datetime.now(UTC)] * len(ids)
             async with inserter.transaction():
                 await inserter.fetch(_INSERT_MANY, "pruning", ids, ["test.insert"] * 5, times)
-                await inserter.fetchval(_SEAL, "pruning", ids, times)
+                await inserter.fetchval(_SEAL, len(ids))
             inserted += len(ids)
 
     inserting = asyncio.create_task(insert())

@@ -15,7 +15,6 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 from uuid import UUID, uuid4
 
-
 from consumer.alone import Alone
 from consumer.batch import BatchEngine
 from consumer.calls import HandlerCall, HandlerCaller, HandlerCalls

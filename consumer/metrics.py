@@ -248,9 +248,7 @@ class Metrics:
         self.receipts_rows.set(rows)
         self.receipts_oldest_age.set(oldest_age or 0.0)
 
-    def watch_pool(
-        self, size: Callable[[], int], in_use: Callable[[], int], max_size: int
-    ) -> None:
+    def watch_pool(self, size: Callable[[], int], in_use: Callable[[], int], max_size: int) -> None:
         """Read the pool's numbers at scrape time."""
         self.pool_size.set_function(size)
         self.pool_in_use.set_function(in_use)

@@ -36,7 +36,7 @@ REQUIRED = {
     "batch conflicts": "consumer_batch_conflicts_total",
     "pool saturation": "consumer_db_pool_max",
     "retry-queue depth": "rabbitmq_queue_messages",
-    "broker's delivery-limit dead letters": "rabbitmq_global_messages_dead_lettered_delivery_limit_total",
+    "delivery-limit dead letters": "rabbitmq_global_messages_dead_lettered_delivery_limit_total",
     "dead-letter queue depth": "rabbitmq_queue_messages",
 }
 # Shown from the process's own series, which referenced_metrics() does not pick out.

@@ -9,8 +9,8 @@ import pytest
 
 from tests.deploy.support import (
     DEPLOY,
-    RUNBOOKS_BASE,
     PROMETHEUS_DIR,
+    RUNBOOKS_BASE,
     alert_rules,
     assert_clean,
     consumer_metric_names,

@@ -35,6 +35,8 @@ from tests.support import Producer, ServiceProcess, TestEnv, behave, fetchval, w
 from topology.apply import apply_topology
 
 WAITING_ON_THE_NODE = 7
+# A metric selector in a rule: a name, and its matchers if it has any.
+_SELECTOR = re.compile(r"\b(?:consumer|rabbitmq|process)_[a-z0-9_]+(?:\{[^}]*\})?")
 
 
 def _config(consumer_target: str, rabbitmq_target: str) -> dict[str, Any]:
@@ -142,6 +144,30 @@ async def test_prometheus_scrapes_the_consumer_and_rabbitmq_and_evaluates_rules_
 
             await wait_until(depth_seen, timeout=30, what="the work queue's depth in Prometheus")
 
+            # And every series an alert rule selects is one Prometheus has data for, the
+            # service's queues found from its name (RetryQueueStuck, DeadLetter*, WorkQueueGrowing)
+            selectors = {
+                match.group(0)
+                for rule in alert_rules()
+                for match in _SELECTOR.finditer(rule["expr"])
+            }
+            assert any(s.startswith("rabbitmq_") for s in selectors)
+            assert any(s.startswith("process_") for s in selectors)
+
+            async def all_selected() -> bool:
+                return all([await prometheus.query(f"count({s})") for s in selectors])
+
+            try:
+                await wait_until(all_selected, timeout=20, what="every rule's series")
+            except AssertionError:
+                empty = [s for s in selectors if not await prometheus.query(f"count({s})")]
+                raise AssertionError(f"rule selectors with no data: {empty}") from None
+            names_running = await prometheus.query(
+                "label_replace(group by (name) (last_over_time(consumer_service_info[1d])),"
+                ' "queue", "$1.work", "name", "(.+)")'
+            )
+            assert [r["metric"]["queue"] for r in names_running] == [f"{env.name}.work"]
+
             # And every dashboard query parses and returns data
             queries = [as_promql(query) for query in dashboard_queries()]
 
@@ -199,3 +225,7 @@ async def test_promtool_accepts_the_services_exposition(env: TestEnv) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert not (result.stdout + result.stderr).strip()
     assert "consumer_messages_total" in exposition
+    # And it carries the process's own series, and no _created series beside the counters
+    assert "process_start_time_seconds" in exposition
+    assert "_created" not in exposition
+    assert f'consumer_service_info{{name="{env.name}"}} 1.0' in exposition

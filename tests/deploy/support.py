@@ -33,7 +33,7 @@ COMPOSE = DEPLOY / "compose.yaml"
 COMPOSE_CLUSTER = DEPLOY / "compose.cluster.yaml"
 """compose.yaml's override with a three-node RabbitMQ cluster."""
 K8S = DEPLOY / "k8s"
-RUNBOOKS_BASE = "https://runbooks.example.com/rabbit-pg-consumer"
+RUNBOOKS_BASE = "https://runbooks.example.com/consumer"
 """The base of every rule's runbook_url, which a deployer replaces (deploy/README.md)."""
 SYSTEMD = DEPLOY / "systemd"
 

@@ -8,7 +8,6 @@ static_configs instead of the service discovery (compose's DNS names do not exis
 
 from __future__ import annotations
 
-import asyncio
 import re
 import subprocess
 from pathlib import Path

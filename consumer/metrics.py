@@ -40,8 +40,8 @@ _LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 class ServiceRegistry(CollectorRegistry):
     """A registry whose exposition leaves out the ``*_created`` samples.
 
-    prometheus_client adds one beside every counter and histogram child: as many series again,
-    which nothing here reads (``increase()`` works from the counters). Its only switch,
+    prometheus_client adds one beside every counter and histogram child, a series of its own
+    that nothing here reads (``increase()`` works from the counters). Its only switch,
     ``disable_created_metrics()``, is global to the process and would reach every other
     registry; dropping the samples when this registry is collected, at scrape time, reaches
     only this one and costs nothing per event.
@@ -115,6 +115,10 @@ class Metrics:
             "Deliveries the broker flagged as redelivered.",
             registry=registry,
         )
+        # Counted where the service decides them (published dead letters, poison nacks). The
+        # broker's own delivery_limit dead letters never come back to the service as a verdict:
+        # RabbitMQ counts them (rabbitmq_global_messages_dead_lettered_delivery_limit_total),
+        # which the alerts read beside this one, so nothing is counted twice.
         self.dead_letters = Counter(
             "consumer_dead_letters_total",
             "Messages sent to the dead-letter exchange, by reason.",

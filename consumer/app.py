@@ -15,8 +15,6 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 from uuid import UUID, uuid4
 
-from prometheus_client import CollectorRegistry
-
 from consumer.alone import Alone
 from consumer.batch import BatchEngine
 from consumer.calls import HandlerCaller, HandlerCalls, RunningCall
@@ -38,7 +36,7 @@ from consumer.guard import Guard
 from consumer.http import HttpServer, build_app
 from consumer.judge import Judge
 from consumer.logs import Logger, TickFlushed, make_logger, route_library_logs
-from consumer.metrics import Metrics
+from consumer.metrics import Metrics, ServiceRegistry
 from consumer.pipeline import Pipeline
 from consumer.prepare import Preparer
 from consumer.pruning import PeriodicPruner, ReceiptPruner
@@ -69,7 +67,7 @@ def run(settings: Settings, registry: HandlerRegistry) -> int:
     )
     route_library_logs(logger)
     rungs = [rung_label(delay) for delay in settings.retry_delays]
-    metrics = Metrics(CollectorRegistry(), registry, rungs)
+    metrics = Metrics(ServiceRegistry(), registry, rungs, name=settings.name)
     return _event_loop_run(serve(settings, registry, logger, metrics, before_exit=lines.write_out))
 
 

@@ -221,6 +221,10 @@ class Database:
         return self._pool.get_size() if self._pool is not None else 0
 
     @property
+    def max_size(self) -> int:
+        return self._config.pool_size
+
+    @property
     def in_use(self) -> int:
         if self._pool is None:
             return 0

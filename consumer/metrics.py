@@ -2,15 +2,26 @@
 
 Labels stay low-cardinality: event types come from the registered handlers only (anything else is
 ``unknown``), outcomes and reasons are fixed sets, rungs are the configured ladder.
+
+The process's own ``process_*`` and ``python_info`` series are registered on the same registry:
+``process_start_time_seconds`` is the restart signal the alerts read.
 """
 
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+from prometheus_client.metrics_core import Metric
 
 from consumer.errors import PoisonReason
 from consumer.outcome import OutcomeKind
@@ -18,7 +29,7 @@ from consumer.retention import ReceiptWindow
 from consumer.retry import DeadLetterReason
 from consumer.version import __version__
 
-__all__ = ["UNKNOWN_TYPE", "Metrics"]
+__all__ = ["UNKNOWN_TYPE", "Metrics", "ServiceRegistry"]
 
 UNKNOWN_TYPE = "unknown"
 
@@ -26,16 +37,38 @@ _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
 _LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 
 
+class ServiceRegistry(CollectorRegistry):
+    """A registry whose exposition leaves out the ``*_created`` samples.
+
+    prometheus_client adds one beside every counter and histogram child, a series of its own
+    that nothing here reads (``increase()`` works from the counters). Its only switch,
+    ``disable_created_metrics()``, is global to the process and would reach every other
+    registry; dropping the samples when this registry is collected, at scrape time, reaches
+    only this one and costs nothing per event.
+    """
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in super().collect():
+            created = f"{metric.name}_created"
+            # Every collect builds fresh Metric objects: filtering in place touches no state.
+            metric.samples = [sample for sample in metric.samples if sample.name != created]
+            yield metric
+
+
 class Metrics:
-    """Every metric the service exports, named ``consumer_*``."""
+    """Every metric the service exports, named ``consumer_*``, and the process's own."""
 
     def __init__(
         self,
         registry: CollectorRegistry,
         event_types: Iterable[str],
         rungs: Iterable[str] = (),
+        *,
+        name: str = "consumer",
     ) -> None:
         self.registry = registry
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
         self._known_types = frozenset(event_types)
         # Resolved label children, by labels: one line per message passes here.
         self._message_children: dict[tuple[str, OutcomeKind], Any] = {}
@@ -82,6 +115,10 @@ class Metrics:
             "Deliveries the broker flagged as redelivered.",
             registry=registry,
         )
+        # Counted where the service decides them (published dead letters, poison nacks). The
+        # broker's own delivery_limit dead letters never come back to the service as a verdict:
+        # RabbitMQ counts them (rabbitmq_global_messages_dead_lettered_delivery_limit_total),
+        # which the alerts read beside this one, so nothing is counted twice.
         self.dead_letters = Counter(
             "consumer_dead_letters_total",
             "Messages sent to the dead-letter exchange, by reason.",
@@ -122,6 +159,11 @@ class Metrics:
         self.pool_size = Gauge(
             "consumer_db_pool_size", "Database connections open in the pool.", registry=registry
         )
+        self.pool_max = Gauge(
+            "consumer_db_pool_max",
+            "The most connections the pool opens (CONSUMER_DB_POOL_SIZE).",
+            registry=registry,
+        )
         self.receipt_prunes = Counter(
             "consumer_receipt_prunes_total",
             "Receipt pruning rounds this replica ran (it held the lock).",
@@ -158,6 +200,15 @@ class Metrics:
             registry=registry,
         )
         self.build_info.labels(version=__version__, python=platform.python_version()).set(1)
+        # The alerts and the dashboard find the service's queues (<name>.work, <name>.dead, ...)
+        # in RabbitMQ's metrics from this label: nothing in them is hard-coded to one name.
+        self.service_info = Gauge(
+            "consumer_service_info",
+            "Always 1; name is CONSUMER_NAME, the prefix of the service's queues.",
+            ["name"],
+            registry=registry,
+        )
+        self.service_info.labels(name=name).set(1)
         self._create_series(rungs)
 
     def _create_series(self, rungs: Iterable[str]) -> None:
@@ -201,7 +252,8 @@ class Metrics:
         self.receipts_rows.set(rows)
         self.receipts_oldest_age.set(oldest_age or 0.0)
 
-    def watch_pool(self, size: Callable[[], int], in_use: Callable[[], int]) -> None:
+    def watch_pool(self, size: Callable[[], int], in_use: Callable[[], int], max_size: int) -> None:
         """Read the pool's numbers at scrape time."""
         self.pool_size.set_function(size)
         self.pool_in_use.set_function(in_use)
+        self.pool_max.set(max_size)

@@ -111,7 +111,9 @@ class Service:
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop`` is set, then drain. Raises what made the service stop early."""
         async with self._database as database:
-            self._metrics.watch_pool(lambda: database.size, lambda: database.in_use)
+            self._metrics.watch_pool(
+                lambda: database.size, lambda: database.in_use, database.max_size
+            )
             if not await database_ready(
                 self._database, stop, self._logger, max_delay=self._config.reconnect_max_delay
             ):

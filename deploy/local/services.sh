@@ -31,6 +31,14 @@ if ! port_open "$AMQP_PORT"; then
   rabbitmqctl await_startup >/dev/null 2>&1 || true
 fi
 
+# RabbitMQ's Prometheus endpoint (:15692), as deploy/rabbitmq/enabled_plugins has it in the
+# containers: the dashboard's queue panels and the queue alerts read it. Enabling a plugin works
+# on a running node, without a restart, and is a no-op when it is already on.
+if command -v rabbitmq-plugins >/dev/null && ! port_open "${LOCAL_RABBITMQ_PROMETHEUS_PORT:-15692}"; then
+  rabbitmq-plugins enable rabbitmq_prometheus >/dev/null ||
+    echo "warning: could not enable rabbitmq_prometheus (is the broker on :$AMQP_PORT this machine's?)" >&2
+fi
+
 if ! port_open "$PG_PORT"; then
   if ! command -v pg_ctlcluster >/dev/null; then
     echo "error: PostgreSQL is not answering on 127.0.0.1:$PG_PORT and pg_ctlcluster is not installed" >&2

@@ -33,6 +33,8 @@ COMPOSE = DEPLOY / "compose.yaml"
 COMPOSE_CLUSTER = DEPLOY / "compose.cluster.yaml"
 """compose.yaml's override with a three-node RabbitMQ cluster."""
 K8S = DEPLOY / "k8s"
+RUNBOOKS_BASE = "https://runbooks.example.com/consumer"
+"""The base of every rule's runbook_url, which a deployer replaces (deploy/README.md)."""
 SYSTEMD = DEPLOY / "systemd"
 
 _METRIC_NAME = re.compile(r"\b((?:consumer|rabbitmq)_[a-z0-9_]+)\b")
@@ -43,6 +45,7 @@ GRAFANA_SUBSTITUTIONS = {
     "$__range": "1h",
     "$job": "consumer",
     "$instance": ".+",
+    "$name": "consumer",
 }
 
 

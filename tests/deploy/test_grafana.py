@@ -31,7 +31,16 @@ REQUIRED = {
     "oldest receipt kept": "consumer_receipts_oldest_age_seconds",
     "receipts kept": "consumer_receipts_rows",
     "receipt partitions kept": "consumer_receipts_partitions",
+    "unconfirmed publishes": "consumer_publish_failures_total",
+    "lost settles": "consumer_settle_lost_total",
+    "batch conflicts": "consumer_batch_conflicts_total",
+    "pool saturation": "consumer_db_pool_max",
+    "retry-queue depth": "rabbitmq_queue_messages",
+    "delivery-limit dead letters": "rabbitmq_global_messages_dead_lettered_delivery_limit_total",
+    "dead-letter queue depth": "rabbitmq_queue_messages",
 }
+# Shown from the process's own series, which referenced_metrics() does not pick out.
+REQUIRED_PROCESS = ("process_start_time_seconds", "process_resident_memory_bytes")
 
 
 def test_panels_have_unique_ids_a_place_and_the_datasource_variable() -> None:
@@ -75,3 +84,20 @@ def test_every_consumer_metric_in_the_dashboard_is_exported() -> None:
         name for name in referenced if name.startswith("consumer_")
     } - consumer_metric_names()
     assert not unknown
+
+
+def test_the_dashboard_shows_restarts_and_the_process() -> None:
+    queries = " ".join(dashboard_queries())
+
+    assert [name for name in REQUIRED_PROCESS if name not in queries] == []
+
+
+def test_queue_names_come_from_the_service_name_variable() -> None:
+    queue_matchers = [
+        matcher
+        for query in dashboard_queries()
+        for matcher in re.findall(r'queue=~?"([^"]*)"', query)
+    ]
+
+    assert queue_matchers
+    assert all(matcher.startswith("$name") for matcher in queue_matchers), queue_matchers

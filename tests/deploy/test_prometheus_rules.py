@@ -3,11 +3,14 @@ that see it fire and stay quiet."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.deploy.support import (
     DEPLOY,
     PROMETHEUS_DIR,
+    RUNBOOKS_BASE,
     alert_rules,
     assert_clean,
     consumer_metric_names,
@@ -56,6 +59,23 @@ def test_every_alert_carries_a_severity_and_a_summary() -> None:
         assert rule["labels"]["severity"] in ("warning", "critical"), rule["alert"]
         assert rule["annotations"]["summary"], rule["alert"]
         assert rule["annotations"]["description"], rule["alert"]
+
+
+@pytest.mark.parametrize("rule", alert_rules(), ids=lambda rule: rule["alert"])
+def test_every_alert_links_its_runbook_and_the_runbook_exists(rule: dict[str, Any]) -> None:
+    url = rule["annotations"]["runbook_url"]
+
+    assert url == f"{RUNBOOKS_BASE}/{rule['alert']}.md"
+    runbook = (DEPLOY / "runbooks" / f"{rule['alert']}.md").read_text()
+    assert runbook.startswith(f"# {rule['alert']}\n")
+    for section in ("## What it means", "## What to look at", "## What to do"):
+        assert section in runbook, f"{rule['alert']}: no {section!r}"
+
+
+def test_every_runbook_is_an_alerts() -> None:
+    pages = {path.stem for path in (DEPLOY / "runbooks").glob("*.md")} - {"README"}
+
+    assert pages == {rule["alert"] for rule in alert_rules()}
 
 
 def test_the_operators_prometheusrule_holds_the_same_rules() -> None:

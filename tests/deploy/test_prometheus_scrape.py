@@ -8,7 +8,6 @@ static_configs instead of the service discovery (compose's DNS names do not exis
 
 from __future__ import annotations
 
-import asyncio
 import re
 import subprocess
 from pathlib import Path
@@ -33,8 +32,12 @@ from tests.deploy.support import (
 )
 from tests.support import Producer, ServiceProcess, TestEnv, behave, fetchval, wait_until
 from topology.apply import apply_topology
+from topology.model import Topology
 
 WAITING_ON_THE_NODE = 7
+_BROKER_DELIVERY_LIMIT = "rabbitmq_global_messages_dead_lettered_delivery_limit_total"
+# A metric selector in a rule: a name, and its matchers if it has any.
+_SELECTOR = re.compile(r"\b(?:consumer|rabbitmq|process)_[a-z0-9_]+(?:\{[^}]*\})?")
 
 
 def _config(consumer_target: str, rabbitmq_target: str) -> dict[str, Any]:
@@ -57,14 +60,40 @@ async def _fill_work_queue_on(rabbit: RabbitWithPrometheus, env: TestEnv) -> Non
     # The default names on a node of the test's own: no other test or service is on it.
     settings = env.settings(amqp_url=rabbit.url, name="consumer", exchange="events")
     topology = topology_for(settings, HandlerRegistry.from_modules(settings.handlers))
+    await _apply_on(rabbit, topology)
+    async with Producer(rabbit.url, settings.exchange) as producer:
+        for n in range(WAITING_ON_THE_NODE):
+            await producer.send("test.behave", behave(f"waiting-{n}"))
+
+
+async def _apply_on(rabbit: RabbitWithPrometheus, topology: Topology) -> None:
     connection = await aio_pika.connect(rabbit.url)
     try:
         await apply_topology(connection, topology)
     finally:
         await connection.close()
-    async with Producer(rabbit.url, settings.exchange) as producer:
-        for n in range(WAITING_ON_THE_NODE):
-            await producer.send("test.behave", behave(f"waiting-{n}"))
+
+
+async def _dead_letter_at_the_delivery_limit(rabbit: RabbitWithPrometheus) -> None:
+    """What a crash loop does, on a queue of its own: a delivery returned past its quorum
+    queue's delivery limit, which the broker then dead-letters (reason delivery_limit)."""
+    connection = await aio_pika.connect(rabbit.url)
+    try:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(
+            "probe.delivery-limit",
+            durable=True,
+            arguments={"x-queue-type": "quorum", "x-delivery-limit": 1},
+        )
+        await channel.default_exchange.publish(aio_pika.Message(b"{}"), routing_key=queue.name)
+        for _ in range(5):
+            message = await queue.get(fail=False)
+            if message is None:
+                return
+            await message.nack(requeue=True)
+        raise AssertionError("the broker never dead-lettered the probe at its delivery limit")
+    finally:
+        await connection.close()
 
 
 async def _rules_evaluated(prometheus: PrometheusServer) -> list[dict[str, Any]]:
@@ -75,20 +104,28 @@ async def _rules_evaluated(prometheus: PrometheusServer) -> list[dict[str, Any]]
 async def test_prometheus_scrapes_the_consumer_and_rabbitmq_and_evaluates_rules_and_dashboard(
     env: TestEnv, tmp_path: Path
 ) -> None:
-    # Given a running consumer, a RabbitMQ node with the deploy's plugins, and Prometheus
+    # Given a consumer running on a RabbitMQ node with the deploy's plugins, and Prometheus
     rabbit = RabbitWithPrometheus()
-    await env.apply_topology()
-    service = ServiceProcess(env)
+    service = ServiceProcess(env, amqp_url=rabbit.url)
     try:
-        await asyncio.gather(rabbit.start_async(), service.start().wait_ready())
+        await rabbit.start_async()
+        await _apply_on(rabbit, env.topology())
+        await service.start().wait_ready()
         await _fill_work_queue_on(rabbit, env)
         config = _config(f"127.0.0.1:{service.port}", f"127.0.0.1:{rabbit.prometheus_port}")
         (tmp_path / "prometheus").mkdir()
         with prometheus_server(config, tmp_path / "prometheus") as prometheus:
             await prometheus.wait_ready()
 
-            # When events are applied, one retried once and one dead-lettered
-            async with env.producer() as producer:
+            # When events are applied, one retried once and one dead-lettered, and the broker
+            # dead-letters a delivery at its delivery limit
+            # (once Prometheus holds the broker's counter at 0: increase() needs a first sample)
+            async def counter_scraped() -> bool:
+                return bool(await prometheus.query(_BROKER_DELIVERY_LIMIT))
+
+            await wait_until(counter_scraped, timeout=20, what="the broker's counter at 0")
+            await _dead_letter_at_the_delivery_limit(rabbit)
+            async with env.producer(rabbit.url) as producer:
                 for n in range(20):
                     await producer.send("test.behave", behave(f"k{n}"))
                 await producer.send("test.behave", behave("retried", fail_transient=1))
@@ -137,10 +174,53 @@ async def test_prometheus_scrapes_the_consumer_and_rabbitmq_and_evaluates_rules_
             assert selector is not None
 
             async def depth_seen() -> bool:
-                depth = await prometheus.value(f"max by (vhost, queue) ({selector.group(0)})")
-                return depth == WAITING_ON_THE_NODE
+                found = await prometheus.query(f"max by (vhost, queue) ({selector.group(0)})")
+                depths = {r["metric"]["queue"]: float(r["value"][1]) for r in found}
+                return depths.get("consumer.work") == WAITING_ON_THE_NODE
 
             await wait_until(depth_seen, timeout=30, what="the work queue's depth in Prometheus")
+
+            # And every series an alert rule selects is one Prometheus has data for, the
+            # service's queues found from its name (RetryQueueStuck, DeadLetter*, WorkQueueGrowing)
+            selectors = {
+                match.group(0)
+                for rule in alert_rules()
+                for match in _SELECTOR.finditer(rule["expr"])
+            }
+            assert any(s.startswith("rabbitmq_") for s in selectors)
+            assert any(s.startswith("process_") for s in selectors)
+
+            async def all_selected() -> bool:
+                return all([await prometheus.query(f"count({s})") for s in selectors])
+
+            try:
+                await wait_until(all_selected, timeout=20, what="every rule's series")
+            except AssertionError:
+                empty = [s for s in selectors if not await prometheus.query(f"count({s})")]
+                raise AssertionError(f"rule selectors with no data: {empty}") from None
+            names_running = await prometheus.query(
+                "label_replace(group by (name) (last_over_time(consumer_service_info[1d])),"
+                ' "queue", "$1.work", "name", "(.+)")'
+            )
+            assert [r["metric"]["queue"] for r in names_running] == [f"{env.name}.work"]
+
+            # And the dead-letter rules see the service's dead letter in its own dead-letter
+            # queue, and the broker's rule the delivery-limit one (the rules without their `for`)
+            rule_exprs = {r["alert"]: r["expr"] for r in alert_rules()}
+
+            async def dead_letter_seen() -> bool:
+                found = await prometheus.query(rule_exprs["DeadLetterQueueNotEmpty"])
+                return [(r["metric"]["queue"], r["value"][1]) for r in found] == [
+                    (f"{env.name}.dead", "1")
+                ]
+
+            await wait_until(dead_letter_seen, timeout=30, what="DeadLetterQueueNotEmpty's series")
+
+            async def delivery_limit_seen() -> bool:
+                found = await prometheus.query(rule_exprs["BrokerDeliveryLimitDeadLetters"])
+                return [r["metric"]["job"] for r in found] == ["rabbitmq"]
+
+            await wait_until(delivery_limit_seen, timeout=30, what="the delivery-limit dead letter")
 
             # And every dashboard query parses and returns data
             queries = [as_promql(query) for query in dashboard_queries()]
@@ -199,3 +279,7 @@ async def test_promtool_accepts_the_services_exposition(env: TestEnv) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert not (result.stdout + result.stderr).strip()
     assert "consumer_messages_total" in exposition
+    # And it carries the process's own series, and no _created series beside the counters
+    assert "process_start_time_seconds" in exposition
+    assert "_created" not in exposition
+    assert f'consumer_service_info{{name="{env.name}"}} 1.0' in exposition

@@ -32,6 +32,10 @@ async def test_each_metric_moves_when_it_should(env: TestEnv) -> None:
     assert await service.metric("consumer_paused") == 0
     metrics = await service.metrics()
     assert any(name == "consumer_build_info" and value == 1 for (name, _), value in metrics.items())
+    assert metrics[("consumer_service_info", (("name", env.name),))] == 1
+    assert await service.metric("consumer_db_pool_max") == 3
+    assert await service.metric("process_start_time_seconds") > 0
+    assert not [name for (name, _) in metrics if name.endswith("_created")]
 
     async with env.producer() as producer:
         slow = await producer.send("test.behave", behave("slow", sleep_s=1.5))

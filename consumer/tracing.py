@@ -102,10 +102,12 @@ def exporters_from(environ: Mapping[str, str]) -> tuple[str, ...]:
     if _flag(environ, "OTEL_SDK_DISABLED"):
         return ()
     raw = environ.get("OTEL_TRACES_EXPORTER", "").strip()
-    if not raw:
+    names: tuple[str, ...]
+    if raw:
+        names = tuple(dict.fromkeys(n.strip().lower() for n in raw.split(",") if n.strip()))
+    else:
         endpoints = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
-        return ("otlp",) if any(environ.get(name, "").strip() for name in endpoints) else ()
-    names = tuple(dict.fromkeys(name.strip().lower() for name in raw.split(",") if name.strip()))
+        names = ("otlp",) if any(environ.get(name, "").strip() for name in endpoints) else ()
     if "none" in names:
         return ()
     for name in names:
@@ -113,16 +115,15 @@ def exporters_from(environ: Mapping[str, str]) -> tuple[str, ...]:
             raise ConfigError(
                 f"OTEL_TRACES_EXPORTER: {name[:40]!r} is not one of otlp, console, none"
             )
-    protocol = (
-        environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-        or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-        or _PROTOCOL
-    ).strip()
-    if "otlp" in names and protocol != _PROTOCOL:
-        raise ConfigError(
-            f"OTEL_EXPORTER_OTLP_PROTOCOL: {protocol[:40]!r} is not supported; "
-            f"the service exports traces over {_PROTOCOL}"
-        )
+    for variable in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        protocol = environ.get(variable, "").strip()
+        if "otlp" in names and protocol and protocol != _PROTOCOL:
+            raise ConfigError(
+                f"{variable}: {protocol[:40]!r} is not supported; the service exports traces "
+                f"over {_PROTOCOL}"
+            )
+        if protocol:
+            break  # the traces' own setting wins over the general one
     return names
 
 

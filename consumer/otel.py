@@ -38,6 +38,7 @@ from opentelemetry.trace import (
     Tracer,
     TraceState,
     set_span_in_context,
+    set_tracer_provider,
     use_span,
 )
 
@@ -107,7 +108,11 @@ class OtelTracing(Tracing):
 
     @classmethod
     def exporting(cls, service: str, exporters: Sequence[str]) -> OtelTracing:
-        """A tracer whose spans go, in batches, to ``exporters`` (``otlp``, ``console``)."""
+        """A tracer whose spans go, in batches, to ``exporters`` (``otlp``, ``console``).
+
+        Its provider is also OpenTelemetry's global one (the first a process sets; a later one
+        is refused with a warning): the libraries a handler calls, if instrumented, trace into
+        the same pipeline, as children of the transaction's span."""
         attributes: dict[str, Any] = {}
         named = os.environ.get("OTEL_SERVICE_NAME") or "service.name=" in os.environ.get(
             "OTEL_RESOURCE_ATTRIBUTES", ""
@@ -128,6 +133,7 @@ class OtelTracing(Tracing):
                 # stderr: stdout is the service's JSON log lines.
                 exporter = ConsoleSpanExporter(out=sys.stderr)
             provider.add_span_processor(BatchSpanProcessor(exporter))
+        set_tracer_provider(provider)
         return cls(provider.get_tracer("rabbit-pg-consumer", __version__), provider)
 
     def close(self) -> None:
@@ -200,14 +206,15 @@ class OtelTracing(Tracing):
         attributes: dict[str, Any] = {"db.system.name": "postgresql"}
         if len(items) > 1:
             attributes["messaging.batch.message_count"] = len(items)
-        # Current while it runs: a handler's own instrumented calls become its children.
-        with self._tracer.start_as_current_span(
+        span = self._tracer.start_span(
             "transaction",
             context=set_span_in_context(spans[0]) if spans else None,
             kind=SpanKind.INTERNAL,
             links=[Link(span.get_span_context()) for span in spans[1:]],
             attributes=attributes,
-        ):
+        )
+        # Current while it runs: a handler's own instrumented calls become its children.
+        with _failing_by_type(span):
             yield
 
     def sending(
@@ -244,5 +251,19 @@ class OtelTracing(Tracing):
             f"publish {exchange}", context=context, kind=SpanKind.PRODUCER, attributes=attributes
         )
         _inject(span, headers)
-        with use_span(span, end_on_exit=True):
+        with _failing_by_type(span):
             yield
+
+
+@contextmanager
+def _failing_by_type(span: Span) -> Iterator[None]:
+    """``span`` current, then ended; an exception sets its status by the error's type alone.
+    Not the message, nor a traceback (the SDK's default): a handler's error can quote the
+    payload, a driver's a URL, and spans leave the process without the logs' scrubbing."""
+    with use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
+        try:
+            yield
+        except BaseException as error:
+            span.set_attribute("error.type", error_name(error))
+            span.set_status(Status(StatusCode.ERROR, error_name(error)))
+            raise

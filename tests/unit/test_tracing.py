@@ -236,3 +236,21 @@ def test_tracing_off_is_the_base_class_whose_hooks_do_nothing() -> None:
         assert type(off) is Tracing
         assert off.transaction([]) is off.transaction([])  # one reused, nothing made per call
     assert not setup.missing_extra
+
+
+def test_a_failed_transaction_names_the_error_type_and_never_its_message(
+    tracing: OtelTracing, exported: InMemorySpanExporter
+) -> None:
+    (delivery,) = deliveries(RecordingChannel(), 1)
+    tracing.processing([delivery], "svc.work")
+    items = [Ready(delivery, cast(Any, None), cast(Any, None))]
+
+    with pytest.raises(TransientError), tracing.transaction(items):
+        raise TransientError("postgresql://app:secret@db/x is away")
+
+    (transaction,) = _finished(exported, "transaction")
+    assert transaction.status.status_code is StatusCode.ERROR
+    assert transaction.status.description == "TransientError"
+    assert transaction.attributes is not None
+    assert transaction.attributes["error.type"] == "TransientError"
+    assert not transaction.events  # no exception event: no message, no traceback

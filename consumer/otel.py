@@ -52,7 +52,7 @@ from consumer.traceparent import (
     read_traceparent,
     read_tracestate,
 )
-from consumer.tracing import Tracing
+from consumer.tracing import Started, Tracing
 from consumer.version import __version__
 
 if TYPE_CHECKING:
@@ -143,8 +143,9 @@ class OtelTracing(Tracing):
 
     # -- deliveries ---------------------------------------------------------------------------
 
-    def processing(self, deliveries: Iterable[Delivery], queue: str) -> None:
+    def processing(self, deliveries: Iterable[Delivery], queue: str) -> Started:
         name = f"process {queue}"
+        started: list[tuple[Delivery, Any]] = []
         for delivery in deliveries:
             attributes: dict[str, Any] = {
                 "messaging.system": _RABBITMQ,
@@ -165,6 +166,8 @@ class OtelTracing(Tracing):
                 kind=SpanKind.CONSUMER,
                 attributes=attributes,
             )
+            started.append((delivery, delivery.span))
+        return started
 
     def settled(self, outcome: Outcome, settled: Settled) -> None:
         span = outcome.delivery.span
@@ -188,10 +191,10 @@ class OtelTracing(Tracing):
             span.set_status(Status(StatusCode.OK))
         span.end()
 
-    def abandoned(self, deliveries: Iterable[Delivery]) -> None:
-        for delivery in deliveries:
-            span, delivery.span = delivery.span, None
-            if span is not None:
+    def abandoned(self, started: Started) -> None:
+        for delivery, span in started or ():
+            if delivery.span is span:  # not ended by settled(), nor another worker's since
+                delivery.span = None
                 span.set_attribute("consumer.outcome", "unsettled")
                 span.end()
 

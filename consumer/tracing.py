@@ -23,7 +23,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from consumer.errors import ConfigError
 
@@ -32,9 +32,11 @@ if TYPE_CHECKING:
     from consumer.outcome import Outcome
     from consumer.settle import Settled
 
-__all__ = ["EXPORTERS", "Tracing", "TracingSetup", "exporters_from", "trace_id_of"]
+__all__ = ["EXPORTERS", "Started", "Tracing", "TracingSetup", "exporters_from", "trace_id_of"]
 
 EXPORTERS = ("otlp", "console")
+Started: TypeAlias = "list[tuple[Delivery, Any]] | None"
+"""The spans a worker started, by delivery (None when tracing is off: nothing started)."""
 _PROTOCOL = "http/protobuf"
 
 
@@ -53,14 +55,18 @@ class Tracing:
         # One, reused: entering and leaving it is all a transaction or publish costs when off.
         self._nothing: AbstractContextManager[None] = nullcontext()
 
-    def processing(self, deliveries: Iterable[Delivery], queue: str) -> None:
-        """A span for each of ``deliveries`` taken from ``queue`` (kept on ``delivery.span``)."""
+    def processing(self, deliveries: Iterable[Delivery], queue: str) -> Started:
+        """A span for each of ``deliveries`` taken from ``queue``, kept on ``delivery.span``;
+        what was started, for :meth:`abandoned`."""
+        return None
 
     def settled(self, outcome: Outcome, settled: Settled) -> None:
         """``outcome``'s delivery is settled (or held): its span ends, saying how."""
 
-    def abandoned(self, deliveries: Iterable[Delivery]) -> None:
-        """End the spans still open of ``deliveries`` (their worker stopped on an error)."""
+    def abandoned(self, started: Started) -> None:
+        """End the spans of ``started`` that are still open (their worker stopped on an error,
+        or a shutdown cancelled it), and only those: a held delivery may be another worker's
+        by now, with a span of its own."""
 
     def transaction(self, items: Sequence[Ready]) -> AbstractContextManager[None]:
         """Around one database transaction applying ``items`` (current while it runs)."""

@@ -18,7 +18,7 @@ from consumer.outcome import Failed, Outcome, OutcomeKind
 from consumer.pipeline import Pipeline
 from consumer.report import OutcomeReporter
 from consumer.settle import Settler
-from consumer.tracing import Tracing
+from consumer.tracing import Started, Tracing
 
 __all__ = ["Workers"]
 
@@ -63,11 +63,11 @@ class Workers:
         while True:
             batch = await inbox.next_batch()
             self._enter()
-            live: list[Delivery] = []
+            started: Started = None
             try:
                 async with lane.batch():
                     live = await self._dispatcher.admit(batch)
-                    self._tracing.processing(live, self._queue)
+                    started = self._tracing.processing(live, self._queue)
                     generation = self._dispatcher.state.generation
                     outcomes = await self._pipeline.process(live) if live else []
                 # Settling runs no handler's code: the lane need not wait for it (a copy can wait
@@ -75,7 +75,7 @@ class Workers:
                 if outcomes:
                     await self._settle(outcomes, generation)
             finally:
-                self._tracing.abandoned(live)
+                self._tracing.abandoned(started)
                 self._leave()
 
     async def lane(self) -> None:
@@ -88,13 +88,13 @@ class Workers:
                 async with lane.alone():
                     while (delivery := lane.take()) is not None:
                         for live in await self._dispatcher.admit([delivery]):
-                            self._tracing.processing([live], self._queue)
+                            started = self._tracing.processing([live], self._queue)
                             try:
                                 generation = self._dispatcher.state.generation
                                 outcome = await self._pipeline.process_alone(live)
                                 await self._settle([outcome], generation)
                             finally:
-                                self._tracing.abandoned([live])
+                                self._tracing.abandoned(started)
             finally:
                 self._leave()
 

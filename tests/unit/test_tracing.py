@@ -195,8 +195,8 @@ async def test_a_hostile_traceparent_starts_a_trace_of_its_own(
     (delivery,) = deliveries(RecordingChannel(), 1)
     delivery.headers["traceparent"] = "00-" + "z" * 5000
 
-    tracing.processing([delivery], "svc.work")
-    tracing.abandoned([delivery])
+    started = tracing.processing([delivery], "svc.work")
+    tracing.abandoned(started)
 
     (process,) = _finished(exported, "process")
     assert process.parent is None
@@ -254,3 +254,23 @@ def test_a_failed_transaction_names_the_error_type_and_never_its_message(
     assert transaction.attributes is not None
     assert transaction.attributes["error.type"] == "TransientError"
     assert not transaction.events  # no exception event: no message, no traceback
+
+
+def test_a_worker_ends_only_the_spans_it_started_and_left_open(
+    tracing: OtelTracing, exported: InMemorySpanExporter
+) -> None:
+    # Given a delivery held (its span ended by settled) and taken by another worker since
+    (delivery,) = deliveries(RecordingChannel(), 1)
+    first = tracing.processing([delivery], "svc.work")
+    tracing.settled(Outcome(delivery, Applied(False, NOW)), Settled(None))
+    tracing.processing([delivery], "svc.work")
+    theirs = delivery.span
+
+    # When the first worker's clean-up runs
+    tracing.abandoned(first)
+
+    # Then the other worker's span is still open, on the delivery
+    assert delivery.span is theirs
+    (held,) = _finished(exported, "process")
+    assert held.attributes is not None
+    assert held.attributes["consumer.outcome"] == "held"

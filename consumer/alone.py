@@ -25,6 +25,7 @@ from consumer.guard import Guard, guarded_transaction
 from consumer.judge import Judge, own_fault, raise_if_connection_lost, raise_unless_the_events_fault
 from consumer.outcome import Applied, Failed, Verdict
 from consumer.receipts import Receipts, TransactionLost
+from consumer.tracing import Tracing
 
 __all__ = ["EPOCH", "Alone"]
 
@@ -48,8 +49,10 @@ class Alone:
         caller: HandlerCaller,
         judge: Judge,
         ledger: CrashLedger,
+        tracing: Tracing | None = None,
     ) -> None:
         self._database = database
+        self._tracing = tracing or Tracing()
         self._guard = guard
         self._receipts = receipts
         self._caller = caller
@@ -61,11 +64,12 @@ class Alone:
         try:
             async with self._database.connection() as conn:
                 try:
-                    async with guarded_transaction(conn, within=self._guard.within):
-                        fresh = await self._receipts.insert(conn, item.event)
-                        if fresh:
-                            await self._caller.run(conn, item)
-                        await self._receipts.seal(conn, [item.event] if fresh else [])
+                    with self._tracing.transaction([item]):
+                        async with guarded_transaction(conn, within=self._guard.within):
+                            fresh = await self._receipts.insert(conn, item.event)
+                            if fresh:
+                                await self._caller.run(conn, item)
+                            await self._receipts.seal(conn, [item.event] if fresh else [])
                 except (HandlerEndedTransaction, TransactionLost) as ended:
                     return await self._after_ended_transaction(conn, item, ended)
                 except Exception as error:
@@ -111,11 +115,12 @@ class Alone:
         try:
             async with self._database.connection() as conn:
                 try:
-                    async with guarded_transaction(conn, within=guard.within):
-                        verdict = await self.in_savepoint(conn, item)
-                        await guard.run(conn, self._ledger.clear(conn, event_id))
-                        fresh = [item.event] if _fresh(verdict) else []
-                        await self._receipts.seal(conn, fresh)
+                    with self._tracing.transaction([item]):
+                        async with guarded_transaction(conn, within=guard.within):
+                            verdict = await self.in_savepoint(conn, item)
+                            await guard.run(conn, self._ledger.clear(conn, event_id))
+                            fresh = [item.event] if _fresh(verdict) else []
+                            await self._receipts.seal(conn, fresh)
                 except (HandlerEndedTransaction, TransactionLost) as ended:
                     verdict = await self._after_ended_transaction(conn, item, ended)
                     await guard.run(conn, self._ledger.clear(conn, event_id))

@@ -48,6 +48,7 @@ from consumer.service import Service, ServiceConfig
 from consumer.settings import Settings
 from consumer.settle import Settler
 from consumer.startup import EXIT_CONFIG, EXIT_FAILURE
+from consumer.tracing import Tracing, TracingSetup
 from consumer.watchdog import LoopWatchdog
 from consumer.workers import Workers
 from topology.durations import to_milliseconds
@@ -87,9 +88,11 @@ def build_service(
     *,
     calls: HandlerCalls,
     owner: UUID,
+    tracing: Tracing | None = None,
 ) -> Service:
     """The service, wired: a delivery passes the dispatcher, a worker, the pipeline (prepare,
-    batch engine, handler call) and the settler, in that order."""
+    batch engine, handler call) and the settler, in that order; ``tracing`` follows it through
+    (off by default)."""
     names = names_for(settings)
     database = Database(database_config(settings))
     guard = Guard(database, within=settings.db_stall_timeout.total_seconds())
@@ -104,6 +107,7 @@ def build_service(
         caller=caller,
         judge=judge,
         ledger=ledger,
+        tracing=tracing,
     )
     parser = EnvelopeParser(envelope_limits(settings))
     preparer = Preparer(registry, parser, calls, receipt_window(settings))
@@ -118,12 +122,13 @@ def build_service(
             alone=alone,
             lock_timeout_ms=to_milliseconds(settings.batch_lock_timeout),
             on_conflict=metrics.batch_conflicts.inc,
+            tracing=tracing,
         ),
         alone=alone,
         judge=judge,
         database=database,
     )
-    settler = Settler(names=names, jitter=settings.retry_jitter)
+    settler = Settler(names=names, jitter=settings.retry_jitter, tracing=tracing)
     service: Service | None = None
 
     def window_full() -> bool:
@@ -148,6 +153,8 @@ def build_service(
         settler=settler,
         reporter=OutcomeReporter(logger, metrics, log_payloads=settings.log_payloads),
         on_pause=on_pause,
+        tracing=tracing,
+        queue=names.work,
     )
     service = Service(
         config=ServiceConfig(
@@ -195,36 +202,49 @@ async def serve(
     _on_signals(stop, logger, before_exit)
     calls = HandlerCalls()
     owner = uuid4()
-    service = build_service(settings, registry, logger, metrics, calls=calls, owner=owner)
-    logger.info("starting", settings=settings.describe(), handlers=list(registry))
     try:
-        async with (
-            LoopWatchdog(
-                limit=settings.hard_timeout.total_seconds(),
-                logger=logger,
-                calls=calls,
-                convict=_convicting(settings, owner),
-                before_exit=before_exit,
-            ),
-            HttpServer(
-                build_app(metrics.registry, service.readiness),
-                host=settings.http_host,
-                port=settings.http_port,
-            ),
-        ):
-            logger.info("serving HTTP", host=settings.http_host, port=settings.http_port)
-            await service.run(stop)
-    except OSError as error:
-        return _fatal(
-            logger,
-            f"CONSUMER_HTTP_HOST/CONSUMER_HTTP_PORT: cannot listen on "
-            f"{settings.http_host}:{settings.http_port}: {error.strerror or error}",
-            EXIT_CONFIG,
-        )
+        tracing = TracingSetup.from_environment(settings.name)
     except ConfigError as error:
         return _fatal(logger, str(error), EXIT_CONFIG)
-    except (TopologyMissing, PipelineFault, BrokerUnreachable) as error:
-        return _fatal(logger, str(error), EXIT_FAILURE)
+    # Spans still buffered go out after the service has stopped (a thread waits for them).
+    async with tracing as tracer:
+        if tracing.missing_extra:
+            logger.warning(
+                "tracing is configured (OTEL_*) but the otel extra is not installed: tracing is "
+                "off (pip install 'rabbit-pg-consumer[otel]')"
+            )
+        service = build_service(
+            settings, registry, logger, metrics, calls=calls, owner=owner, tracing=tracer
+        )
+        logger.info("starting", settings=settings.describe(), handlers=list(registry))
+        try:
+            async with (
+                LoopWatchdog(
+                    limit=settings.hard_timeout.total_seconds(),
+                    logger=logger,
+                    calls=calls,
+                    convict=_convicting(settings, owner),
+                    before_exit=before_exit,
+                ),
+                HttpServer(
+                    build_app(metrics.registry, service.readiness),
+                    host=settings.http_host,
+                    port=settings.http_port,
+                ),
+            ):
+                logger.info("serving HTTP", host=settings.http_host, port=settings.http_port)
+                await service.run(stop)
+        except OSError as error:
+            return _fatal(
+                logger,
+                f"CONSUMER_HTTP_HOST/CONSUMER_HTTP_PORT: cannot listen on "
+                f"{settings.http_host}:{settings.http_port}: {error.strerror or error}",
+                EXIT_CONFIG,
+            )
+        except ConfigError as error:
+            return _fatal(logger, str(error), EXIT_CONFIG)
+        except (TopologyMissing, PipelineFault, BrokerUnreachable) as error:
+            return _fatal(logger, str(error), EXIT_FAILURE)
     logger.info("stopped")
     return 0
 

@@ -42,6 +42,7 @@ from consumer.judge import (
 from consumer.outcome import Applied, Failed, Verdict
 from consumer.receipts import Receipts
 from consumer.retry import Return
+from consumer.tracing import Tracing
 
 __all__ = ["BatchEngine"]
 
@@ -88,8 +89,10 @@ class BatchEngine:
         alone: Alone,
         lock_timeout_ms: int,
         on_conflict: Callable[[], object] = lambda: None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._database = database
+        self._tracing = tracing or Tracing()
         self._guard = guard
         self._receipts = receipts
         self._caller = caller
@@ -130,9 +133,11 @@ class BatchEngine:
                 try:
                     found: list[Verdict | None]
                     try:
-                        found = list(await self._optimistically(conn, items))
+                        with self._tracing.transaction(items):
+                            found = list(await self._optimistically(conn, items))
                     except _HandlerFailed as failure:
-                        found = await self._in_savepoints(conn, items, failure, deferred)
+                        with self._tracing.transaction(items):
+                            found = await self._in_savepoints(conn, items, failure, deferred)
                 except Exception as error:
                     raise_if_connection_lost(conn, error)
                     raise

@@ -29,6 +29,7 @@ from consumer.migrations import create_database_if_missing, migrate
 from consumer.producer import PublishRequest, publish_event
 from consumer.settings import Settings
 from consumer.startup import EXIT_CONFIG, fail, load_handlers, load_settings
+from consumer.tracing import TracingSetup
 from consumer.version import __version__
 
 __all__ = ["EXIT_SECOND_SIGNAL", "main"]
@@ -191,7 +192,14 @@ async def _publish(settings: Settings, arguments: argparse.Namespace) -> int:
         occurred_at=arguments.occurred_at,
     )
     try:
-        event_id = await publish_event(broker_config(settings), settings.exchange, request)
+        tracing = TracingSetup.from_environment(settings.name)
+    except ConfigError as error:
+        fail(str(error), EXIT_CONFIG)
+    try:
+        async with tracing as tracer:
+            event_id = await publish_event(
+                broker_config(settings), settings.exchange, request, tracing=tracer
+            )
     except (BrokerUnreachable, ConfigError, PublishFailed) as error:
         fail(str(error))
     print(event_id)

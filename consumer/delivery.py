@@ -38,6 +38,8 @@ class Delivery:
     broke (see :mod:`consumer.crashes`; redelivered ones are applied alone too)."""
     connection_losses: int = 0
     """Times its database connection broke while it was applied alone, in a row."""
+    span: Any = None
+    """Its processing span while a worker has it, when tracing is on (:mod:`consumer.tracing`)."""
 
     @property
     def body(self) -> bytes:

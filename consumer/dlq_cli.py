@@ -23,10 +23,11 @@ from consumer.dlq import (
 )
 from consumer.durations import parse_duration
 from consumer.envelope import EnvelopeParser, one_line
-from consumer.errors import BrokerUnreachable
+from consumer.errors import BrokerUnreachable, ConfigError
 from consumer.publisher import Publisher
 from consumer.settings import Settings
 from consumer.startup import EXIT_CONFIG, fail, load_handlers
+from consumer.tracing import TracingSetup
 
 __all__ = ["add_dlq_parser", "confirmed", "run_dlq", "shown"]
 
@@ -109,6 +110,8 @@ def run_dlq(settings: Settings, arguments: argparse.Namespace) -> int:
         return asyncio.run(_run(settings, arguments))
     except BrokerUnreachable as error:
         fail(str(error))
+    except ConfigError as error:  # an OTEL_* value tracing cannot honour
+        fail(str(error), EXIT_CONFIG)
     except aiormq.exceptions.ChannelNotFoundEntity:
         fail(f"{names_for(settings).dead} does not exist: run `consumer topology apply`")
     except aiormq.exceptions.ChannelAccessRefused as error:
@@ -165,10 +168,14 @@ async def _run(settings: Settings, arguments: argparse.Namespace) -> int:
                 print(f"{len(chosen)} of {len(letters)} would be replayed")
                 return 0
             channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-            publisher = await Publisher.on(channel, confirm_within=settings.publish_timeout)
-            result = await replay(
-                dead, chosen, publisher, exchange=settings.exchange, force=arguments.force
-            )
+            # Each replay carries on the dead letter's trace (consumer.tracing).
+            async with TracingSetup.from_environment(settings.name) as tracing:
+                publisher = await Publisher.on(
+                    channel, confirm_within=settings.publish_timeout, tracing=tracing
+                )
+                result = await replay(
+                    dead, chosen, publisher, exchange=settings.exchange, force=arguments.force
+                )
             for letter in result.replayed:
                 print(f"replayed {shown(letter.id)} -> {shown(letter.type)}")
             for letter, error in result.failed:

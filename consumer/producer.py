@@ -13,6 +13,7 @@ from pamqp.commands import Basic
 from consumer.amqp import BrokerConfig, connect
 from consumer.errors import ConfigError, Unroutable
 from consumer.publisher import PERSISTENT, Publisher
+from consumer.tracing import Tracing
 
 __all__ = ["PublishRequest", "envelope_body", "event_properties", "publish_event"]
 
@@ -56,8 +57,16 @@ def event_properties(*, message_id: str | None = None) -> Basic.Properties:
     )
 
 
-async def publish_event(broker: BrokerConfig, exchange: str, request: PublishRequest) -> uuid.UUID:
-    """Publish one event to ``exchange`` (the ingress) and wait for the confirm; its event id."""
+async def publish_event(
+    broker: BrokerConfig,
+    exchange: str,
+    request: PublishRequest,
+    *,
+    tracing: Tracing | None = None,
+) -> uuid.UUID:
+    """Publish one event to ``exchange`` (the ingress) and wait for the confirm; its event id.
+
+    With ``tracing`` on, the publish starts a trace (its ``traceparent`` goes with the event)."""
     event_id = request.event_id or uuid.uuid4()
     if request.raw_body is not None:
         body = request.raw_body
@@ -73,7 +82,7 @@ async def publish_event(broker: BrokerConfig, exchange: str, request: PublishReq
     try:
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         publisher = await Publisher.on(
-            channel, confirm_within=timedelta(seconds=broker.publish_timeout)
+            channel, confirm_within=timedelta(seconds=broker.publish_timeout), tracing=tracing
         )
         try:
             await publisher.publish(

@@ -12,6 +12,7 @@ from pamqp.commands import Basic
 
 from consumer.amqp import describe_amqp_error
 from consumer.errors import PublishFailed, Unroutable
+from consumer.tracing import Tracing
 from topology.durations import to_milliseconds
 
 __all__ = ["PERSISTENT", "Publisher", "copy_properties"]
@@ -56,14 +57,23 @@ class Publisher:
     would land after a timeout anyway, beside the original it was meant to replace.
     """
 
-    def __init__(self, channel: Any, *, timeout: timedelta) -> None:
+    def __init__(self, channel: Any, *, timeout: timedelta, tracing: Tracing | None = None) -> None:
+        """``tracing``: each publish in a span of its own, its context in the message (the
+        tools: ``consumer publish`` starts a trace, ``dlq replay`` carries the letter's on)."""
         self._channel = channel
         self._timeout = timeout.total_seconds()
+        self._tracing = tracing or Tracing()
 
     @classmethod
-    async def on(cls, channel: AbstractChannel, *, confirm_within: timedelta) -> Publisher:
+    async def on(
+        cls,
+        channel: AbstractChannel,
+        *,
+        confirm_within: timedelta,
+        tracing: Tracing | None = None,
+    ) -> Publisher:
         """A publisher on an aio-pika channel opened with ``publisher_confirms=True``."""
-        return cls(await channel.get_underlay_channel(), timeout=confirm_within)
+        return cls(await channel.get_underlay_channel(), timeout=confirm_within, tracing=tracing)
 
     @property
     def is_open(self) -> bool:
@@ -73,6 +83,22 @@ class Publisher:
         self, body: bytes, properties: Basic.Properties, *, exchange: str, routing_key: str
     ) -> None:
         """Publish and wait for the confirm; raise :class:`PublishFailed` otherwise."""
+        if self._tracing.enabled:
+            if properties.headers is None:
+                properties.headers = {}
+            with self._tracing.sending(
+                properties.headers,
+                exchange=exchange,
+                routing_key=routing_key,
+                message_id=properties.message_id,
+            ):
+                await self._publish(body, properties, exchange=exchange, routing_key=routing_key)
+            return
+        await self._publish(body, properties, exchange=exchange, routing_key=routing_key)
+
+    async def _publish(
+        self, body: bytes, properties: Basic.Properties, *, exchange: str, routing_key: str
+    ) -> None:
         sending = asyncio.ensure_future(
             self._channel.basic_publish(
                 body,

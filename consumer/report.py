@@ -15,6 +15,7 @@ from consumer.metrics import Metrics
 from consumer.outcome import Applied, Failed, Outcome, OutcomeKind, Rejected
 from consumer.retry import DeadLetter, Retry
 from consumer.settle import Settled
+from consumer.tracing import trace_id_of
 from topology.names import rung_label
 
 __all__ = ["OutcomeReporter"]
@@ -46,6 +47,10 @@ class OutcomeReporter:
             "outcome": settled.kind.value,
             "duration_ms": round((time.monotonic() - delivery.received_at) * 1000, 2),
         }
+        if event is not None and event.correlation_id is not None:
+            fields["correlation_id"] = event.correlation_id
+        if delivery.span is not None:
+            fields["trace_id"] = trace_id_of(delivery.span)
         if outcome.handler_seconds is not None:
             metrics.observe_handler(type_label, outcome.handler_seconds)
             fields["handler_ms"] = round(outcome.handler_seconds * 1000, 2)

@@ -39,6 +39,7 @@ from consumer.outcome import (
 )
 from consumer.publisher import Publisher, copy_properties
 from consumer.retry import DeadLetter, Retry, jittered_expiration
+from consumer.tracing import Tracing
 from topology.names import Names, rung_label
 
 __all__ = ["Settled", "Settler"]
@@ -77,8 +78,10 @@ class Settler:
         jitter: float = 0.0,
         rng: random.Random | None = None,
         publish_failure_pause: float = 1.0,
+        tracing: Tracing | None = None,
     ) -> None:
         self._names = names
+        self._tracing = tracing or Tracing()
         self._jitter = jitter
         self._publish_failure_pause = publish_failure_pause
         self._rng = rng or random.Random()
@@ -162,9 +165,17 @@ class Settler:
 
     async def _published(self, delivery: Delivery, properties: Any, exchange: str) -> None:
         assert self.publisher is not None
-        await self.publisher.publish(
-            delivery.body, properties, exchange=exchange, routing_key=delivery.routing_key
-        )
+        # The copy carries on the trace from this delivery's span (its traceparent replaced).
+        with self._tracing.sending(
+            properties.headers,
+            exchange=exchange,
+            routing_key=delivery.routing_key,
+            message_id=delivery.message_id,
+            parent=delivery.span,
+        ):
+            await self.publisher.publish(
+                delivery.body, properties, exchange=exchange, routing_key=delivery.routing_key
+            )
 
     async def _publish_poison(self, delivery: Delivery, rejected: Rejected) -> None:
         poison = rejected.poison

@@ -18,6 +18,7 @@ from consumer.outcome import Failed, Outcome, OutcomeKind
 from consumer.pipeline import Pipeline
 from consumer.report import OutcomeReporter
 from consumer.settle import Settler
+from consumer.tracing import Started, Tracing
 
 __all__ = ["Workers"]
 
@@ -34,8 +35,13 @@ class Workers:
         settler: Settler,
         reporter: OutcomeReporter,
         on_pause: Callable[[BaseException], None],
+        tracing: Tracing | None = None,
+        queue: str = "",
     ) -> None:
+        """``queue``: the work queue the deliveries come from (the name their spans give)."""
         self._dispatcher = dispatcher
+        self._tracing = tracing or Tracing()
+        self._queue = queue
         self._pipeline = pipeline
         self._settler = settler
         self._reporter = reporter
@@ -57,9 +63,11 @@ class Workers:
         while True:
             batch = await inbox.next_batch()
             self._enter()
+            started: Started = None
             try:
                 async with lane.batch():
                     live = await self._dispatcher.admit(batch)
+                    started = self._tracing.processing(live, self._queue)
                     generation = self._dispatcher.state.generation
                     outcomes = await self._pipeline.process(live) if live else []
                 # Settling runs no handler's code: the lane need not wait for it (a copy can wait
@@ -67,6 +75,7 @@ class Workers:
                 if outcomes:
                     await self._settle(outcomes, generation)
             finally:
+                self._tracing.abandoned(started)
                 self._leave()
 
     async def lane(self) -> None:
@@ -79,9 +88,13 @@ class Workers:
                 async with lane.alone():
                     while (delivery := lane.take()) is not None:
                         for live in await self._dispatcher.admit([delivery]):
-                            generation = self._dispatcher.state.generation
-                            outcome = await self._pipeline.process_alone(live)
-                            await self._settle([outcome], generation)
+                            started = self._tracing.processing([live], self._queue)
+                            try:
+                                generation = self._dispatcher.state.generation
+                                outcome = await self._pipeline.process_alone(live)
+                                await self._settle([outcome], generation)
+                            finally:
+                                self._tracing.abandoned(started)
             finally:
                 self._leave()
 
@@ -90,6 +103,7 @@ class Workers:
         settled = await asyncio.shield(self._settler.settle(outcomes))
         for outcome, result in zip(outcomes, settled, strict=True):
             if result.held:
+                self._tracing.settled(outcome, result)
                 # Not settled: it waits for the database, no attempt counted.
                 verdict = outcome.verdict
                 assert isinstance(verdict, Failed)
@@ -98,6 +112,7 @@ class Workers:
                 await self._dispatcher.place(outcome.delivery)
                 continue
             self._reporter.report(outcome, result)
+            self._tracing.settled(outcome, result)
             if result.kind is OutcomeKind.DEAD_LETTERED and not result.channel_gone:
                 await self._pipeline.dead_lettered(outcome)
 

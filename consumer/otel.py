@@ -1,0 +1,272 @@
+"""Tracing with OpenTelemetry (the ``otel`` extra): spans after the messaging conventions.
+
+Internal; imported only by :class:`consumer.tracing.TracingSetup`, and only when tracing is asked
+for. One trace follows an event from its producer to its commit::
+
+    publish <exchange>   PRODUCER (the producer; `consumer publish`)
+      process <queue>    CONSUMER, one per delivery, the producer's traceparent its parent
+        transaction      INTERNAL, the receipt and the handler's effect
+        publish <retry>  PRODUCER, the retry copy, which carries this span's context on
+          process <queue>  the retried delivery, and so on to its commit or the dead letter
+
+A batch shares one transaction: its span is a child of the first event's span and links to every
+other's. Attributes follow the OpenTelemetry messaging conventions for RabbitMQ
+(``messaging.destination.name`` is the exchange).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    Tracer,
+    TraceState,
+    set_span_in_context,
+    set_tracer_provider,
+    use_span,
+)
+
+from consumer.errors import error_name
+from consumer.headers import attempts_so_far
+from consumer.outcome import Applied, Failed, Rejected
+from consumer.traceparent import (
+    TRACEPARENT,
+    TRACESTATE,
+    format_traceparent,
+    read_traceparent,
+    read_tracestate,
+)
+from consumer.tracing import Started, Tracing
+from consumer.version import __version__
+
+if TYPE_CHECKING:
+    from consumer.delivery import Delivery, Ready
+    from consumer.outcome import Outcome
+    from consumer.settle import Settled
+
+__all__ = ["OtelTracing"]
+
+_RABBITMQ = "rabbitmq"
+_NO_PARENT = Context()  # never an ambient span: a trace starts here or in the message
+
+
+def _remote_parent(headers: Mapping[str, Any] | None) -> Context:
+    """The context ``headers`` carry (``traceparent``, ``tracestate``), or none if not valid."""
+    parent = read_traceparent(headers)
+    if parent is None:
+        return _NO_PARENT
+    members = read_tracestate(headers)
+    pairs = [member.split("=", 1) for member in members or ()]
+    state = TraceState([(key, value) for key, value in pairs]) if pairs else None
+    context = SpanContext(
+        parent.trace_id,
+        parent.span_id,
+        is_remote=True,
+        trace_flags=TraceFlags(parent.flags),
+        trace_state=state,
+    )
+    return set_span_in_context(NonRecordingSpan(context))
+
+
+def _inject(span: Span, headers: dict[str, Any]) -> None:
+    context = span.get_span_context()
+    headers[TRACEPARENT] = format_traceparent(
+        context.trace_id, context.span_id, context.trace_flags
+    )
+    state = context.trace_state.to_header() if context.trace_state else ""
+    if state:
+        headers[TRACESTATE] = state
+    else:
+        headers.pop(TRACESTATE, None)
+
+
+class OtelTracing(Tracing):
+    """Tracing on: see the module docstring for the spans."""
+
+    enabled = True
+
+    def __init__(self, tracer: Tracer, provider: TracerProvider | None = None) -> None:
+        super().__init__()
+        self._tracer = tracer
+        self._provider = provider
+
+    @classmethod
+    def exporting(cls, service: str, exporters: Sequence[str]) -> OtelTracing:
+        """A tracer whose spans go, in batches, to ``exporters`` (``otlp``, ``console``).
+
+        Its provider is also OpenTelemetry's global one (the first a process sets; a later one
+        is refused with a warning): the libraries a handler calls, if instrumented, trace into
+        the same pipeline, as children of the transaction's span."""
+        attributes: dict[str, Any] = {}
+        named = os.environ.get("OTEL_SERVICE_NAME") or "service.name=" in os.environ.get(
+            "OTEL_RESOURCE_ATTRIBUTES", ""
+        )
+        if not named:
+            attributes[SERVICE_NAME] = service
+        # Not registered with atexit: TracingSetup shuts it down, once, where it is opened.
+        provider = TracerProvider(resource=Resource.create(attributes), shutdown_on_exit=False)
+        for name in exporters:
+            exporter: SpanExporter
+            if name == "otlp":
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+                    OTLPSpanExporter,
+                )
+
+                exporter = OTLPSpanExporter()
+            else:
+                # stderr: stdout is the service's JSON log lines.
+                exporter = ConsoleSpanExporter(out=sys.stderr)
+            provider.add_span_processor(BatchSpanProcessor(exporter))
+        set_tracer_provider(provider)
+        return cls(provider.get_tracer("rabbit-pg-consumer", __version__), provider)
+
+    def close(self) -> None:
+        if self._provider is not None:
+            self._provider.shutdown()
+            self._provider = None
+
+    # -- deliveries ---------------------------------------------------------------------------
+
+    def processing(self, deliveries: Iterable[Delivery], queue: str) -> Started:
+        name = f"process {queue}"
+        started: list[tuple[Delivery, Any]] = []
+        for delivery in deliveries:
+            attributes: dict[str, Any] = {
+                "messaging.system": _RABBITMQ,
+                "messaging.operation.type": "process",
+                "messaging.operation.name": "process",
+                "messaging.destination.name": delivery.exchange,
+                "messaging.destination.subscription.name": queue,
+                "messaging.rabbitmq.destination.routing_key": delivery.routing_key,
+                "messaging.rabbitmq.message.delivery_tag": delivery.delivery_tag,
+                "messaging.message.body.size": len(delivery.body),
+                "consumer.attempt": attempts_so_far(delivery.headers),
+            }
+            if delivery.message_id is not None:
+                attributes["messaging.message.id"] = delivery.message_id
+            delivery.span = self._tracer.start_span(
+                name,
+                context=_remote_parent(delivery.headers),
+                kind=SpanKind.CONSUMER,
+                attributes=attributes,
+            )
+            started.append((delivery, delivery.span))
+        return started
+
+    def settled(self, outcome: Outcome, settled: Settled) -> None:
+        span = outcome.delivery.span
+        if span is None:
+            return
+        outcome.delivery.span = None
+        event, verdict = outcome.event, outcome.verdict
+        if event is not None:
+            span.set_attribute("consumer.event_id", str(event.event_id))
+            span.set_attribute("consumer.event_type", event.type)
+            if event.correlation_id is not None:
+                span.set_attribute("messaging.message.conversation_id", event.correlation_id)
+        span.set_attribute("consumer.outcome", settled.kind.value if settled.kind else "held")
+        if isinstance(verdict, Failed):
+            span.set_attribute("error.type", error_name(verdict.error))
+            span.set_status(Status(StatusCode.ERROR, error_name(verdict.error)))
+        elif isinstance(verdict, Rejected):
+            span.set_attribute("error.type", verdict.poison.reason.value)
+            span.set_status(Status(StatusCode.ERROR, verdict.poison.reason.value))
+        elif isinstance(verdict, Applied) and settled.kind is not None:
+            span.set_status(Status(StatusCode.OK))
+        span.end()
+
+    def abandoned(self, started: Started) -> None:
+        for delivery, span in started or ():
+            if delivery.span is span:  # not ended by settled(), nor another worker's since
+                delivery.span = None
+                span.set_attribute("consumer.outcome", "unsettled")
+                span.end()
+
+    # -- inside a delivery's span -------------------------------------------------------------
+
+    def transaction(self, items: Sequence[Ready]) -> AbstractContextManager[None]:
+        return self._transaction(items)
+
+    @contextmanager
+    def _transaction(self, items: Sequence[Ready]) -> Iterator[None]:
+        spans = [item.delivery.span for item in items if item.delivery.span is not None]
+        attributes: dict[str, Any] = {"db.system.name": "postgresql"}
+        if len(items) > 1:
+            attributes["messaging.batch.message_count"] = len(items)
+        span = self._tracer.start_span(
+            "transaction",
+            context=set_span_in_context(spans[0]) if spans else None,
+            kind=SpanKind.INTERNAL,
+            links=[Link(span.get_span_context()) for span in spans[1:]],
+            attributes=attributes,
+        )
+        # Current while it runs: a handler's own instrumented calls become its children.
+        with _failing_by_type(span):
+            yield
+
+    def sending(
+        self,
+        headers: dict[str, Any],
+        *,
+        exchange: str,
+        routing_key: str,
+        message_id: str | None = None,
+        parent: Any = None,
+    ) -> AbstractContextManager[None]:
+        return self._sending(headers, exchange, routing_key, message_id, parent)
+
+    @contextmanager
+    def _sending(
+        self,
+        headers: dict[str, Any],
+        exchange: str,
+        routing_key: str,
+        message_id: str | None,
+        parent: Span | None,
+    ) -> Iterator[None]:
+        context = set_span_in_context(parent) if parent is not None else _remote_parent(headers)
+        attributes: dict[str, Any] = {
+            "messaging.system": _RABBITMQ,
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "publish",
+            "messaging.destination.name": exchange,
+            "messaging.rabbitmq.destination.routing_key": routing_key,
+        }
+        if message_id is not None:
+            attributes["messaging.message.id"] = message_id
+        span = self._tracer.start_span(
+            f"publish {exchange}", context=context, kind=SpanKind.PRODUCER, attributes=attributes
+        )
+        _inject(span, headers)
+        with _failing_by_type(span):
+            yield
+
+
+@contextmanager
+def _failing_by_type(span: Span) -> Iterator[None]:
+    """``span`` current, then ended; an exception sets its status by the error's type alone.
+    Not the message, nor a traceback (the SDK's default): a handler's error can quote the
+    payload, a driver's a URL, and spans leave the process without the logs' scrubbing."""
+    with use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
+        try:
+            yield
+        except BaseException as error:
+            span.set_attribute("error.type", error_name(error))
+            span.set_status(Status(StatusCode.ERROR, error_name(error)))
+            raise

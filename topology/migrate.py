@@ -26,6 +26,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMe
 from topology.apply import find_conflicts, missing
 from topology.migration_plan import Bind, Declare, Delete, MigrationPlan, Move, Step, Unbind
 from topology.model import Queue, Topology
+from topology.names import RETRY_RUNG
 
 __all__ = ["MigrationConflict", "MigrationReport", "StepResult", "run_migration"]
 
@@ -151,9 +152,12 @@ class _Runner:
 
     def _copy(self, message: AbstractIncomingMessage, step: Move) -> aio_pika.Message:
         headers = self._rewrite(message) if step.from_work else dict(message.headers or {})
+        headers = _without_broker_headers(headers)
+        if step.rung is not None:
+            headers[RETRY_RUNG] = step.rung
         return aio_pika.Message(
             message.body,
-            headers=_without_broker_headers(headers),
+            headers=headers,
             content_type=message.content_type,
             content_encoding=message.content_encoding,
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
@@ -176,11 +180,7 @@ class _Runner:
         put = await self._channel(confirms=True)
         try:
             source = await take.get_queue(step.source, ensure=False)
-            target = (
-                await put.get_exchange(step.exchange, ensure=False)
-                if step.exchange
-                else put.default_exchange
-            )
+            target = await put.get_exchange(step.exchange, ensure=False)
             moved = 0
             while True:
                 batch: list[AbstractIncomingMessage] = []
@@ -197,7 +197,7 @@ class _Runner:
                     *(
                         target.publish(
                             self._copy(message, step),
-                            step.routing_key or message.routing_key or "",
+                            message.routing_key or "",
                             mandatory=True,
                             timeout=self._confirm_timeout,
                         )

@@ -75,20 +75,22 @@ class Unbind:
 
 @dataclass(frozen=True, slots=True)
 class Move:
-    """Every message of ``source``, each copy confirmed before its original is acked.
+    """Every message of ``source`` to ``exchange``, each copy confirmed before its original is
+    acked, with its own routing key, and the header :data:`~topology.names.RETRY_RUNG` set to
+    ``rung`` when given (the retry exchange routes on it). ``from_work``: the source is a work
+    queue, whose messages are not all the service's own (see :mod:`topology.migrate`).
 
-    ``exchange`` and ``routing_key`` say where a copy goes (``routing_key`` ``None``: the
-    message's own). ``from_work``: the source is a work queue, whose messages are not all the
-    service's own (see :mod:`topology.migrate` on the headers of a copy)."""
+    Never through the default exchange: the least-privileged bootstrap user may write only to
+    the service's own exchanges."""
 
     source: str
     exchange: str
-    routing_key: str | None
+    rung: str | None
     from_work: bool
 
     def describe(self) -> str:
-        target = f"exchange {self.exchange}" if self.exchange else f"queue {self.routing_key}"
-        return f"move the messages of {self.source} to {target}"
+        to = f"rung {self.rung} through" if self.rung else "exchange"
+        return f"move the messages of {self.source} to {to} {self.exchange}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +191,7 @@ def plan_migration(old: TopologySpec, new: TopologySpec) -> MigrationPlan:
             moves.append(Move(names.rung(delay), names.redeliver, None, from_work=False))
         else:
             steps.append(Bind(_rung_binding(names.retry, names.rung(target), delay)))
-            moves.append(Move(names.rung(delay), "", names.rung(target), from_work=False))
+            moves.append(Move(names.rung(delay), names.retry, rung_label(target), from_work=False))
     steps += [Unbind(b) for b in old_plan.bindings if _key(b) not in new_bindings]
     steps += moves
     old_work = old.names.work

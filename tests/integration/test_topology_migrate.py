@@ -34,6 +34,7 @@ from tests.support import (
 )
 from topology.migrate import run_migration
 from topology.migration_plan import MigrationPlan, Move, plan_migration
+from topology.names import RETRY_RUNG
 
 NEW = {"retry_delays": "200ms,1s", "delivery_limit": "30", "work_queue_version": "2"}
 FROM = (
@@ -268,3 +269,92 @@ async def test_a_new_delivery_limit_without_a_new_work_queue_is_refused(env: Tes
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1, result.stderr
     assert "set CONSUMER_WORK_QUEUE_VERSION=2" in result.stderr
+
+
+async def test_with_no_ladder_left_waiting_and_late_retries_go_straight_back_to_work(
+    env: TestEnv,
+) -> None:
+    # Given a retry copy waiting in the 800ms rung, as the service writes them
+    await _prepare(env)
+    waiting = uuid.uuid4()
+    body = envelope_body(
+        "test.behave", behave("w"), event_id=waiting, occurred_at=datetime.now(UTC)
+    )
+    retry_headers = {"consumer-attempt": 2, RETRY_RUNG: "800ms"}
+    async with env.producer() as producer:
+        await producer.send_raw(
+            body, "test.behave", headers=retry_headers, exchange=env.names.retry
+        )
+    no_ladder = {"retry_delays": "none"}
+
+    # When the ladder goes
+    result = run_cli(
+        "consumer", "topology", "migrate", *FROM[:1], env=env.env(**no_ladder), timeout=120
+    )
+
+    # Then the rungs are gone, the waiting copy is in the work queue, and a retry an old replica
+    # still publishes for a rung is routed there too
+    assert result.returncode == 0, result.stdout + result.stderr
+    rungs = [f"{env.name}.retry.{label}" for label in ("200ms", "400ms", "800ms")]
+    assert await _exist(env, rungs) == [False, False, False]
+    assert await queue_depth(env.amqp_url, env.names.work) == 1
+    async with env.producer() as producer:
+        await producer.send_raw(
+            body, "test.behave", headers=retry_headers, exchange=env.names.retry
+        )
+    await wait_until(
+        lambda: _depth_is(env, env.names.work, 2), timeout=10, what="the late retry in work"
+    )
+    service = await ServiceProcess(env, **no_ladder).start().wait_ready()
+    await wait_until(lambda: _effects_at_least(env, 1), what="the retried event")
+    await service.wait_idle()
+    await assert_applied_once(env.database_url, [waiting])
+    assert await queue_depth(env.amqp_url, env.names.dead) == 0
+
+
+async def _depth_is(env: TestEnv, queue: str, depth: int) -> bool:
+    return await queue_depth(env.amqp_url, queue) == depth
+
+
+async def test_the_bootstrap_users_permissions_are_enough(env: TestEnv) -> None:
+    # Given the least-privileged bootstrap user (deploy/rabbitmq/users.sh: the service's names
+    # and the ingress exchange, nothing else; not the default exchange), a retry copy waiting in
+    # an hour-long rung that leaves, and events in the old work queue
+    await env.apply_topology(retry_delays="200ms,1h")
+    new = {"retry_delays": "200ms", "delivery_limit": "30", "work_queue_version": "2"}
+    env.topologies.append(env.topology(**new))
+    user, owned = f"{env.name}-bootstrap", f"^({env.name}\\..*|{env.name}\\.events)$"
+    await rabbitmqctl("add_user", user, "secret")
+    try:
+        await rabbitmqctl("set_permissions", "-p", "/", user, owned, owned, owned)
+        async with env.producer() as producer:
+            await producer.send_many(restocks(10))
+            body = envelope_body(
+                "test.behave", behave("r"), event_id=uuid.uuid4(), occurred_at=datetime.now(UTC)
+            )
+            headers = {"consumer-attempt": 2, RETRY_RUNG: "1h"}
+            await producer.send_raw(body, "test.behave", headers=headers, exchange=env.names.retry)
+        assert await queue_depth(env.amqp_url, f"{env.name}.retry.1h") == 1
+        url = env.amqp_url.replace("guest:guest@", f"{user}:secret@")
+
+        # When it migrates
+        result = run_cli(
+            "consumer",
+            "topology",
+            "migrate",
+            "--from-retry-delays=200ms,1h",
+            "--from-delivery-limit=20",
+            "--from-work-queue-version=1",
+            env=env.env(amqp_url=url, **new),
+        )
+    finally:
+        await rabbitmqctl("delete_user", user)
+
+    # Then everything moved: the rung's copy through the retry exchange to the 200ms rung, and
+    # from there (expired) to the new work queue with the rest
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not await queue_exists(env.amqp_url, f"{env.name}.retry.1h")
+    assert not await queue_exists(env.amqp_url, env.names.work)
+    await wait_until(
+        lambda: _depth_is(env, f"{env.name}.work.v2", 11), timeout=10, what="11 in work.v2"
+    )

@@ -58,8 +58,8 @@ def test_a_new_ladder_adds_rungs_redirects_leaving_labels_and_keeps_the_work_que
 
     assert [step.queue.name for step in kinds(plan, Declare)] == ["svc.retry.1s"]
     assert kinds(plan, Move) == [
-        Move("svc.retry.400ms", "", "svc.retry.200ms", from_work=False),
-        Move("svc.retry.800ms", "", "svc.retry.200ms", from_work=False),
+        Move("svc.retry.400ms", "svc.retry", "200ms", from_work=False),
+        Move("svc.retry.800ms", "svc.retry", "200ms", from_work=False),
     ]
     assert kinds(plan, Delete) == [
         Delete("svc.retry.400ms", unused=False),

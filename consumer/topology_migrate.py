@@ -24,7 +24,13 @@ from consumer.durations import parse_duration
 from consumer.errors import BrokerUnreachable
 from consumer.settings import Settings
 from consumer.startup import EXIT_CONFIG, fail, load_handlers
-from topology.migrate import MigrationConflict, MigrationReport, StepResult, run_migration
+from topology.migrate import (
+    MigrationConflict,
+    MigrationReport,
+    MoveFailed,
+    StepResult,
+    run_migration,
+)
 from topology.migration_plan import MigrationPlan, MigrationRefused, plan_migration
 from topology.names import Names
 
@@ -46,7 +52,8 @@ def add_migrate_parser(actions: Any) -> None:
     migrate = actions.add_parser(
         "migrate",
         help="move to the plan of the current settings from the one of the --from settings",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        description="Move an install from the plan of its old settings (--from-*) to the plan "
+        "of the current ones, while the consumers run, losing no message.",
     )
     migrate.add_argument("--from-retry-delays", metavar="DELAYS", help="the old ladder")
     migrate.add_argument("--from-delivery-limit", metavar="N", help="the old delivery limit")
@@ -147,10 +154,14 @@ def run_migrate(settings: Settings, arguments: argparse.Namespace) -> int:
         )
     except MigrationConflict as error:
         fail(f"{error}: nothing past this step was done")
+    except MoveFailed as error:
+        fail(f"{error}: run the migration again to resume it")
     except BrokerUnreachable as error:
         fail(str(error))
     except aiormq.exceptions.ChannelAccessRefused as error:
-        fail(f"RabbitMQ refused: {describe_amqp_error(error)} (the bootstrap user needs configure)")
+        fail(f"RabbitMQ refused: {describe_amqp_error(error)} (run it as the bootstrap user)")
+    except (aiormq.exceptions.AMQPError, ConnectionError, TimeoutError) as error:
+        fail(f"lost RabbitMQ: {describe_amqp_error(error)}: run the migration again to resume it")
     if report.pending is not None:
         print(f"pending: {report.pending}", flush=True)
         return EXIT_PENDING

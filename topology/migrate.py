@@ -28,7 +28,7 @@ from topology.migration_plan import Bind, Declare, Delete, MigrationPlan, Move, 
 from topology.model import Queue, Topology
 from topology.names import RETRY_RUNG
 
-__all__ = ["MigrationConflict", "MigrationReport", "StepResult", "run_migration"]
+__all__ = ["MigrationConflict", "MigrationReport", "MoveFailed", "StepResult", "run_migration"]
 
 HeaderRewrite = Callable[[AbstractIncomingMessage], dict[str, Any]]
 """The headers a copy moved out of a work queue carries (the service decides which it trusts)."""
@@ -39,6 +39,10 @@ _POLL_SECONDS = 1.0
 
 class MigrationConflict(RuntimeError):
     """A queue the new plan declares exists with other arguments."""
+
+
+class MoveFailed(RuntimeError):
+    """A copy was refused, returned or not confirmed in time: its original stays where it was."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,9 +195,7 @@ class _Runner:
                     batch.append(message)
                 if not batch:
                     return f"moved {moved}"
-                # Any copy refused or returned raises: closing the channel then gives back every
-                # original not yet acked, to be moved again by the next run.
-                await asyncio.gather(
+                outcomes = await asyncio.gather(
                     *(
                         target.publish(
                             self._copy(message, step),
@@ -202,8 +204,17 @@ class _Runner:
                             timeout=self._confirm_timeout,
                         )
                         for message in batch
-                    )
+                    ),
+                    return_exceptions=True,
                 )
+                failed = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+                if failed:
+                    # Closing the channel gives back every original not yet acked, to be moved
+                    # again by the next run (those whose copy was confirmed, a second time).
+                    raise MoveFailed(
+                        f"{len(failed)} copies from {step.source} to {step.exchange} were not "
+                        f"confirmed ({type(failed[0]).__name__}: {failed[0]})"
+                    ) from failed[0]
                 for message in batch:
                     await message.ack()
                 moved += len(batch)

@@ -78,15 +78,25 @@ async def test_a_new_ladder_and_delivery_limit_under_load_lose_and_repeat_nothin
     # Given a service on the old settings, under load: restocks, and events that fail twice
     # (so the ladder, leaving rungs included, holds some of them while the migration runs)
     await _prepare(env)
-    old = await ServiceProcess(env, label="old").start().wait_ready()
-    events = restocks(3000)
+    # (a small window, so that a backlog builds: the move and the old consumer share it)
+    old = ServiceProcess(env, label="old", prefetch="10", db_pool_size="1")
+    await old.start().wait_ready()
+    events: list[Event] = []
     flaky = [("test.behave", behave(f"k{i}", fail_transient=2), uuid.uuid4()) for i in range(200)]
+    stop = asyncio.Event()
 
     async def load() -> None:
+        # Paced, and on until the replicas have rolled over: events are published while the
+        # bindings move, not only before; the flaky ones among them fill the ladder meanwhile.
         async with env.producer() as producer:
-            await producer.send_many(flaky[:100])
-            await producer.send_many(events)
-            await producer.send_many(flaky[100:])
+            for number in range(10**6):
+                if stop.is_set() and len(events) >= 3000:
+                    break
+                chunk = restocks(100)
+                await producer.send_many([*chunk, *flaky[number * 5 : number * 5 + 5]])
+                events.extend(chunk)
+                await asyncio.sleep(0.1)
+            await producer.send_many(flaky[number * 5 :])  # those the last turn did not send
 
     publishing = asyncio.create_task(load())
     await wait_until(lambda: movements_at_least(env.database_url, 300), what="the load to start")
@@ -105,6 +115,7 @@ async def test_a_new_ladder_and_delivery_limit_under_load_lose_and_repeat_nothin
     new = ServiceProcess(env, label="new", http_port=str(free_port()), **NEW)
     await new.start().wait_ready()
     assert await old.stop() == 0
+    stop.set()
     await publishing
     second = await asyncio.to_thread(
         run_cli, "consumer", *_migrate(env, "--wait=60s"), env=env.env(**NEW), timeout=120

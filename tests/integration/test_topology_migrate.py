@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import subprocess
+import sys
 import uuid
 from datetime import UTC, datetime
 
@@ -368,4 +371,50 @@ async def test_the_bootstrap_users_permissions_are_enough(env: TestEnv) -> None:
     assert not await queue_exists(env.amqp_url, env.names.work)
     await wait_until(
         lambda: _depth_is(env, f"{env.name}.work.v2", 11), timeout=10, what="11 in work.v2"
+    )
+
+
+async def test_a_migration_killed_while_moving_resumes_and_applies_each_event_once(
+    env: TestEnv,
+) -> None:
+    # Given a backlog in the old work queue and a migration killed (SIGKILL) while moving it:
+    # some copies confirmed whose originals were never acked
+    await _prepare(env)
+    events = restocks(5000)
+    async with env.producer() as producer:
+        await producer.send_many(events)
+    command = [sys.executable, "-m", "consumer", *_migrate(env)]
+    migration = subprocess.Popen(command, env=env.env(**NEW), stdout=subprocess.DEVNULL)
+    try:
+        await wait_until(
+            lambda: _depth_at_least(env, f"{env.name}.work.v2", 500),
+            timeout=60,
+            interval=0.05,
+            what="the move to start",
+        )
+    finally:
+        migration.kill()
+    assert migration.wait() == -signal.SIGKILL
+    assert await queue_exists(env.amqp_url, env.names.work)
+
+    # When it runs again
+    again = run_cli("consumer", *_migrate(env), env=env.env(**NEW), timeout=120)
+
+    # Then it ends as an uninterrupted one: old queues gone, every event in the new work queue
+    # (some twice: moved, then given back and moved again), each applied once
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert await _exist(env, _old_queues(env)) == [False, False, False]
+    assert await queue_depth(env.amqp_url, f"{env.name}.work.v2") >= len(events)
+    service = await ServiceProcess(env, **NEW).start().wait_ready()
+    await wait_until(
+        lambda: movements_at_least(env.database_url, len(events)), timeout=120, what="restocks"
+    )
+    await service.wait_idle(timeout=60)
+    await assert_exactly_once(env.database_url, events)
+    assert await queue_depth(env.amqp_url, env.names.dead) == 0
+
+
+async def _depth_at_least(env: TestEnv, queue: str, depth: int) -> bool:
+    return (
+        await queue_exists(env.amqp_url, queue) and await queue_depth(env.amqp_url, queue) >= depth
     )

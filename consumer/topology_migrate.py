@@ -24,14 +24,9 @@ from consumer.durations import parse_duration
 from consumer.errors import BrokerUnreachable
 from consumer.settings import Settings
 from consumer.startup import EXIT_CONFIG, fail, load_handlers
-from topology.migrate import (
-    MigrationConflict,
-    MigrationReport,
-    MoveFailed,
-    StepResult,
-    run_migration,
-)
+from topology.migrate import MigrationConflict, MigrationReport, StepResult, run_migration
 from topology.migration_plan import MigrationPlan, MigrationRefused, plan_migration
+from topology.mover import MoveFailed
 from topology.names import Names
 
 __all__ = ["EXIT_PENDING", "add_migrate_parser", "moved_headers", "run_migrate"]

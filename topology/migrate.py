@@ -5,10 +5,7 @@ gone has nothing to move, a queue already deleted is done), so a migration that 
 (killed, the broker lost, an operator's Ctrl-C) resumes when it is run again. Nothing about its
 progress is kept anywhere but on the broker.
 
-A message is moved by publishing a copy, waiting for the broker's confirm, and only then acking
-the original: a move that dies in between leaves the original in place, to be moved (or consumed)
-again, and the receipts make a second copy a duplicate. The copy is a new message to the broker:
-its ``x-death`` and ``x-delivery-count`` start afresh (quorum queues count deliveries per queue).
+Messages are moved by :mod:`topology.mover`: a copy confirmed before its original is acked.
 """
 
 from __future__ import annotations
@@ -17,39 +14,21 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-import aio_pika
-import aiormq
-from aio_pika.abc import (
-    AbstractChannel,
-    AbstractConnection,
-    AbstractExchange,
-    AbstractIncomingMessage,
-)
+from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from topology.apply import find_conflicts, missing
 from topology.migration_plan import Bind, Declare, Delete, MigrationPlan, Move, Step, Unbind
 from topology.model import Queue, Topology
-from topology.names import RETRY_RUNG
+from topology.mover import HeaderRewrite, move_messages, queue_state
 
-__all__ = ["MigrationConflict", "MigrationReport", "MoveFailed", "StepResult", "run_migration"]
+__all__ = ["MigrationConflict", "MigrationReport", "StepResult", "run_migration"]
 
-HeaderRewrite = Callable[[AbstractIncomingMessage], dict[str, Any]]
-"""The headers a copy moved out of a work queue carries (the service decides which it trusts)."""
-
-_BATCH = 500
-_IDLE_SECONDS = 0.5
-"""No delivery for this long: the source may be empty (its ready count says)."""
 _POLL_SECONDS = 1.0
 
 
 class MigrationConflict(RuntimeError):
     """A queue the new plan declares exists with other arguments."""
-
-
-class MoveFailed(RuntimeError):
-    """A copy was refused, returned or not confirmed in time: its original stays where it was."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,25 +49,6 @@ class MigrationReport:
         return next((r.pending for r in self.results if r.pending is not None), None)
 
 
-async def _next_batch(
-    inbox: asyncio.Queue[AbstractIncomingMessage], wait: float
-) -> list[AbstractIncomingMessage]:
-    """What has been delivered, waiting up to ``wait`` seconds for the first (none: empty)."""
-    batch: list[AbstractIncomingMessage] = []
-    if inbox.empty() and wait > 0:
-        try:
-            batch.append(await asyncio.wait_for(inbox.get(), wait))
-        except TimeoutError:
-            return batch
-    while not inbox.empty() and len(batch) < _BATCH:
-        batch.append(inbox.get_nowait())
-    return batch
-
-
-def _without_broker_headers(headers: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in headers.items() if not key.lower().startswith("x-")}
-
-
 class _Runner:
     def __init__(
         self,
@@ -104,24 +64,13 @@ class _Runner:
         self._confirm_timeout = confirm_timeout
         self._wait = wait
 
-    async def _channel(self, *, confirms: bool = False) -> AbstractChannel:
+    async def _channel(self) -> AbstractChannel:
         # An operation refused by the broker closes its channel: each step gets its own.
-        return await self._connection.channel(
-            publisher_confirms=confirms, on_return_raises=confirms
-        )
+        return await self._connection.channel(publisher_confirms=False)
 
-    async def _queue_state(self, name: str) -> tuple[int, int] | None:
-        """(ready messages, consumers) of ``name``, or None when it does not exist."""
-        channel = await self._channel()
-        try:
-            declared = await channel.declare_queue(name, passive=True)
-        except aiormq.exceptions.ChannelNotFoundEntity:
-            return None
-        finally:
-            if not channel.is_closed:
-                await channel.close()
-        result = declared.declaration_result
-        return int(result.message_count or 0), int(result.consumer_count or 0)
+    async def _move(self, step: Move) -> str:
+        moved = await move_messages(self._connection, step, self._rewrite, self._confirm_timeout)
+        return "gone" if moved is None else f"moved {moved}"
 
     async def run(self, step: Step) -> StepResult:
         if isinstance(step, Declare):
@@ -149,7 +98,7 @@ class _Runner:
 
     async def _bind(self, step: Bind | Unbind) -> StepResult:
         binding = step.binding
-        if not step.to_exchange and await self._queue_state(binding.queue) is None:
+        if not step.to_exchange and await queue_state(self._connection, binding.queue) is None:
             # Unbinding from a queue already deleted: its bindings went with it.
             if isinstance(step, Unbind):
                 return StepResult(step, "gone")
@@ -176,93 +125,6 @@ class _Runner:
                 await channel.close()
         return StepResult(step, "done")
 
-    def _copy(self, message: AbstractIncomingMessage, step: Move) -> aio_pika.Message:
-        headers = self._rewrite(message) if step.from_work else dict(message.headers or {})
-        headers = _without_broker_headers(headers)
-        if step.rung is not None:
-            headers[RETRY_RUNG] = step.rung
-        return aio_pika.Message(
-            message.body,
-            headers=headers,
-            content_type=message.content_type,
-            content_encoding=message.content_encoding,
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            priority=message.priority,
-            correlation_id=message.correlation_id,
-            reply_to=message.reply_to,
-            # A producer's own per-message TTL stays; it restarts with the copy.
-            expiration=message.expiration,
-            message_id=message.message_id,
-            timestamp=message.timestamp,
-            type=message.type,
-            app_id=message.app_id,
-            # user_id is dropped: the broker refuses one that is not the publisher's.
-        )
-
-    async def _move(self, step: Move) -> str:
-        if await self._queue_state(step.source) is None:
-            return "gone"
-        # A consumer, not basic.get: a get on a quorum queue is a round of consensus each, some
-        # 300 messages a second; a consumer with a prefetch moves thousands.
-        take = await self._channel()
-        put = await self._channel(confirms=True)
-        inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
-
-        async def received(message: AbstractIncomingMessage) -> None:
-            inbox.put_nowait(message)
-
-        moved = 0
-        try:
-            await take.set_qos(prefetch_count=_BATCH)
-            source = await take.get_queue(step.source, ensure=False)
-            target = await put.get_exchange(step.exchange, ensure=False)
-            tag = await source.consume(received, no_ack=False)
-            while True:
-                batch = await _next_batch(inbox, _IDLE_SECONDS)
-                if batch:
-                    moved += await self._copy_then_ack(batch, step, target)
-                    continue
-                state = await self._queue_state(step.source)
-                if state is None or state[0] == 0:
-                    break
-            # What came before the cancel is ours to settle; nothing comes after it.
-            await source.cancel(tag)
-            rest = await _next_batch(inbox, 0)
-            if rest:
-                moved += await self._copy_then_ack(rest, step, target)
-        finally:
-            # Closing gives back every original not yet acked (after a failure), to be moved
-            # again by the next run (those whose copy was confirmed, a second time).
-            for channel in (take, put):
-                if not channel.is_closed:
-                    await channel.close()
-        return f"moved {moved}"
-
-    async def _copy_then_ack(
-        self, batch: list[AbstractIncomingMessage], step: Move, target: AbstractExchange
-    ) -> int:
-        outcomes = await asyncio.gather(
-            *(
-                target.publish(
-                    self._copy(message, step),
-                    message.routing_key or "",
-                    mandatory=True,
-                    timeout=self._confirm_timeout,
-                )
-                for message in batch
-            ),
-            return_exceptions=True,
-        )
-        failed = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
-        if failed:
-            raise MoveFailed(
-                f"{len(failed)} copies from {step.source} to {step.exchange} were not "
-                f"confirmed ({type(failed[0]).__name__}: {failed[0]})"
-            ) from failed[0]
-        for message in batch:
-            await message.ack()
-        return len(batch)
-
     def _move_for(self, queue: str) -> Move | None:
         return next(
             (s for s in self._plan.steps if isinstance(s, Move) and s.source == queue), None
@@ -276,7 +138,7 @@ class _Runner:
                 # What consumers gave back since the move (a replica stopping returns what it
                 # held) is moved too.
                 await self._move(move)
-            state = await self._queue_state(step.queue)
+            state = await queue_state(self._connection, step.queue)
             if state is None:
                 return StepResult(step, "gone")
             messages, consumers = state

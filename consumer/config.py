@@ -33,6 +33,7 @@ __all__ = [
     "names_for",
     "receipt_window",
     "topology_for",
+    "topology_spec",
 ]
 
 
@@ -50,20 +51,25 @@ def batch_size(settings: Settings) -> int:
 
 
 def names_for(settings: Settings) -> Names:
-    return Names(service=settings.name, ingress=settings.exchange)
+    return Names(
+        service=settings.name, ingress=settings.exchange, work_version=settings.work_queue_version
+    )
+
+
+def topology_spec(settings: Settings, event_types: Iterable[str]) -> TopologySpec:
+    """What this service's plan depends on, its handlers' event types among it."""
+    return TopologySpec(
+        names=names_for(settings),
+        retry_delays=settings.retry_delays,
+        delivery_limit=settings.delivery_limit,
+        event_types=tuple(event_types),
+        quorum_group_size=settings.quorum_initial_group_size,
+    )
 
 
 def topology_for(settings: Settings, event_types: Iterable[str]) -> Topology:
     """The plan for this service, its handlers' event types bound to its work queue."""
-    return build_topology(
-        TopologySpec(
-            names=names_for(settings),
-            retry_delays=settings.retry_delays,
-            delivery_limit=settings.delivery_limit,
-            event_types=tuple(event_types),
-            quorum_group_size=settings.quorum_initial_group_size,
-        )
-    )
+    return build_topology(topology_spec(settings, event_types))
 
 
 def broker_config(settings: Settings) -> BrokerConfig:

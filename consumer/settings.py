@@ -103,6 +103,8 @@ class Settings(BaseSettings):
     )
     retry_jitter: float = Field(default=0.0, ge=0.0, le=1.0)
     delivery_limit: int = Field(default=20, ge=1, le=1000)
+    work_queue_version: int = Field(default=1, ge=1, le=1_000_000)
+    """The work queue's generation: 1 is ``<name>.work``, n is ``<name>.work.v<n>``."""
     quorum_initial_group_size: int | None = Field(default=None, ge=1, le=99)
     """Replicas for each quorum queue at creation; unset, the broker's default."""
     handlers: Annotated[

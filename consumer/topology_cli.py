@@ -1,4 +1,4 @@
-"""``consumer topology apply|check`` (also ``python -m topology``): the broker bootstrap."""
+"""``consumer topology apply|check|migrate`` (also ``python -m topology``): the broker bootstrap."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from consumer.config import broker_config, topology_for
 from consumer.errors import BrokerUnreachable, TopologyConflict, TopologyError, TopologyMissing
 from consumer.settings import Settings
 from consumer.startup import fail, load_handlers
+from consumer.topology_migrate import add_migrate_parser, run_migrate
 from topology.apply import apply_topology, find_conflicts, missing
 from topology.model import Topology
 
@@ -36,6 +37,7 @@ def _add_actions(parser: argparse.ArgumentParser) -> None:
         "--dry-run", action="store_true", help="print the plan; do not connect to the broker"
     )
     actions.add_parser("check", help="report what is missing or differs; change nothing")
+    add_migrate_parser(actions)
 
 
 async def _apply(broker: BrokerConfig, topology: Topology) -> int:
@@ -48,6 +50,7 @@ async def _apply(broker: BrokerConfig, topology: Topology) -> int:
         raise TopologyConflict(
             "existing topology differs from the plan, nothing was changed: "
             + "; ".join(difference.describe() for difference in report.conflicts)
+            + " (`consumer topology migrate` moves an install to a new plan)"
         )
     for line in report.created:
         print(f"created {line}")
@@ -77,6 +80,8 @@ async def _check(broker: BrokerConfig, topology: Topology) -> int:
 
 
 def run_topology(settings: Settings, arguments: argparse.Namespace) -> int:
+    if arguments.topology_command == "migrate":
+        return run_migrate(settings, arguments)
     registry = load_handlers(settings)
     topology = topology_for(settings, registry)
     if arguments.topology_command == "apply" and arguments.dry_run:

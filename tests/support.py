@@ -285,7 +285,8 @@ class ServiceProcess:
         """Until the service holds nothing and its work queue has nothing ready: everything
         published so far is settled (retry copies waiting out a rung aside)."""
         url = self.environment.get("CONSUMER_AMQP_URL", self.test_env.amqp_url)
-        work = f"{self.environment['CONSUMER_NAME']}.work"
+        version = int(self.environment.get("CONSUMER_WORK_QUEUE_VERSION", "1"))
+        work = Names(self.environment["CONSUMER_NAME"], "", version).work
 
         async def idle() -> bool:
             return await self.metric_is(IN_FLIGHT, 0) and await queue_depth(url, work) == 0

@@ -25,11 +25,18 @@ class Names:
 
     service: str
     ingress: str
+    work_version: int = 1
+    """The work queue's generation: RabbitMQ cannot change a queue's arguments, so a new
+    delivery limit is a new queue (``consumer topology migrate`` moves an install to it)."""
 
     @property
     def work(self) -> str:
-        """The quorum queue the service consumes."""
-        return f"{self.service}.work"
+        """The quorum queue the service consumes: ``svc.work``, then ``svc.work.v2``, ..."""
+        return self.work_queue(self.work_version)
+
+    def work_queue(self, version: int) -> str:
+        """The work queue of one generation (the first keeps the name it always had)."""
+        return f"{self.service}.work" if version == 1 else f"{self.service}.work.v{version}"
 
     @property
     def dlx(self) -> str:

@@ -56,10 +56,11 @@ ensure_user "$consumer_user" "${CONSUMER_PASSWORD_FILE:-}"
 ensure_user "$bootstrap_user" "${BOOTSTRAP_PASSWORD_FILE:-}"
 
 # configure: nothing (it only declares passively, which needs no permission);
-# write: the exchanges it republishes failed events to; read: the queue it consumes.
+# write: the exchanges it republishes failed events to; read: the queue it consumes, of any
+# generation (CONSUMER_WORK_QUEUE_VERSION: <name>.work, <name>.work.v2, ...).
 "$ctl" --quiet set_permissions -p "$vhost" "$consumer_user" \
-    '^$' "^$n\\.(retry|dlx)\$" "^$n\\.work\$"
-echo "user $consumer_user: configure ^\$, write $name.retry and $name.dlx, read $name.work"
+    '^$' "^$n\\.(retry|dlx)\$" "^$n\\.work(\\.v[0-9]+)?\$"
+echo "user $consumer_user: configure ^\$, write $name.retry and $name.dlx, read $name.work[.vN]"
 
 # Everything the service owns, and the ingress exchange (declared, bound from, replayed to).
 owned="^($n\\..*|$x)\$"

@@ -1,0 +1,203 @@
+"""From one topology plan to another: the ordered steps of ``consumer topology migrate``, as data.
+
+RabbitMQ cannot change a queue's arguments, so a new plan is reached by adding queues, moving
+bindings and messages, and deleting what the new plan no longer has:
+
+1. declare the queues only the new plan has (a new work queue generation, new rungs);
+2. bind them (the ingress and the redeliver exchange to the new work queue, the retry exchange
+   to each new rung), and point each leaving rung's label at the nearest remaining rung, so a
+   replica still running the old ladder keeps having its retries routed (never returned);
+3. unbind what only the old plan had: from then on nothing new enters an old queue;
+4. move what the leaving rungs and the old work queue hold into the new plan;
+5. delete the leaving rungs, then the old work queue, each only when empty (and, the work queue,
+   when no replica consumes it any more).
+
+Binding before unbinding leaves a moment in which an event is routed to both work queues: the
+receipts make the second copy a duplicate. The other order would leave one in which it is routed
+to neither, and lost. Every step checks the broker before it acts, so running the same migration
+again resumes it, and migrating back (the same steps from the new plan to the old) rolls it back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from topology.model import Binding, Queue
+from topology.names import RETRY_RUNG, rung_label
+from topology.plan import TopologySpec, build_topology
+
+__all__ = [
+    "Bind",
+    "Declare",
+    "Delete",
+    "MigrationPlan",
+    "MigrationRefused",
+    "Move",
+    "Step",
+    "Unbind",
+    "plan_migration",
+]
+
+
+class MigrationRefused(ValueError):
+    """The two plans cannot be migrated between (the message says which setting to change)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Declare:
+    queue: Queue
+
+    def describe(self) -> str:
+        return f"declare {self.queue.describe()}"
+
+
+@dataclass(frozen=True, slots=True)
+class Bind:
+    """A binding to a queue, or (``to_exchange``) to an exchange: ``binding.queue`` names it."""
+
+    binding: Binding
+    to_exchange: bool = False
+
+    def describe(self) -> str:
+        return self.binding.describe() + (" (exchange)" if self.to_exchange else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Unbind:
+    binding: Binding
+    to_exchange: bool = False
+
+    def describe(self) -> str:
+        return "un" + self.binding.describe() + (" (exchange)" if self.to_exchange else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """Every message of ``source`` to ``exchange``, each copy confirmed before its original is
+    acked, with its own routing key, and the header :data:`~topology.names.RETRY_RUNG` set to
+    ``rung`` when given (the retry exchange routes on it). ``from_work``: the source is a work
+    queue, whose messages are not all the service's own (see :mod:`topology.migrate`).
+
+    Never through the default exchange: the least-privileged bootstrap user may write only to
+    the service's own exchanges."""
+
+    source: str
+    exchange: str
+    rung: str | None
+    from_work: bool
+
+    def describe(self) -> str:
+        to = f"rung {self.rung} through" if self.rung else "exchange"
+        return f"move the messages of {self.source} to {to} {self.exchange}"
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """Delete a queue once it holds nothing; ``unused``: and no one consumes it."""
+
+    queue: str
+    unused: bool
+
+    def describe(self) -> str:
+        when = "empty and without consumers" if self.unused else "empty"
+        return f"delete queue {self.queue} once {when}"
+
+
+Step = Declare | Bind | Unbind | Move | Delete
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationPlan:
+    steps: tuple[Step, ...]
+
+    @property
+    def changes_nothing(self) -> bool:
+        return not self.steps
+
+    def describe(self) -> list[str]:
+        """One numbered line per step, as ``--dry-run`` prints them."""
+        return [f"{number:>2}. {step.describe()}" for number, step in enumerate(self.steps, 1)]
+
+
+def _rung_binding(retry: str, queue: str, delay: timedelta) -> Binding:
+    return Binding(retry, queue, arguments={"x-match": "all", RETRY_RUNG: rung_label(delay)})
+
+
+def _key(binding: Binding) -> tuple[object, ...]:
+    # A binding's arguments are a read-only mapping, which does not hash.
+    arguments = tuple(sorted(binding.arguments.items()))
+    return (binding.exchange, binding.queue, binding.routing_key, arguments)
+
+
+def _nearest(delay: timedelta, ladder: Iterable[timedelta]) -> timedelta | None:
+    """The longest delay of ``ladder`` not above ``delay``, else its shortest; None if empty."""
+    delays = sorted(ladder)
+    if not delays:
+        return None
+    shorter = [candidate for candidate in delays if candidate <= delay]
+    return shorter[-1] if shorter else delays[0]
+
+
+def _check(old: TopologySpec, new: TopologySpec) -> None:
+    if (old.names.service, old.names.ingress) != (new.names.service, new.names.ingress):
+        raise MigrationRefused(
+            "a migration keeps CONSUMER_NAME and CONSUMER_EXCHANGE: a new name is a new service"
+        )
+    if old.quorum_group_size != new.quorum_group_size:
+        raise MigrationRefused(
+            "CONSUMER_QUORUM_INITIAL_GROUP_SIZE differs: it is fixed at a queue's creation "
+            "(rabbitmq-queues grow/shrink changes replicas)"
+        )
+    same_queue = old.names.work_version == new.names.work_version
+    if same_queue and old.delivery_limit != new.delivery_limit:
+        raise MigrationRefused(
+            f"CONSUMER_DELIVERY_LIMIT changes the arguments of {new.names.work}, which RabbitMQ "
+            f"cannot change: set CONSUMER_WORK_QUEUE_VERSION={old.names.work_version + 1} "
+            "for the new plan"
+        )
+
+
+def plan_migration(old: TopologySpec, new: TopologySpec) -> MigrationPlan:
+    """The steps from the topology ``old`` describes to the one ``new`` does (none if equal)."""
+    _check(old, new)
+    names = new.names
+    old_plan, new_plan = build_topology(old), build_topology(new)
+    old_queues = {queue.name for queue in old_plan.queues}
+    old_bindings = {_key(binding) for binding in old_plan.bindings}
+    new_bindings = {_key(binding) for binding in new_plan.bindings}
+    old_delays = {rung_label(delay): delay for delay in old.retry_delays}
+    new_delays = {rung_label(delay): delay for delay in new.retry_delays}
+    leaving = [old_delays[label] for label in old_delays if label not in new_delays]
+    entering = [new_delays[label] for label in new_delays if label not in old_delays]
+
+    steps: list[Step] = [Declare(q) for q in new_plan.queues if q.name not in old_queues]
+    steps += [Bind(b) for b in new_plan.bindings if _key(b) not in old_bindings]
+    # A migration back leaves the redirects of the one it undoes: an entering rung's label
+    # must route to its own queue only.
+    for delay in entering:
+        target = _nearest(delay, old.retry_delays)
+        if target is None:
+            steps.append(Unbind(_rung_binding(names.retry, names.redeliver, delay), True))
+        else:
+            steps.append(Unbind(_rung_binding(names.retry, names.rung(target), delay)))
+    moves: list[Step] = []
+    for delay in leaving:
+        target = _nearest(delay, new.retry_delays)
+        if target is None:
+            # No ladder left: an old replica's retry, and a waiting one, go straight back.
+            steps.append(Bind(_rung_binding(names.retry, names.redeliver, delay), True))
+            moves.append(Move(names.rung(delay), names.redeliver, None, from_work=False))
+        else:
+            steps.append(Bind(_rung_binding(names.retry, names.rung(target), delay)))
+            moves.append(Move(names.rung(delay), names.retry, rung_label(target), from_work=False))
+    steps += [Unbind(b) for b in old_plan.bindings if _key(b) not in new_bindings]
+    steps += moves
+    old_work = old.names.work
+    if old_work != names.work:
+        steps.append(Move(old_work, names.redeliver, None, from_work=True))
+    steps += [Delete(names.rung(delay), unused=False) for delay in leaving]
+    if old_work != names.work:
+        steps.append(Delete(old_work, unused=True))
+    return MigrationPlan(tuple(steps))

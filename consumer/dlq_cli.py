@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -131,6 +132,10 @@ def run_dlq(settings: Settings, arguments: argparse.Namespace) -> int:
     if command == "replay" and selection.empty:
         fail("say what to replay: ids, --reason, --type, --since or --all", EXIT_CONFIG)
     dead = names_for(settings).dead
+    if isinstance(sys.stdout, io.TextIOWrapper) and not sys.stdout.isatty():
+        # A line a letter: into a pipe or a file, one write per line (PYTHONUNBUFFERED) would
+        # cost more than reading the letter.
+        sys.stdout.reconfigure(line_buffering=False, write_through=False)
     if command == "purge" and not arguments.yes:
         which = "every message" if selection.empty and not arguments.limit else "the selected"
         if not confirmed(f"Delete {which} in {dead}? Type 'yes': "):

@@ -9,12 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
-
-from aio_pika.abc import AbstractIncomingMessage
+from typing import Any, Protocol
 
 from consumer import headers as h
 from consumer.envelope import EnvelopeParser, check_content_type
@@ -25,6 +23,7 @@ __all__ = [
     "EXPIRED",
     "REFUSED_EXPIRED",
     "DeadMessage",
+    "Readable",
     "Selection",
     "counts",
     "event_id_from",
@@ -120,8 +119,26 @@ def event_id_from(body: bytes) -> str | None:
     return None
 
 
+class Readable(Protocol):
+    """What a dead letter is read from: aio-pika's incoming message, or the scan's lighter
+    :class:`consumer.dlq_stream.Delivered`."""
+
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def headers(self) -> Mapping[str, Any] | None: ...
+    @property
+    def content_type(self) -> str | None: ...
+    @property
+    def content_encoding(self) -> str | None: ...
+    @property
+    def message_id(self) -> str | None: ...
+    @property
+    def routing_key(self) -> str | None: ...
+
+
 def read_dead_letter(
-    message: AbstractIncomingMessage,
+    message: Readable,
     position: int,
     *,
     registry: HandlerRegistry,

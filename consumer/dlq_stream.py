@@ -28,9 +28,9 @@ from typing import Any
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from aio_pika.message import IncomingMessage
+from pamqp.commands import Basic
 
-__all__ = ["DEFAULT_WINDOW", "Held", "QueueScan"]
+__all__ = ["DEFAULT_WINDOW", "Delivered", "Held", "QueueScan"]
 
 DEFAULT_WINDOW = 500
 # How long a scan waits for the next message before asking the broker whether any are left: the
@@ -39,10 +39,36 @@ _IDLE_CHECK = 1.0
 
 
 @dataclass(frozen=True, slots=True)
+class Delivered:
+    """A delivery's body, properties and routing key: all a dead letter is read from. Lighter
+    than aio-pika's message, which copies every property into attributes of its own."""
+
+    body: bytes
+    properties: Basic.Properties
+    routing_key: str | None
+
+    @property
+    def headers(self) -> dict[str, Any] | None:
+        return self.properties.headers
+
+    @property
+    def content_type(self) -> str | None:
+        return self.properties.content_type
+
+    @property
+    def content_encoding(self) -> str | None:
+        return self.properties.content_encoding
+
+    @property
+    def message_id(self) -> str | None:
+        return self.properties.message_id
+
+
+@dataclass(frozen=True, slots=True)
 class Held:
     """One message read and held unacked; ``take`` removes it from the queue."""
 
-    message: IncomingMessage
+    message: Delivered
     tag: int
     consumer: int
 
@@ -128,7 +154,8 @@ class QueueScan:
             tag = int(delivered.delivery_tag or 0)
             self._last_tag = max(self._last_tag, tag)
             self._unsettled[self._consumers] += 1
-            yield Held(IncomingMessage(delivered, no_ack=False), tag, self._consumers)
+            message = Delivered(delivered.body, delivered.header.properties, delivered.routing_key)
+            yield Held(message, tag, self._consumers)
 
     async def purge_ready(self) -> int:
         """Delete every message ready in the queue (none this scan holds); returns how many."""
@@ -156,6 +183,8 @@ class QueueScan:
     async def _next(self) -> aiormq.abc.DeliveredMessage | None:
         """The next delivery; ``None`` once the queue has nothing ready left to send."""
         while True:
+            if not self._arrived.empty():  # the common case, without a timer
+                return self._arrived.get_nowait()
             try:
                 return await asyncio.wait_for(self._arrived.get(), _IDLE_CHECK)
             except TimeoutError:

@@ -205,11 +205,7 @@ def _dlq(arguments: argparse.Namespace) -> int:
         amqp_url=arguments.amqp_url,
     )
     result = asyncio.run(dlq.run_dlq(options))
-    text = dlq.table(result)
-    saved = report.save(result, text, arguments.results_dir, stamp)
-    print(text)
-    print(f"saved {saved} and {saved.with_suffix('.txt').name}")
-    return 0
+    return _saved(result, dlq.table(result), arguments.results_dir, stamp)
 
 
 def _receipts(arguments: argparse.Namespace) -> int:
@@ -223,8 +219,11 @@ def _receipts(arguments: argparse.Namespace) -> int:
         results_dir=arguments.results_dir,
     )
     result = asyncio.run(receipts.run_receipts(options))
-    text = receipts.table(result)
-    saved = report.save(result, text, arguments.results_dir, stamp)
+    return _saved(result, receipts.table(result), arguments.results_dir, stamp)
+
+
+def _saved(result: dict[str, Any], text: str, directory: Path, stamp: str) -> int:
+    saved = report.save(result, text, directory, stamp)
     print(text)
     print(f"saved {saved} and {saved.with_suffix('.txt').name}")
     return 0

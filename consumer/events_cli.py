@@ -25,16 +25,17 @@ from aio_pika.abc import AbstractConnection
 
 from consumer import headers as h
 from consumer.amqp import connect, describe_amqp_error
-from consumer.config import broker_config, database_config, envelope_limits, names_for
+from consumer.config import broker_config, envelope_limits, names_for
 from consumer.database import describe_database_error
 from consumer.dlq_cli import positive_int
 from consumer.dlq_letters import DeadMessage, event_id_from, read_dead_letter
 from consumer.dlq_output import shown
 from consumer.dlq_stream import Delivered, QueueScan
 from consumer.envelope import EnvelopeParser
-from consumer.errors import BrokerUnreachable, ConfigError
+from consumer.errors import BrokerUnreachable
+from consumer.receipts_cli import connect_or_fail
 from consumer.settings import Settings
-from consumer.startup import EXIT_CONFIG, fail, load_handlers
+from consumer.startup import fail, load_handlers
 
 __all__ = ["add_events_parser", "run_events"]
 
@@ -126,13 +127,7 @@ async def _show(settings: Settings, event_id: UUID, scan: int) -> int:
 
 
 async def _receipts(settings: Settings, event_id: UUID) -> list[asyncpg.Record]:
-    database = database_config(settings)
-    try:
-        conn = await database.connector()(database.dsn)
-    except ConfigError as error:
-        fail(str(error), EXIT_CONFIG)
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
-        fail(f"cannot connect to {settings.safe_database_url}: {describe_database_error(error)}")
+    conn = await connect_or_fail(settings)
     try:
         return list(await conn.fetch(_RECEIPTS, settings.name, event_id))
     except asyncpg.PostgresError as error:

@@ -41,7 +41,7 @@ DEFAULT_WINDOW = 500
 # queue may have shrunk under it (another operator, a purge), and nothing more would come.
 _IDLE_CHECK = 1.0
 _NACKS_PER_WRITE = 32  # see _nack_each
-_SETTLE_WAIT = 30.0
+_SETTLE_WAIT = 5.0
 
 
 def _at_least(ready: int) -> Callable[[int, int], bool]:
@@ -104,6 +104,7 @@ class QueueScan:
         self._consumer_tags: list[str] = []
         self._unsettled: dict[str, int] = {}
         self._taken: set[int] = set()
+        self._gave_up_waiting = False
         self._returned_up_to = 0
         self._last_tag = 0
         self.present = 0
@@ -165,10 +166,13 @@ class QueueScan:
         return int(declared.message_count or 0)
 
     async def _until(self, done: Callable[[int, int], bool]) -> None:
-        """Until ``done(ready, consumers)`` holds for the queue: a quorum queue applies nacks and
-        cancels after the channel sent them, and a command run right after this one (the next
-        ``dlq list``) would otherwise see part of the queue, in another order. Bounded: another
-        client consuming meanwhile could keep the counts off for ever."""
+        """Until ``done(ready, consumers)`` holds for the queue: a quorum queue applies nacks
+        after the channel sent them, and a command run right after this one (the next ``dlq
+        list``) would otherwise see part of the queue, in another order. Bounded, and given up
+        for the rest of the scan once the bound is hit: another client consuming, or a rung's
+        messages expiring, can keep the count below for ever (then only the order may suffer)."""
+        if self._gave_up_waiting:
+            return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _SETTLE_WAIT
         while loop.time() < deadline:
@@ -176,6 +180,7 @@ class QueueScan:
             if done(int(declared.message_count or 0), int(declared.consumer_count or 0)):
                 return
             await asyncio.sleep(0.01)
+        self._gave_up_waiting = True
 
     async def _nack_each(self, tags: Iterator[int], *, ready: int) -> None:
         """Single nacks, 32 to a write, each write applied (the queue's ready count has grown

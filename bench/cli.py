@@ -1,5 +1,5 @@
-"""``python -m bench {run,soak,receipts}``: the comparison benchmark, the memory soak and the
-receipts retention costs."""
+"""``python -m bench {run,soak,receipts,dlq}``: the comparison benchmark, the memory soak, the
+receipts retention costs and the dead-letter tools on 100,000 letters."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import receipts, report, soak
+from bench import dlq, receipts, report, soak
 from bench.infra import OWNED_SERVICE_ENV, REPO, BenchError
 from bench.run import SYSTEMS, BenchOptions, run_bench
 
@@ -177,7 +177,35 @@ def parser() -> argparse.ArgumentParser:
         default=os.environ.get("BENCH_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"),
     )
     receipts_cmd.add_argument("--results-dir", type=Path, default=RESULTS)
+    dlq_cmd = commands.add_parser(
+        "dlq", help="dead-letter tools: list and replay of 100,000 letters, time and peak RSS"
+    )
+    dlq_cmd.add_argument("--letters", type=int, default=100_000, help="default 100000")
+    dlq_cmd.add_argument(
+        "--payload-bytes",
+        type=int,
+        default=200,
+        help="a producer header of this many bytes in each letter (default 200)",
+    )
+    dlq_cmd.add_argument(
+        "--amqp-url",
+        default=os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+    )
+    dlq_cmd.add_argument("--results-dir", type=Path, default=RESULTS)
     return root
+
+
+def _dlq(arguments: argparse.Namespace) -> int:
+    if arguments.letters < 1:
+        raise SystemExit("--letters must be at least 1")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    options = dlq.DlqOptions(
+        letters=arguments.letters,
+        payload_bytes=arguments.payload_bytes,
+        amqp_url=arguments.amqp_url,
+    )
+    result = asyncio.run(dlq.run_dlq(options))
+    return _saved(result, dlq.table(result), arguments.results_dir, stamp)
 
 
 def _receipts(arguments: argparse.Namespace) -> int:
@@ -191,8 +219,11 @@ def _receipts(arguments: argparse.Namespace) -> int:
         results_dir=arguments.results_dir,
     )
     result = asyncio.run(receipts.run_receipts(options))
-    text = receipts.table(result)
-    saved = report.save(result, text, arguments.results_dir, stamp)
+    return _saved(result, receipts.table(result), arguments.results_dir, stamp)
+
+
+def _saved(result: dict[str, Any], text: str, directory: Path, stamp: str) -> int:
+    saved = report.save(result, text, directory, stamp)
     print(text)
     print(f"saved {saved} and {saved.with_suffix('.txt').name}")
     return 0
@@ -202,6 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser().parse_args(argv)
     if arguments.command == "receipts":
         return _receipts(arguments)
+    if arguments.command == "dlq":
+        return _dlq(arguments)
     service_env = _service_env(arguments.service_env)
     if arguments.events < 1:
         raise SystemExit("--events must be at least 1")

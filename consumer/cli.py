@@ -1,4 +1,4 @@
-"""``consumer {run,migrate,topology,publish,dlq}`` and ``consumer --version``.
+"""``consumer {run,migrate,topology,publish,dlq,events}`` and ``consumer --version``.
 
 ``python -m consumer`` is the same command.
 """
@@ -74,12 +74,14 @@ def _parser() -> argparse.ArgumentParser:
     publish_cmd.add_argument("--correlation-id")
 
     from consumer.dlq_cli import add_dlq_parser
+    from consumer.events_cli import add_events_parser
     from consumer.receipts_cli import add_receipts_parser
     from consumer.topology_cli import add_topology_parser
 
     add_topology_parser(commands)
     add_dlq_parser(commands)
     add_receipts_parser(commands)
+    add_events_parser(commands)
     return parser
 
 
@@ -110,6 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from consumer.receipts_cli import run_receipts
 
         return run_receipts(settings, arguments)
+    if arguments.command == "events":
+        from consumer.events_cli import run_events
+
+        return run_events(settings, arguments)
     from consumer.dlq_cli import run_dlq
 
     return run_dlq(settings, arguments)

@@ -19,7 +19,7 @@ from consumer.pruning import PruneReport, ReceiptPruner
 from consumer.settings import Settings
 from consumer.startup import EXIT_CONFIG, fail
 
-__all__ = ["add_receipts_parser", "run_receipts"]
+__all__ = ["add_receipts_parser", "connect_or_fail", "run_receipts"]
 
 
 def add_receipts_parser(commands: Any) -> None:
@@ -42,19 +42,24 @@ def run_receipts(settings: Settings, arguments: argparse.Namespace) -> int:
     return asyncio.run(_prune(settings, dry_run=arguments.dry_run))
 
 
-async def _prune(settings: Settings, *, dry_run: bool) -> int:
+async def connect_or_fail(settings: Settings) -> Any:
+    """One database connection for a command, or its end with one line saying why not."""
     database = database_config(settings)
+    try:
+        return await database.connector()(database.dsn)
+    except ConfigError as error:
+        fail(str(error), EXIT_CONFIG)
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+        fail(f"cannot connect to {settings.safe_database_url}: {describe_database_error(error)}")
+
+
+async def _prune(settings: Settings, *, dry_run: bool) -> int:
     pruner = ReceiptPruner(
         receipt_window(settings),
         max_future_skew=settings.max_future_skew,
         lock_wait=settings.receipt_prune_lock_wait,
     )
-    try:
-        conn = await database.connector()(database.dsn)
-    except ConfigError as error:
-        fail(str(error), EXIT_CONFIG)
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
-        fail(f"cannot connect to {settings.safe_database_url}: {describe_database_error(error)}")
+    conn = await connect_or_fail(settings)
     try:
         report = await pruner.prune(conn, dry_run=dry_run)
         stats = await pruner.stats(conn)

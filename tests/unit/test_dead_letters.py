@@ -10,7 +10,7 @@ from typing import Any, cast
 
 from aio_pika.abc import AbstractIncomingMessage
 
-from consumer.dlq import read_dead_letter
+from consumer.dlq_letters import read_dead_letter
 from consumer.envelope import EnvelopeLimits, EnvelopeParser
 from consumer.registry import HandlerRegistry
 

@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from consumer.config import envelope_limits, receipt_window
-from consumer.dlq import renewed
+from consumer.dlq_letters import renewed
 from consumer.envelope import EnvelopeParser, RawEnvelope
 from consumer.errors import Poison, PoisonReason
 from consumer.prepare import Preparer

@@ -1,10 +1,7 @@
-"""Reading, replaying and purging the dead-letter queue.
+"""What a dead letter says about itself, and which ones an operation selects.
 
-Browsing takes every message with ``basic.get`` (no ack), reads it, then returns each one with its
-own ``nack(requeue)``, in the order it was read, so the queue keeps its order. While the tool runs,
-the messages it holds are unacked, not gone: if the tool dies the broker returns them. Each browse
-counts as a delivery (the ``x-delivery-count`` header rises by one); the dead-letter queue's
-delivery limit is set far out of reach so that inspecting never drops anything.
+Pure: no broker here. :mod:`consumer.dlq_stream` reads the queue, :mod:`consumer.dlq_replay` sends
+letters back.
 """
 
 from __future__ import annotations
@@ -12,31 +9,26 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from types import TracebackType
-from typing import Any
-
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
+from typing import Any, Protocol
 
 from consumer import headers as h
 from consumer.envelope import EnvelopeParser, check_content_type
-from consumer.errors import Poison, PoisonReason, PublishFailed, error_name
-from consumer.publisher import Publisher, copy_properties
+from consumer.errors import Poison, PoisonReason, error_name
 from consumer.registry import HandlerRegistry
 
 __all__ = [
     "EXPIRED",
     "REFUSED_EXPIRED",
-    "DeadLetterQueue",
     "DeadMessage",
-    "ReplayResult",
+    "Readable",
     "Selection",
     "counts",
+    "event_id_from",
     "read_dead_letter",
     "renewed",
-    "replay",
 ]
 
 EXPIRED = "expired"
@@ -117,7 +109,7 @@ def _parse_time(value: object) -> datetime | None:
     return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
 
 
-def _event_id_from(body: bytes) -> str | None:
+def event_id_from(body: bytes) -> str | None:
     try:
         decoded = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -127,8 +119,26 @@ def _event_id_from(body: bytes) -> str | None:
     return None
 
 
+class Readable(Protocol):
+    """What a dead letter is read from: aio-pika's incoming message, or the scan's lighter
+    :class:`consumer.dlq_stream.Delivered`."""
+
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def headers(self) -> Mapping[str, Any] | None: ...
+    @property
+    def content_type(self) -> str | None: ...
+    @property
+    def content_encoding(self) -> str | None: ...
+    @property
+    def message_id(self) -> str | None: ...
+    @property
+    def routing_key(self) -> str | None: ...
+
+
 def read_dead_letter(
-    message: AbstractIncomingMessage,
+    message: Readable,
     position: int,
     *,
     registry: HandlerRegistry,
@@ -148,12 +158,12 @@ def read_dead_letter(
         registry.resolve(raw)
     except Poison as error:
         poison = error
-        event_id = event_id or _event_id_from(body)
+        event_id = event_id or event_id_from(body)
     except Exception as error:  # a payload validator's own exception: as the service judged it
         poison = Poison(
             PoisonReason.INVALID_PAYLOAD, f"{error_name(error)}: {error}", error_name(error)
         )
-        event_id = event_id or _event_id_from(body)
+        event_id = event_id or event_id_from(body)
     reason = h.text(headers.get(h.REASON))
     if reason is None:
         # The newest x-death entry says why it is here now; the first death may be a retry
@@ -226,130 +236,6 @@ def counts(letters: Iterable[DeadMessage]) -> tuple[Counter[str], Counter[str]]:
         by_reason[letter.reason] += 1
         by_type[letter.type or "?"] += 1
     return by_reason, by_type
-
-
-class DeadLetterQueue:
-    """The dead-letter queue, held for one operation: read everything, then settle each message.
-
-    On exit every message not taken is returned to the queue, one nack each, in reading order.
-    """
-
-    def __init__(
-        self,
-        connection: AbstractConnection,
-        *,
-        queue: str,
-        registry: HandlerRegistry,
-        parser: EnvelopeParser,
-    ) -> None:
-        self._connection = connection
-        self._queue_name = queue
-        self._registry = registry
-        self._parser = parser
-        self._channel: AbstractChannel | None = None
-        self._queue: AbstractQueue | None = None
-        self._held: list[tuple[AbstractIncomingMessage, DeadMessage]] = []
-        self._taken: set[int] = set()
-        self._present = 0
-
-    async def __aenter__(self) -> DeadLetterQueue:
-        self._channel = await self._connection.channel(publisher_confirms=False)
-        self._queue = await self._channel.declare_queue(self._queue_name, passive=True)
-        # What is there now is what an operation sees: letters that keep arriving while it reads
-        # (a crash loop dead-lettering away) must not keep it reading, and holding, for ever.
-        self._present = int(self._queue.declaration_result.message_count or 0)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        channel, self._channel = self._channel, None
-        if channel is None or channel.is_closed:
-            return
-        for message, letter in self._held:
-            if letter.position not in self._taken:
-                await message.nack(requeue=True)
-        await channel.close()
-
-    async def read(self, limit: int | None = None) -> list[DeadMessage]:
-        """The messages in the queue when it was opened (up to ``limit``), held unacked, in
-        queue order."""
-        assert self._queue is not None
-        letters: list[DeadMessage] = []
-        bound = self._present if limit is None else min(limit, self._present)
-        while len(letters) < bound:
-            message = await self._queue.get(no_ack=False, fail=False)
-            if message is None:
-                break
-            letter = read_dead_letter(
-                message, len(self._held), registry=self._registry, parser=self._parser
-            )
-            self._held.append((message, letter))
-            letters.append(letter)
-        return letters
-
-    async def take(self, letter: DeadMessage) -> None:
-        """Remove a held message from the queue (ack it)."""
-        message, _ = self._held[letter.position]
-        await message.ack()
-        self._taken.add(letter.position)
-
-    def message(self, letter: DeadMessage) -> AbstractIncomingMessage:
-        return self._held[letter.position][0]
-
-    async def purge(self) -> int:
-        """Delete every message in the queue that nobody holds; returns how many."""
-        assert self._queue is not None
-        result = await self._queue.purge()
-        return int(result.message_count or 0)
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayResult:
-    replayed: list[DeadMessage]
-    failed: list[tuple[DeadMessage, str]]
-
-
-async def replay(
-    dead: DeadLetterQueue,
-    letters: Sequence[DeadMessage],
-    publisher: Publisher,
-    *,
-    exchange: str,
-    force: bool = False,
-) -> ReplayResult:
-    """Publish each letter to ``exchange`` with its event type as the routing key and the attempt
-    count reset, wait for the confirm, then remove the dead copy. A failed publish leaves it in
-    place, as does a letter with no valid envelope, and an expired one unless ``force`` (then it
-    goes as a new event: :func:`renewed`)."""
-    replayed: list[DeadMessage] = []
-    failed: list[tuple[DeadMessage, str]] = []
-    for letter in letters:
-        if letter.type is None:
-            failed.append((letter, "not a valid envelope: there is no event to replay"))
-            continue
-        if letter.expired and not force:
-            failed.append((letter, REFUSED_EXPIRED))
-            continue
-        original = dead.message(letter)
-        headers = h.replay_headers(letter.headers)
-        body = original.body
-        if letter.expired:
-            body, headers[h.ORIGINAL_OCCURRED_AT] = renewed(body, datetime.now(UTC))
-        properties = copy_properties(original.properties, headers=headers)
-        try:
-            # The validated event type, never a routing key a header claims: a producer could
-            # otherwise have the replay delivered wherever it likes.
-            await publisher.publish(body, properties, exchange=exchange, routing_key=letter.type)
-        except PublishFailed as error:
-            failed.append((letter, str(error)))
-            continue
-        await dead.take(letter)
-        replayed.append(letter)
-    return ReplayResult(replayed, failed)
 
 
 def renewed(body: bytes, now: datetime) -> tuple[bytes, str]:

@@ -1,0 +1,196 @@
+"""Sending dead letters back: pipelined confirms, paced, and a tally that outlives a failure.
+
+Each letter is published with its event type as the routing key and its attempts reset; its dead
+copy is acked only once the broker confirmed the new one. Up to ``in_flight`` publishes wait for
+their confirms at once (one round trip per window, not per letter). Whatever stops a replay
+half-way (Ctrl-C, the broker gone, the exchange deleted), every letter is either replayed and
+removed, or still in the dead-letter queue; a letter whose copy was published but not confirmed
+may be in both (at least once), and the receipts make the second copy harmless: applied once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import aiormq
+
+from consumer import headers as h
+from consumer.dlq_letters import REFUSED_EXPIRED, DeadMessage, Selection, renewed
+from consumer.dlq_stream import Held, QueueScan
+from consumer.errors import PublishFailed, Unroutable
+from consumer.publisher import Publisher, copy_properties
+
+__all__ = ["DEFAULT_IN_FLIGHT", "NO_ENVELOPE", "Pacer", "ReplayOptions", "Tally", "replay"]
+
+DEFAULT_IN_FLIGHT = 256
+NO_ENVELOPE = "not a valid envelope: there is no event to replay"
+_CHANNEL_CLOSED = "not tried: the publishing channel had closed"
+
+Reader = Callable[[Held], DeadMessage]
+Report = Callable[[DeadMessage, str | None], None]
+"""Told of each settled letter: ``None`` when replayed, else why it stays."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOptions:
+    exchange: str
+    force: bool = False
+    limit: int | None = None
+    rate: float | None = None
+    in_flight: int = DEFAULT_IN_FLIGHT
+
+
+@dataclass(slots=True)
+class Tally:
+    """What a replay did so far; complete at any moment, so a summary can be printed whenever
+    the replay stops."""
+
+    read: int = 0
+    selected: int = 0
+    replayed: int = 0
+    kept: Counter[str] = field(default_factory=Counter)
+    failed: Counter[str] = field(default_factory=Counter)
+    not_removed: int = 0
+    """Confirmed copies whose dead copy could not be acked: the letter is back in the queue too."""
+
+    def lines(self) -> list[str]:
+        out = [
+            f"replayed {self.replayed} of {self.selected} selected ({self.read} read); "
+            f"{sum(self.kept.values())} kept, {sum(self.failed.values())} failed: those stay in "
+            "the dead-letter queue"
+        ]
+        out += [f"  kept {count}: {why}" for why, count in self.kept.most_common()]
+        out += [f"  failed {count}: {why}" for why, count in self.failed.most_common()]
+        if self.not_removed:
+            out.append(
+                f"  {self.not_removed} replayed but still in the dead-letter queue too (the "
+                "connection closed before their removal): a second replay is harmless, the "
+                "receipts apply each event once"
+            )
+        return out
+
+
+class Pacer:
+    """At most ``rate`` starts a second, evenly spaced; no limit when ``rate`` is None."""
+
+    def __init__(self, rate: float | None, start: float) -> None:
+        if rate is not None and rate <= 0:
+            raise ValueError("a rate is above 0")
+        self._interval = 1 / rate if rate else 0.0
+        self._next = start
+
+    def delay(self, now: float) -> float:
+        """How long to wait before the next start; books that start."""
+        if not self._interval:
+            return 0.0
+        # A late start does not earn a burst: the schedule never runs behind by more than now.
+        self._next = max(self._next, now)
+        wait = self._next - now
+        self._next += self._interval
+        return wait
+
+
+async def replay(
+    scan: QueueScan,
+    read: Reader,
+    selection: Selection,
+    publisher: Publisher,
+    options: ReplayOptions,
+    tally: Tally,
+    report: Report,
+    progress: Callable[[], None] = lambda: None,
+) -> None:
+    """Replay the selected letters of ``scan`` (at most ``options.limit``), counting into
+    ``tally``. Cancelled, it waits for the publishes in flight, so their letters are settled."""
+    window = asyncio.Semaphore(options.in_flight)
+    pending: set[asyncio.Task[None]] = set()
+    loop = asyncio.get_running_loop()
+    pacer = Pacer(options.rate, loop.time())
+    try:
+        async for held in scan.messages():
+            tally.read += 1
+            progress()
+            letter = read(held)
+            if not selection.matches(letter):
+                continue
+            if options.limit is not None and tally.selected >= options.limit:
+                break
+            tally.selected += 1
+            refusal = _refusal(letter, force=options.force)
+            if refusal is None and not publisher.is_open:
+                refusal = _CHANNEL_CLOSED
+            if refusal is not None:
+                tally.kept[refusal] += 1
+                report(letter, refusal)
+                if refusal == _CHANNEL_CLOSED:
+                    break
+                continue
+            await asyncio.sleep(pacer.delay(loop.time()))
+            await window.acquire()
+            task = asyncio.create_task(
+                _one(scan, held, letter, publisher, options, tally, report, window)
+            )
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+    finally:
+        # Stopped or not, the copies on their way are confirmed (or fail) and their letters
+        # settled before the scan gives the rest back.
+        while pending:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
+
+
+def _refusal(letter: DeadMessage, *, force: bool) -> str | None:
+    if letter.type is None:
+        return NO_ENVELOPE
+    if letter.expired and not force:
+        return REFUSED_EXPIRED
+    return None
+
+
+async def _one(
+    scan: QueueScan,
+    held: Held,
+    letter: DeadMessage,
+    publisher: Publisher,
+    options: ReplayOptions,
+    tally: Tally,
+    report: Report,
+    window: asyncio.Semaphore,
+) -> None:
+    try:
+        headers = h.replay_headers(letter.headers)
+        body = letter.body
+        if letter.expired:
+            body, headers[h.ORIGINAL_OCCURRED_AT] = renewed(body, datetime.now(UTC))
+        properties = copy_properties(held.message.properties, headers=headers)
+        # The validated event type, never a routing key a header claims: a producer could
+        # otherwise have the replay delivered wherever it likes. The publish is one call, so a
+        # header that travels with it (a trace context) is added in one place.
+        assert letter.type is not None
+        await publisher.publish(
+            body, properties, exchange=options.exchange, routing_key=letter.type
+        )
+    except Unroutable as error:
+        tally.failed[f"unroutable: {error}"] += 1
+        report(letter, str(error))
+        return
+    except PublishFailed as error:
+        tally.failed[str(error)[:200]] += 1
+        report(letter, str(error))
+        return
+    finally:
+        window.release()
+    try:
+        await scan.take(held)
+    except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError):
+        tally.not_removed += 1
+        report(letter, "replayed, but its dead copy could not be removed: it is there too")
+        return
+    tally.replayed += 1
+    report(letter, None)

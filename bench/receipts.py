@@ -194,8 +194,8 @@ async def _insert_cost(
             types = ["inventory.reserve"] * len(ids)
             started = time.perf_counter()
             async with conn.transaction():
-                await conn.fetch(_INSERT_MANY, "bench", ids, types, times)
-                await conn.fetchval(_SEAL, "bench", ids, times)
+                await conn.fetch(_INSERT_MANY, "bench", ids, types, times, "100ms")
+                await conn.fetchval(_SEAL, len(ids))
             timings[label].append(time.perf_counter() - started)
     return {
         "batches": options.batches,
@@ -280,8 +280,10 @@ class _Inserter:
                 times = [datetime.now(UTC)] * len(ids)
                 started = time.perf_counter()
                 async with conn.transaction():
-                    await conn.fetch(_INSERT_MANY, "bench", ids, ["inventory.reserve"] * 10, times)
-                    await conn.fetchval(_SEAL, "bench", ids, times)
+                    await conn.fetch(
+                        _INSERT_MANY, "bench", ids, ["inventory.reserve"] * 10, times, "100ms"
+                    )
+                    await conn.fetchval(_SEAL, len(ids))
                 self.waits.append(time.perf_counter() - started)
         finally:
             await conn.close()

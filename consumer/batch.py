@@ -98,6 +98,7 @@ class BatchEngine:
         self._caller = caller
         self._judge = judge
         self._alone = alone
+        self._lock_timeout_value = f"{lock_timeout_ms}ms"
         self._lock_timeout = f"SET LOCAL lock_timeout = '{lock_timeout_ms}ms'"
         self._on_conflict = on_conflict
 
@@ -166,9 +167,11 @@ class BatchEngine:
     ) -> list[Applied | None]:
         async with guarded_transaction(conn, within=self._guard.within):
             # A batch holds its row locks until it commits: never wait long behind another
-            # batch (see _CONTENTION), so lock convoys cannot build up.
-            await self._guard.run(conn, conn.execute(self._lock_timeout))
-            fresh = await self._receipts.insert_many(conn, [item.event for item in items])
+            # batch (see _CONTENTION), so lock convoys cannot build up. The receipts' statement
+            # sets the lock timeout.
+            fresh = await self._receipts.insert_many(
+                conn, [item.event for item in items], lock_timeout=self._lock_timeout_value
+            )
             verdicts: list[Applied | None] = [None] * len(items)
             start = 0
             while start < len(items):

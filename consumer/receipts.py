@@ -52,14 +52,17 @@ WITH inserted AS (
     + "SELECT fresh, (SELECT total FROM counted) FROM inserted"
 )
 
-# Sorted, so concurrent batches take the receipts' row locks in the same order (no deadlock).
+# Sorted, so concurrent batches take the receipts' row locks in the same order (no deadlock). The
+# batch's lock timeout ($5) is set by the statement itself, one round trip fewer than a SET LOCAL
+# before it: an uncorrelated subquery in WHERE runs once, before the first row is inserted, so the
+# receipts' own lock waits are bounded too, and so is everything after them in the transaction.
 _INSERT_MANY = (
     """
 WITH inserted AS (
     INSERT INTO receipts (consumer, event_id, type, occurred_at)
     SELECT $1, batch.event_id, batch.type, batch.occurred_at
     FROM unnest($2::uuid[], $3::text[], $4::timestamptz[]) AS batch (event_id, type, occurred_at)
-    WHERE NOT EXISTS (
+    WHERE (SELECT set_config('lock_timeout', $5, true)) IS NOT NULL AND NOT EXISTS (
         SELECT FROM receipts_legacy AS legacy
         WHERE legacy.consumer = $1 AND legacy.event_id = batch.event_id
     )
@@ -112,13 +115,14 @@ class Receipts:
             raise
 
     async def insert_many(
-        self, conn: asyncpg.Connection[Any], events: Sequence[Envelope[Any]]
+        self, conn: asyncpg.Connection[Any], events: Sequence[Envelope[Any]], *, lock_timeout: str
     ) -> set[UUID]:
-        """Insert every receipt of a batch in one statement; the event ids whose receipt is new."""
+        """Insert every receipt of a batch in one statement; the event ids whose receipt is new.
+        ``lock_timeout`` (``'100ms'``) bounds every lock wait of the transaction from then on."""
         ids = [event.event_id for event in events]
         types = [event.type for event in events]
         times = [event.occurred_at for event in events]
-        query = conn.fetch(_INSERT_MANY, self._consumer, ids, types, times)
+        query = conn.fetch(_INSERT_MANY, self._consumer, ids, types, times, lock_timeout)
         try:
             rows = await self._guard.run(conn, query, locks=True)
         except Exception as error:

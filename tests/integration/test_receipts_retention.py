@@ -194,7 +194,7 @@ async def test_two_pruners_at_once_do_not_conflict_nor_block_inserts(
             ids = [uuid.uuid4() for _ in range(5)]
             times = [datetime.now(UTC)] * len(ids)
             async with inserter.transaction():
-                await inserter.fetch(_INSERT_MANY, "pruning", ids, ["test.insert"] * 5, times)
+                await inserter.fetch(_INSERT_MANY, "pruning", ids, ["test.insert"] * 5, times, "2s")
                 await inserter.fetchval(_SEAL, len(ids))
             inserted += len(ids)
 

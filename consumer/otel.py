@@ -12,13 +12,20 @@ for. One trace follows an event from its producer to its commit::
 A batch shares one transaction: its span is a child of the first event's span and links to every
 other's. Attributes follow the OpenTelemetry messaging conventions for RabbitMQ
 (``messaging.destination.name`` is the exchange).
+
+No hook ever raises: the SDK calls its span processors (ours, and any a library adds to the global
+provider) on the thread that starts or ends a span, without catching what they raise. A failure
+there would otherwise end the worker settling a batch (stopping the service, its deliveries
+redelivered with their counts raised), or fail a committed transaction. What fails is logged once
+per hook and kind of error, and the delivery goes on, untraced where need be.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +71,7 @@ __all__ = ["OtelTracing"]
 
 _RABBITMQ = "rabbitmq"
 _NO_PARENT = Context()  # never an ambient span: a trace starts here or in the message
+_LOG = logging.getLogger(__name__)  # routed to the service's JSON log (route_library_logs)
 
 
 def _remote_parent(headers: Mapping[str, Any] | None) -> Context:
@@ -105,6 +113,22 @@ class OtelTracing(Tracing):
         super().__init__()
         self._tracer = tracer
         self._provider = provider
+        self._failed: set[tuple[str, str]] = set()
+
+    def _safely(self, hook: str, step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``step(*args, **kwargs)``, or None if it raised: logged once per hook and error type."""
+        try:
+            return step(*args, **kwargs)
+        except Exception as error:
+            key = (hook, error_name(error))
+            if key not in self._failed:
+                self._failed.add(key)
+                _LOG.warning(
+                    "tracing: %s failed (%s); the service goes on without that span",
+                    hook,
+                    key[1],
+                )
+            return None
 
     @classmethod
     def exporting(cls, service: str, exporters: Sequence[str]) -> OtelTracing:
@@ -137,9 +161,9 @@ class OtelTracing(Tracing):
         return cls(provider.get_tracer("rabbit-pg-consumer", __version__), provider)
 
     def close(self) -> None:
-        if self._provider is not None:
-            self._provider.shutdown()
-            self._provider = None
+        provider, self._provider = self._provider, None
+        if provider is not None:
+            self._safely("shutdown", provider.shutdown)
 
     # -- deliveries ---------------------------------------------------------------------------
 
@@ -160,13 +184,17 @@ class OtelTracing(Tracing):
             }
             if delivery.message_id is not None:
                 attributes["messaging.message.id"] = delivery.message_id
-            delivery.span = self._tracer.start_span(
+            span = self._safely(
+                "starting a delivery's span",
+                self._tracer.start_span,
                 name,
-                context=_remote_parent(delivery.headers),
+                context=_remote_parent(delivery.headers),  # total: never raises
                 kind=SpanKind.CONSUMER,
                 attributes=attributes,
             )
-            started.append((delivery, delivery.span))
+            if span is not None:
+                delivery.span = span
+                started.append((delivery, span))
         return started
 
     def settled(self, outcome: Outcome, settled: Settled) -> None:
@@ -174,29 +202,13 @@ class OtelTracing(Tracing):
         if span is None:
             return
         outcome.delivery.span = None
-        event, verdict = outcome.event, outcome.verdict
-        if event is not None:
-            span.set_attribute("consumer.event_id", str(event.event_id))
-            span.set_attribute("consumer.event_type", event.type)
-            if event.correlation_id is not None:
-                span.set_attribute("messaging.message.conversation_id", event.correlation_id)
-        span.set_attribute("consumer.outcome", settled.kind.value if settled.kind else "held")
-        if isinstance(verdict, Failed):
-            span.set_attribute("error.type", error_name(verdict.error))
-            span.set_status(Status(StatusCode.ERROR, error_name(verdict.error)))
-        elif isinstance(verdict, Rejected):
-            span.set_attribute("error.type", verdict.poison.reason.value)
-            span.set_status(Status(StatusCode.ERROR, verdict.poison.reason.value))
-        elif isinstance(verdict, Applied) and settled.kind is not None:
-            span.set_status(Status(StatusCode.OK))
-        span.end()
+        self._safely("ending a delivery's span", _end_settled, span, outcome, settled)
 
     def abandoned(self, started: Started) -> None:
         for delivery, span in started or ():
             if delivery.span is span:  # not ended by settled(), nor another worker's since
                 delivery.span = None
-                span.set_attribute("consumer.outcome", "unsettled")
-                span.end()
+                self._safely("ending an abandoned span", _end_abandoned, span)
 
     # -- inside a delivery's span -------------------------------------------------------------
 
@@ -209,7 +221,9 @@ class OtelTracing(Tracing):
         attributes: dict[str, Any] = {"db.system.name": "postgresql"}
         if len(items) > 1:
             attributes["messaging.batch.message_count"] = len(items)
-        span = self._tracer.start_span(
+        span = self._safely(
+            "starting a transaction's span",
+            self._tracer.start_span,
             "transaction",
             context=set_span_in_context(spans[0]) if spans else None,
             kind=SpanKind.INTERNAL,
@@ -217,7 +231,7 @@ class OtelTracing(Tracing):
             attributes=attributes,
         )
         # Current while it runs: a handler's own instrumented calls become its children.
-        with _failing_by_type(span):
+        with self._failing_by_type(span, "a transaction's span"):
             yield
 
     def sending(
@@ -240,7 +254,6 @@ class OtelTracing(Tracing):
         message_id: str | None,
         parent: Span | None,
     ) -> Iterator[None]:
-        context = set_span_in_context(parent) if parent is not None else _remote_parent(headers)
         attributes: dict[str, Any] = {
             "messaging.system": _RABBITMQ,
             "messaging.operation.type": "send",
@@ -250,23 +263,65 @@ class OtelTracing(Tracing):
         }
         if message_id is not None:
             attributes["messaging.message.id"] = message_id
-        span = self._tracer.start_span(
-            f"publish {exchange}", context=context, kind=SpanKind.PRODUCER, attributes=attributes
+        context = set_span_in_context(parent) if parent is not None else _remote_parent(headers)
+        span = self._safely(
+            "starting a publish's span",
+            self._tracer.start_span,
+            f"publish {exchange}",
+            context=context,
+            kind=SpanKind.PRODUCER,
+            attributes=attributes,
         )
-        _inject(span, headers)
-        with _failing_by_type(span):
+        if span is not None:
+            self._safely("carrying the trace on", _inject, span, headers)
+        with self._failing_by_type(span, "a publish's span"):
             yield
 
-
-@contextmanager
-def _failing_by_type(span: Span) -> Iterator[None]:
-    """``span`` current, then ended; an exception sets its status by the error's type alone.
-    Not the message, nor a traceback (the SDK's default): a handler's error can quote the
-    payload, a driver's a URL, and spans leave the process without the logs' scrubbing."""
-    with use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
+    @contextmanager
+    def _failing_by_type(self, span: Span | None, what: str) -> Iterator[None]:
+        """``span`` current, then ended; an exception sets its status by the error's type alone.
+        Not the message, nor a traceback (the SDK's default): a handler's error can quote the
+        payload, a driver's a URL, and spans leave the process without the logs' scrubbing.
+        Ending it (its processors) never raises into the work it spans."""
+        if span is None:
+            yield
+            return
         try:
-            yield
-        except BaseException as error:
-            span.set_attribute("error.type", error_name(error))
-            span.set_status(Status(StatusCode.ERROR, error_name(error)))
-            raise
+            with use_span(span, record_exception=False, set_status_on_exception=False):
+                try:
+                    yield
+                except BaseException as error:
+                    name = error_name(error)
+                    self._safely(f"marking {what} failed", _mark_failed, span, name)
+                    raise
+        finally:
+            self._safely(f"ending {what}", span.end)
+
+
+def _mark_failed(span: Span, name: str) -> None:
+    span.set_attribute("error.type", name)
+    span.set_status(Status(StatusCode.ERROR, name))
+
+
+def _end_abandoned(span: Span) -> None:
+    span.set_attribute("consumer.outcome", "unsettled")
+    span.end()
+
+
+def _end_settled(span: Span, outcome: Outcome, settled: Settled) -> None:
+    event, verdict = outcome.event, outcome.verdict
+    if event is not None:
+        span.set_attribute("consumer.event_id", str(event.event_id))
+        span.set_attribute("consumer.event_type", event.type)
+        if event.correlation_id is not None:
+            span.set_attribute("messaging.message.conversation_id", event.correlation_id)
+    span.set_attribute("consumer.outcome", settled.kind.value if settled.kind else "held")
+    if isinstance(verdict, Failed):
+        span.set_attribute("error.type", error_name(verdict.error))
+        span.set_status(Status(StatusCode.ERROR, error_name(verdict.error)))
+    elif isinstance(verdict, Rejected):
+        span.set_attribute("error.type", verdict.poison.reason.value)
+        span.set_status(Status(StatusCode.ERROR, verdict.poison.reason.value))
+    elif isinstance(verdict, Applied) and settled.kind is not None:
+        span.set_status(Status(StatusCode.OK))
+    span.end()

@@ -5,7 +5,10 @@ patches the service before it runs; ``TEST_SABOTAGE`` names what to break:
 - ``start_consuming``: the first ``basic.consume`` fails as aiormq fails it on a channel that is
   closing (``ChannelInvalidStateError``, a ``RuntimeError``);
 - ``report``: reporting the outcome of a ``test.sabotage`` event raises, as a bug outside the
-  handled exceptions would, killing the worker that settles it.
+  handled exceptions would, killing the worker that settles it;
+- ``span_hooks``: with tracing on, a span processor on the provider raises whenever a span ends,
+  and when a transaction's starts, as a library's processor may (the SDK does not catch what
+  they raise).
 """
 
 from __future__ import annotations
@@ -59,3 +62,29 @@ if "report" in SABOTAGE:
         _report(self, outcome, settled)
 
     OutcomeReporter.report = _broken_report  # type: ignore[method-assign]
+
+if "span_hooks" in SABOTAGE:
+    from opentelemetry import trace
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+
+    from consumer.otel import OtelTracing
+
+    class _Raising(SpanProcessor):
+        def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+            if span.name == "transaction":
+                raise ZeroDivisionError("a span processor's bug (on_start)")
+
+        def on_end(self, span: ReadableSpan) -> None:
+            raise ZeroDivisionError("a span processor's bug (on_end)")
+
+    _exporting = OtelTracing.exporting
+
+    def _with_raising(service: str, exporters: Any) -> OtelTracing:
+        tracing = _exporting(service, exporters)
+        # The provider it made is the global one: what a library would add its processor to.
+        provider: Any = trace.get_tracer_provider()
+        provider.add_span_processor(_Raising())
+        return tracing
+
+    OtelTracing.exporting = _with_raising  # type: ignore[method-assign]

@@ -12,7 +12,7 @@ from datetime import timedelta
 from typing import Any, cast
 
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
@@ -274,3 +274,35 @@ def test_a_worker_ends_only_the_spans_it_started_and_left_open(
     (held,) = _finished(exported, "process")
     assert held.attributes is not None
     assert held.attributes["consumer.outcome"] == "held"
+
+
+class _EndRaises(SpanProcessor):
+    """Breaks the SDK's rule that a processor never raises, as a library's may."""
+
+    def on_end(self, span: ReadableSpan) -> None:
+        raise ZeroDivisionError("a span processor's bug")
+
+
+async def test_a_span_processor_that_raises_never_reaches_the_work_it_traces() -> None:
+    provider = TracerProvider()
+    provider.add_span_processor(_EndRaises())
+    tracing = OtelTracing(provider.get_tracer("test"), provider)
+    (delivery,) = deliveries(RecordingChannel(), 1)
+    items = [Ready(delivery, cast(Any, None), cast(Any, None))]
+
+    # A transaction that commits is not failed by its span's end; one that fails, fails with
+    # its own error
+    started = tracing.processing([delivery], "svc.work")
+    with tracing.transaction(items):
+        pass
+    with pytest.raises(TransientError), tracing.transaction(items):
+        raise TransientError("its own")
+    headers: dict[str, Any] = {}
+    with tracing.sending(headers, exchange="svc.retry", routing_key="t", parent=delivery.span):
+        pass
+    tracing.settled(Outcome(delivery, Applied(False, NOW)), Settled(None))
+    tracing.abandoned(started)
+    tracing.close()
+
+    assert read_traceparent(headers) is not None  # the copy still carries the trace
+    assert delivery.span is None

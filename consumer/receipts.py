@@ -89,6 +89,25 @@ SELECT set_config('consumer.sealed', 'yes', true)
 WHERE coalesce(nullif(current_setting('consumer.receipts', true), ''), '0')::bigint = $1
 """
 
+# The count can be lost without the receipts: a handler's RESET ALL (legal in a transaction) puts
+# it back to its default. So a count that disagrees is checked receipt by receipt before the
+# transaction is taken for lost: matched on the whole key (an event id published again with
+# another occurred_at is another event, whose receipt may exist already), one index probe per
+# event (OFFSET 0 keeps the planner from making a join of it, which in a generic plan could read
+# every receipt of the consumer).
+_SEAL_PROBING = """
+SELECT set_config('consumer.sealed', 'yes', true)
+WHERE (
+    SELECT count(*)
+    FROM unnest($2::uuid[], $3::timestamptz[]) AS fresh (event_id, occurred_at)
+    WHERE EXISTS (
+        SELECT FROM receipts
+        WHERE consumer = $1 AND event_id = fresh.event_id AND occurred_at = fresh.occurred_at
+        OFFSET 0
+    )
+) = cardinality($2::uuid[])
+"""
+
 
 class TransactionLost(Exception):
     """The transaction no longer holds the receipts it inserted: a handler ended it (and perhaps
@@ -135,6 +154,11 @@ class Receipts:
         :class:`TransactionLost` if they are gone, ``asyncpg.InFailedSQLTransactionError`` if a
         handler left it aborted."""
         sealed = await self._guard.run(conn, conn.fetchval(_SEAL, len(fresh)))
+        if sealed is None:
+            ids = [event.event_id for event in fresh]
+            times = [event.occurred_at for event in fresh]
+            probe = conn.fetchval(_SEAL_PROBING, self._consumer, ids, times)
+            sealed = await self._guard.run(conn, probe)
         if sealed is None:
             raise TransactionLost("the transaction's receipts are gone: a handler ended it")
 

@@ -57,6 +57,20 @@ async def restart(event: Envelope[Keyed], conn: asyncpg.Connection[Any]) -> None
     )
 
 
+@register("review.reset_all", payload=Keyed)
+async def reset_all(event: Envelope[Keyed], conn: asyncpg.Connection[Any]) -> None:
+    """An innocent handler that sets a parameter for its own statements, then puts every
+    parameter back to its default with ``RESET ALL`` (legal in a transaction), and writes its
+    effect."""
+    await conn.execute("SET search_path TO public")
+    await conn.execute("RESET ALL")
+    await conn.execute(
+        "INSERT INTO test_effects (event_id, key) VALUES ($1, $2)",
+        event.event_id,
+        event.payload.key,
+    )
+
+
 class SlowToValidate(BaseModel):
     key: str = Field(min_length=1)
     name: str

@@ -147,9 +147,14 @@ class _Runner:
             if time.monotonic() >= deadline:
                 why = f"{step.queue} holds {messages} messages"
                 if step.unused and consumers:
+                    who = (
+                        "replicas on the old settings): roll them out"
+                        if move is not None and move.from_work
+                        else "a tool reading it, such as consumer events show): let it finish"
+                    )
                     why = (
-                        f"{step.queue} still has {consumers} consumers (replicas on the old "
-                        "settings): roll them out, then run the migration again"
+                        f"{step.queue} still has {consumers} consumers ({who}, then run the "
+                        "migration again"
                     )
                 return StepResult(step, "waiting", pending=why)
             await asyncio.sleep(_POLL_SECONDS)

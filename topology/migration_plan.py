@@ -9,8 +9,8 @@ bindings and messages, and deleting what the new plan no longer has:
    replica still running the old ladder keeps having its retries routed (never returned);
 3. unbind what only the old plan had: from then on nothing new enters an old queue;
 4. move what the leaving rungs and the old work queue hold into the new plan;
-5. delete the leaving rungs, then the old work queue, each only when empty (and, the work queue,
-   when no replica consumes it any more).
+5. delete the leaving rungs, then the old work queue, each only when empty and no one consumes
+   it any more (an old replica, or a tool reading a rung).
 
 Binding before unbinding leaves a moment in which an event is routed to both work queues: the
 receipts make the second copy a duplicate. The other order would leave one in which it is routed
@@ -197,7 +197,9 @@ def plan_migration(old: TopologySpec, new: TopologySpec) -> MigrationPlan:
     old_work = old.names.work
     if old_work != names.work:
         steps.append(Move(old_work, names.redeliver, None, from_work=True))
-    steps += [Delete(names.rung(delay), unused=False) for delay in leaving]
+    # Without consumers too: a reader holding a rung's messages unacked (`consumer events show`)
+    # gives them back when it ends, and a queue deleted meanwhile would take them with it.
+    steps += [Delete(names.rung(delay), unused=True) for delay in leaving]
     if old_work != names.work:
         steps.append(Delete(old_work, unused=True))
     return MigrationPlan(tuple(steps))

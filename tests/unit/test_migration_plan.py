@@ -62,8 +62,8 @@ def test_a_new_ladder_adds_rungs_redirects_leaving_labels_and_keeps_the_work_que
         Move("svc.retry.800ms", "svc.retry", "200ms", from_work=False),
     ]
     assert kinds(plan, Delete) == [
-        Delete("svc.retry.400ms", unused=False),
-        Delete("svc.retry.800ms", unused=False),
+        Delete("svc.retry.400ms", unused=True),
+        Delete("svc.retry.800ms", unused=True),
     ]
     # Nothing of the work queue's: same name, same arguments.
     assert not any("svc.work" in step.describe() for step in plan.steps)
@@ -132,7 +132,7 @@ def test_migrating_back_removes_the_redirects_of_the_migration_it_undoes() -> No
         assert Unbind(redirect.binding) in back.steps
     # ... and the rung the forward migration added leaves the same way, redirected first.
     assert Bind(_rung("svc.retry.800ms", "1s")) in back.steps
-    assert Delete("svc.retry.1s", unused=False) in back.steps
+    assert Delete("svc.retry.1s", unused=True) in back.steps
 
 
 def test_no_ladder_left_sends_waiting_retries_straight_back_to_work() -> None:
@@ -140,7 +140,7 @@ def test_no_ladder_left_sends_waiting_retries_straight_back_to_work() -> None:
 
     assert Bind(_rung("svc.redeliver", "200ms"), to_exchange=True) in plan.steps
     assert Move("svc.retry.200ms", "svc.redeliver", None, from_work=False) in plan.steps
-    assert plan.steps[-1] == Delete("svc.retry.200ms", unused=False)
+    assert plan.steps[-1] == Delete("svc.retry.200ms", unused=True)
 
 
 def test_a_new_delivery_limit_on_the_same_work_queue_is_refused_naming_the_setting() -> None:

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import RootModel
 
+from consumer import prepare
 from consumer.config import envelope_limits
 from consumer.envelope import EnvelopeLimits, EnvelopeParser
-from consumer.errors import Poison
+from consumer.errors import Poison, PoisonReason
 from consumer.handlers.inventory import Reserve
 from consumer.prepare import Preparer
 from consumer.registry import HandlerRegistry
+from consumer.retention import ReceiptWindow
 from consumer.settings import Settings
 
 REGISTRY = HandlerRegistry.from_modules(
@@ -141,3 +145,75 @@ def test_a_root_model_payload_is_left_to_the_long_way() -> None:
     assert parser.typed(RootModel[list[int]]) is None
     assert parser.typed(dict[str, int]) is None
     assert parser.typed(Reserve) is not None
+
+
+# One clock reading for the skew and age checks (the one-pass path): the edges judge as the
+# receipt window and the skew limit say, with the clock frozen at NOW.
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+WINDOW = ReceiptWindow(
+    retention=timedelta(days=7),
+    margin=timedelta(days=1),
+    partition=timedelta(days=1),
+    prune_interval=timedelta(hours=1),
+)
+
+
+class _Frozen(datetime):
+    @classmethod
+    def now(cls, tz: Any = None) -> _Frozen:
+        return cls.fromtimestamp(NOW.timestamp(), tz)
+
+
+def _reserve_at(occurred_at: datetime) -> SimpleNamespace:
+    body = json.dumps(
+        {
+            "event_id": str(uuid.uuid4()),
+            "type": "inventory.reserve",
+            "occurred_at": occurred_at.isoformat(),
+            "payload": {"order_id": "o-1", "sku": "A", "qty": 2},
+        }
+    ).encode()
+    return SimpleNamespace(
+        content_type=None,
+        content_encoding=None,
+        headers={},
+        body=body,
+        prepared=None,
+        message_id=None,
+    )
+
+
+@pytest.mark.parametrize(
+    "offset",
+    [
+        -WINDOW.max_age - timedelta(milliseconds=1),
+        -WINDOW.max_age - timedelta(microseconds=1),
+        -WINDOW.max_age,
+        -WINDOW.max_age + timedelta(microseconds=1),
+        timedelta(0),
+        timedelta(minutes=5),
+        timedelta(minutes=5, microseconds=1),
+        timedelta(minutes=5, milliseconds=1),
+    ],
+)
+def test_the_age_and_skew_edges_judge_as_the_window_and_the_limit(
+    monkeypatch: pytest.MonkeyPatch, offset: timedelta
+) -> None:
+    monkeypatch.setattr(prepare, "time", SimpleNamespace(time=NOW.timestamp))
+    monkeypatch.setattr(prepare, "datetime", _Frozen)
+    configured = Settings.model_validate({"max_future_skew": "5m"})
+    preparer = Preparer(REGISTRY, EnvelopeParser(envelope_limits(configured)), window=WINDOW)
+    occurred_at = NOW + offset
+
+    prepared = preparer.prepared(_reserve_at(occurred_at))
+
+    expired = WINDOW.expired(occurred_at, NOW)
+    ahead = occurred_at - NOW > timedelta(minutes=5)
+    if expired:
+        assert isinstance(prepared, Poison)
+        assert prepared.reason is PoisonReason.EXPIRED
+    elif ahead:
+        assert isinstance(prepared, Poison)
+        assert prepared.reason is PoisonReason.INVALID_ENVELOPE
+    else:
+        assert not isinstance(prepared, Poison), prepared

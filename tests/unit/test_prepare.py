@@ -6,7 +6,7 @@ import json
 import uuid
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -205,7 +205,7 @@ def test_the_age_and_skew_edges_judge_as_the_window_and_the_limit(
     preparer = Preparer(REGISTRY, EnvelopeParser(envelope_limits(configured)), window=WINDOW)
     occurred_at = NOW + offset
 
-    prepared = preparer.prepared(_reserve_at(occurred_at))
+    prepared = preparer.prepared(cast(Any, _reserve_at(occurred_at)))
 
     expired = WINDOW.expired(occurred_at, NOW)
     ahead = occurred_at - NOW > timedelta(minutes=5)

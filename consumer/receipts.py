@@ -85,16 +85,19 @@ SELECT EXISTS (SELECT FROM receipts WHERE consumer = $1 AND event_id = $2 AND oc
 # fails, where COMMIT would answer ROLLBACK without an error. So nothing is ever taken for
 # committed that was not, and no effect commits without its receipt.
 _SEAL = """
-SELECT set_config('consumer.sealed', 'yes', true)
-WHERE coalesce(nullif(current_setting('consumer.receipts', true), ''), '0')::bigint = $1
+SELECT CASE WHEN counted.total = $1 THEN set_config('consumer.sealed', 'yes', true) END,
+    counted.total
+FROM (
+    SELECT coalesce(nullif(current_setting('consumer.receipts', true), ''), '0')::bigint AS total
+) AS counted
 """
 
 # The count can be lost without the receipts: a handler's RESET ALL (legal in a transaction) puts
-# it back to its default. So a count that disagrees is checked receipt by receipt before the
-# transaction is taken for lost: matched on the whole key (an event id published again with
-# another occurred_at is another event, whose receipt may exist already), one index probe per
-# event (OFFSET 0 keeps the planner from making a join of it, which in a generic plan could read
-# every receipt of the consumer).
+# it back to its default. So a count below the receipts expected is checked receipt by receipt
+# before the transaction is taken for lost (one above them is never right): matched on the whole
+# key (an event id published again with another occurred_at is another event, whose receipt may
+# exist already), one index probe per event (OFFSET 0 keeps the planner from making a join of
+# it, which in a generic plan could read every receipt of the consumer).
 _SEAL_PROBING = """
 SELECT set_config('consumer.sealed', 'yes', true)
 WHERE (
@@ -153,8 +156,10 @@ class Receipts:
         """Seal the transaction for its COMMIT, given the events whose receipts it inserted;
         :class:`TransactionLost` if they are gone, ``asyncpg.InFailedSQLTransactionError`` if a
         handler left it aborted."""
-        sealed = await self._guard.run(conn, conn.fetchval(_SEAL, len(fresh)))
-        if sealed is None:
+        row = await self._guard.run(conn, conn.fetchrow(_SEAL, len(fresh)))
+        assert row is not None  # one row, always
+        sealed, counted = row[0], row[1]
+        if sealed is None and counted < len(fresh):
             ids = [event.event_id for event in fresh]
             times = [event.occurred_at for event in fresh]
             probe = conn.fetchval(_SEAL_PROBING, self._consumer, ids, times)

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -25,6 +26,8 @@ import yaml
 
 from tests.servers import ThrowawayRabbit, free_port
 from tests.support import REPO, wait_until
+from topology.names import Names
+from topology.plan import TopologySpec, build_topology
 
 DEPLOY = REPO / "deploy"
 PROMETHEUS_DIR = DEPLOY / "prometheus"
@@ -38,6 +41,7 @@ RUNBOOKS_BASE = "https://runbooks.example.com/consumer"
 SYSTEMD = DEPLOY / "systemd"
 
 _METRIC_NAME = re.compile(r"\b((?:consumer|rabbitmq)_[a-z0-9_]+)\b")
+_QUEUE_MATCHER = re.compile(r'\bqueue=~?"([^"]*)"')
 # Grafana's macros and this dashboard's variables, replaced before Prometheus sees a query.
 GRAFANA_SUBSTITUTIONS = {
     "$__rate_interval": "1m",
@@ -270,6 +274,27 @@ def exposed_names(exposition: str) -> set[str]:
         elif line and not line.startswith("#"):
             names.add(re.split(r"[{ ]", line, maxsplit=1)[0])
     return names
+
+
+def promql_string(literal: str) -> str:
+    """The value of a PromQL string literal's body: a doubled backslash is one."""
+    return literal.replace("\\\\", "\\")
+
+
+def queue_patterns(expression: str) -> list[str]:
+    """The values of a PromQL expression's ``queue`` matchers, as Prometheus reads them."""
+    return [promql_string(value) for value in _QUEUE_MATCHER.findall(expression)]
+
+
+def service_queues(service: str, work_version: int) -> tuple[str, list[str]]:
+    """The work queue of a service's plan at one ``CONSUMER_WORK_QUEUE_VERSION``, and its other
+    queues (the dead-letter queue and every rung), as ``consumer topology apply`` declares them."""
+    names = Names(service, "events", work_version=work_version)
+    ladder = [timedelta(milliseconds=ms) for ms in (500, 5_000, 120_000, 3_600_000)]
+    plan = build_topology(TopologySpec(names, ladder, delivery_limit=20, event_types=["a.b"]))
+    queues = [queue.name for queue in plan.queues]
+    assert names.work in queues
+    return names.work, [name for name in queues if name != names.work]
 
 
 def alert_rules() -> list[dict[str, Any]]:

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from tests.deploy.support import (
     GRAFANA_SUBSTITUTIONS,
     consumer_metric_names,
     dashboard,
     dashboard_panels,
     dashboard_queries,
+    queue_patterns,
     referenced_metrics,
+    service_queues,
 )
 
 # What the issue asks the dashboard to show, each by the metric that shows it.
@@ -101,3 +105,20 @@ def test_queue_names_come_from_the_service_name_variable() -> None:
 
     assert queue_matchers
     assert all(matcher.startswith("$name") for matcher in queue_matchers), queue_matchers
+
+
+@pytest.mark.parametrize("version", [1, 2, 10])
+def test_the_work_queue_panel_shows_every_generation_and_no_other_queue(version: int) -> None:
+    # Given the queues of a service's plan, and the panel's queries with its name in $name
+    work, others = service_queues("billing.eu", version)
+    (panel,) = [panel for panel in dashboard_panels() if panel["title"] == "Work queue"]
+    patterns = [
+        pattern.replace("$name", "billing.eu")
+        for target in panel["targets"]
+        for pattern in queue_patterns(target["expr"])
+    ]
+
+    # Then each query takes the work queue, and none the dead-letter queue or a rung
+    assert len(patterns) == len(panel["targets"])
+    assert [pattern for pattern in patterns if not re.fullmatch(pattern, work)] == []
+    assert [queue for queue in others for p in patterns if re.fullmatch(p, queue)] == []

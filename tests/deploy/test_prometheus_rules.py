@@ -3,6 +3,7 @@ that see it fire and stay quiet."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -14,10 +15,17 @@ from tests.deploy.support import (
     alert_rules,
     assert_clean,
     consumer_metric_names,
+    promql_string,
+    queue_patterns,
     referenced_metrics,
     run_tool,
+    service_queues,
     yaml_file,
 )
+
+# A dot in CONSUMER_NAME too; generation 1 is <name>.work, n is <name>.work.v<n>.
+_SERVICES = ("consumer", "billing.eu")
+_WORK_QUEUE_VERSIONS = (1, 2, 10)
 
 
 def test_promtool_checks_the_config_and_the_rule_files_it_names() -> None:
@@ -93,3 +101,39 @@ def test_every_consumer_metric_in_the_rules_is_exported() -> None:
         name for name in referenced if name.startswith("consumer_")
     } - consumer_metric_names()
     assert not unknown
+
+
+@pytest.mark.parametrize("version", _WORK_QUEUE_VERSIONS)
+@pytest.mark.parametrize("service", _SERVICES)
+def test_the_work_queue_rule_takes_every_generation_and_no_other_queue(
+    service: str, version: int
+) -> None:
+    # Given the queues of a service's plan, its work queue of one generation among them
+    work, others = service_queues(service, version)
+    (rule,) = [rule for rule in alert_rules() if rule["alert"] == "WorkQueueGrowing"]
+    patterns = queue_patterns(rule["expr"])
+    (to_name,) = re.findall(r'"name", "\$1", "queue", "([^"]*)"', rule["expr"])
+
+    # Then every selector of the rule takes the work queue, and the join reads the service from it
+    assert patterns
+    assert [pattern for pattern in patterns if not re.fullmatch(pattern, work)] == []
+    named = re.fullmatch(promql_string(to_name), work)
+    assert named is not None
+    assert named.group(1) == service
+    # And none takes the service's dead-letter queue or a rung
+    assert [queue for queue in others for p in patterns if re.fullmatch(p, queue)] == []
+
+
+@pytest.mark.parametrize("version", _WORK_QUEUE_VERSIONS)
+def test_no_other_queue_rule_takes_a_work_queue(version: int) -> None:
+    work, _ = service_queues("consumer", version)
+
+    taken = [
+        rule["alert"]
+        for rule in alert_rules()
+        if rule["alert"] != "WorkQueueGrowing"
+        for pattern in queue_patterns(rule["expr"])
+        if re.fullmatch(pattern, work)
+    ]
+
+    assert taken == []

@@ -74,6 +74,16 @@ async def _apply_on(rabbit: RabbitWithPrometheus, topology: Topology) -> None:
         await connection.close()
 
 
+async def _declare_on(rabbit: RabbitWithPrometheus, queue: str) -> None:
+    """An empty quorum queue: the next work queue generation, as a migration declares it."""
+    connection = await aio_pika.connect(rabbit.url)
+    try:
+        channel = await connection.channel()
+        await channel.declare_queue(queue, durable=True, arguments={"x-queue-type": "quorum"})
+    finally:
+        await connection.close()
+
+
 async def _dead_letter_at_the_delivery_limit(rabbit: RabbitWithPrometheus) -> None:
     """What a crash loop does, on a queue of its own: a delivery returned past its quorum
     queue's delivery limit, which the broker then dead-letters (reason delivery_limit)."""
@@ -112,6 +122,7 @@ async def test_prometheus_scrapes_the_consumer_and_rabbitmq_and_evaluates_rules_
         await _apply_on(rabbit, env.topology())
         await service.start().wait_ready()
         await _fill_work_queue_on(rabbit, env)
+        await _declare_on(rabbit, env.names.work_queue(2))
         config = _config(f"127.0.0.1:{service.port}", f"127.0.0.1:{rabbit.prometheus_port}")
         (tmp_path / "prometheus").mkdir()
         with prometheus_server(config, tmp_path / "prometheus") as prometheus:
@@ -198,11 +209,20 @@ async def test_prometheus_scrapes_the_consumer_and_rabbitmq_and_evaluates_rules_
             except AssertionError:
                 empty = [s for s in selectors if not await prometheus.query(f"count({s})")]
                 raise AssertionError(f"rule selectors with no data: {empty}") from None
-            names_running = await prometheus.query(
-                "label_replace(group by (name) (last_over_time(consumer_service_info[1d])),"
-                ' "queue", "$1.work", "name", "(.+)")'
+
+            # And the work-queue rule's join (its selector, the service's name read from the
+            # queue's) keeps the running service's work queue of both generations, as a
+            # migration leaves them for a while, and drops consumer.work, whose service no
+            # replica runs
+            (to_name,) = re.findall(r'"name", "\$1", "queue", "[^"]*"', growing["expr"])
+            work_queues = await prometheus.query(
+                f"label_replace(max by (queue) ({selector.group(0)}), {to_name})"
+                " and on (name) group by (name) (last_over_time(consumer_service_info[1d]))"
             )
-            assert [r["metric"]["queue"] for r in names_running] == [f"{env.name}.work"]
+            assert sorted(r["metric"]["queue"] for r in work_queues) == [
+                env.names.work_queue(1),
+                env.names.work_queue(2),
+            ]
 
             # And the dead-letter rules see the service's dead letter in its own dead-letter
             # queue, and the broker's rule the delivery-limit one (the rules without their `for`)

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from consumer.config import names_for
 from consumer.durations import parse_duration
 from consumer.settings import Settings, split_urls
 from tests.deploy.support import (
@@ -31,7 +32,6 @@ from tests.deploy.support import (
     settings_fields,
     yaml_file,
 )
-from topology.names import Names
 
 BUILT_IN = {
     "v1": {"Namespace", "ConfigMap", "Secret", "Service"},
@@ -191,7 +191,9 @@ def test_keda_scales_the_deployment_on_the_work_queue_depth() -> None:
     assert trigger["type"] == "rabbitmq"
     assert trigger["metadata"]["mode"] == "QueueLength"
     settings = _settings()
-    assert trigger["metadata"]["queueName"] == Names(settings.name, settings.exchange).work
+    # The queue the replicas consume: a CONSUMER_WORK_QUEUE_VERSION raised in the ConfigMap
+    # (`consumer topology migrate`) without the ScaledObject following fails here
+    assert trigger["metadata"]["queueName"] == names_for(settings).work
     assert int(trigger["metadata"]["value"]) > 0
     assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
     (reference,) = auth["spec"]["secretTargetRef"]

@@ -30,7 +30,7 @@ from consumer.config import (
 from consumer.crashes import CrashLedger, Liveness
 from consumer.database import Database
 from consumer.dispatch import Dispatcher
-from consumer.envelope import EnvelopeParser
+from consumer.envelope_parser import EnvelopeParser
 from consumer.errors import BrokerUnreachable, ConfigError, PipelineFault, TopologyMissing
 from consumer.guard import Guard
 from consumer.http import HttpServer, build_app

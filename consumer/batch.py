@@ -28,10 +28,12 @@ import asyncpg
 
 from consumer.alone import EPOCH, Alone
 from consumer.calls import HandlerCaller
+from consumer.classification import ErrorKind, classify
 from consumer.database import Database
 from consumer.delivery import Ready
 from consumer.envelope import Envelope
-from consumer.errors import ConfigError, ErrorKind, PipelineFault, classify, message_of
+from consumer.error_text import message_of
+from consumer.errors import ConfigError, PipelineFault
 from consumer.guard import Guard, guarded_transaction
 from consumer.judge import (
     Judge,

@@ -14,7 +14,7 @@ from pydantic import SecretStr
 
 from consumer.amqp import BrokerConfig
 from consumer.database import DatabaseConfig
-from consumer.envelope import EnvelopeLimits
+from consumer.envelope_parser import EnvelopeLimits
 from consumer.memory import MemoryBudget
 from consumer.retention import ReceiptWindow
 from consumer.settings import Settings, split_urls

@@ -13,7 +13,7 @@ from consumer.dlq_letters import REFUSED_EXPIRED, DeadMessage, Selection, read_d
 from consumer.dlq_output import Counts, letter_json, letter_row, progress_bar, show_letter, shown
 from consumer.dlq_replay import ReplayOptions, Tally, replay
 from consumer.dlq_stream import Held, QueueScan
-from consumer.envelope import EnvelopeParser
+from consumer.envelope_parser import EnvelopeParser
 from consumer.publisher import Publisher
 from consumer.settings import Settings
 from consumer.startup import load_handlers

@@ -15,8 +15,9 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from consumer import headers as h
-from consumer.envelope import EnvelopeParser, check_content_type
-from consumer.errors import Poison, PoisonReason, error_name
+from consumer.envelope_parser import EnvelopeParser, check_content_type
+from consumer.error_text import error_name
+from consumer.errors import Poison, PoisonReason
 from consumer.registry import HandlerRegistry
 
 __all__ = [

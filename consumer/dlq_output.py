@@ -14,7 +14,7 @@ from typing import Any, TextIO
 from tqdm import tqdm
 
 from consumer.dlq_letters import DeadMessage
-from consumer.envelope import one_line
+from consumer.safe_text import one_line
 
 __all__ = ["Counts", "letter_json", "letter_row", "progress_bar", "show_letter", "shown"]
 

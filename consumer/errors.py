@@ -30,15 +30,15 @@
     └── PublishFailed          the broker did not confirm a publish: return the original
         └── Unroutable         no queue is bound for the routing key
 
-Library errors are translated here, by type, never by message text: :func:`classify`
-decides what an exception raised while applying an event means.
+What an exception raised while applying an event means (transient, permanent, the database
+away) is decided by type, never by message text, in :mod:`consumer.classification`.
 """
 
 from __future__ import annotations
 
 import enum
 
-import asyncpg
+from consumer.error_text import error_name, message_of
 
 __all__ = [
     "BatchResultError",
@@ -52,7 +52,6 @@ __all__ = [
     "CrashedRepeatedly",
     "DatabaseStalled",
     "DatabaseUnavailable",
-    "ErrorKind",
     "EventExpired",
     "HandlerEndedTransaction",
     "HandlerError",
@@ -71,10 +70,6 @@ __all__ = [
     "TopologyMissing",
     "TransientError",
     "Unroutable",
-    "classify",
-    "error_name",
-    "message_of",
-    "timed_out",
 ]
 
 
@@ -279,75 +274,3 @@ class PublishFailed(ConsumerError):
 
 class Unroutable(PublishFailed):
     """The broker returned a mandatory publish: no queue is bound for it."""
-
-
-class ErrorKind(enum.Enum):
-    """What an exception means for the event that raised it."""
-
-    TRANSIENT = "transient"
-    PERMANENT = "permanent"
-    UNAVAILABLE = "unavailable"
-
-
-# SQLSTATEs a retry can fix: serialization failure, deadlock, lock not available (lock_timeout),
-# query canceled (statement_timeout).
-_TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
-    asyncpg.SerializationError,
-    asyncpg.DeadlockDetectedError,
-    asyncpg.LockNotAvailableError,
-    asyncpg.QueryCanceledError,
-    # A handler's own network calls (an HTTP API, a cache) failing or timing out.
-    ConnectionError,
-    TimeoutError,
-)
-
-# The database connection is gone or cannot be made: nothing about the event is wrong. Other
-# connection errors are only "unavailable" when the pipeline sees its database connection closed.
-_UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
-    DatabaseUnavailable,
-    asyncpg.PostgresConnectionError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.AdminShutdownError,
-    asyncpg.CrashShutdownError,
-    asyncpg.TooManyConnectionsError,
-    # The driver's protocol state broke, as when the server cuts a connection mid-statement:
-    # never the event's fault. If the database answers, the event is simply tried again.
-    asyncpg.InternalClientError,
-)
-
-
-def classify(error: BaseException) -> ErrorKind:
-    """Decide, by type only, what an exception raised while applying an event means."""
-    if isinstance(error, TransientError):
-        return ErrorKind.TRANSIENT
-    if isinstance(error, PermanentError):
-        return ErrorKind.PERMANENT
-    if isinstance(error, _UNAVAILABLE_ERRORS):
-        return ErrorKind.UNAVAILABLE
-    if isinstance(error, _TRANSIENT_ERRORS):
-        return ErrorKind.TRANSIENT
-    return ErrorKind.PERMANENT
-
-
-def timed_out(error: BaseException) -> bool:
-    """Whether ``error`` is a time limit running out: the soft limit, a driver's or a statement's
-    timeout. Waiting on a database that stopped answering looks like this too."""
-    return isinstance(error, HandlerTimeout | TimeoutError | asyncpg.QueryCanceledError)
-
-
-def message_of(error: BaseException) -> str:
-    """``str(error)``, or what says it could not be made: a handler's exception class whose
-    ``__str__`` raises must fail its own event, not the code that judges, settles or logs it."""
-    try:
-        return str(error)
-    except Exception as failure:
-        return f"<the message of {error_name(error)} raised {error_name(failure)}>"
-
-
-def error_name(error: BaseException) -> str:
-    """A stable, low-cardinality name for an exception's class."""
-    cls = type(error)
-    module = cls.__module__
-    if module in ("builtins", __name__):
-        return cls.__qualname__
-    return f"{module}.{cls.__qualname__}"

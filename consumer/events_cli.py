@@ -31,7 +31,7 @@ from consumer.dlq_cli import positive_int
 from consumer.dlq_letters import DeadMessage, event_id_from, read_dead_letter
 from consumer.dlq_output import shown
 from consumer.dlq_stream import Delivered, QueueScan
-from consumer.envelope import EnvelopeParser
+from consumer.envelope_parser import EnvelopeParser
 from consumer.errors import BrokerUnreachable
 from consumer.receipts_cli import connect_or_fail
 from consumer.settings import Settings

@@ -12,18 +12,17 @@ from typing import Any
 import asyncpg
 
 from consumer.calls import connection_lost
+from consumer.classification import ErrorKind, classify
 from consumer.delivery import Delivery, Ready
+from consumer.error_text import message_of
 from consumer.errors import (
     ConfigError,
     ConnectionLostRepeatedly,
     DatabaseStalled,
     DatabaseUnavailable,
-    ErrorKind,
     HandlerEndedTransaction,
     PipelineFault,
     SwallowedDatabaseError,
-    classify,
-    message_of,
 )
 from consumer.headers import attempts_so_far
 from consumer.outcome import Failed

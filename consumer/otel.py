@@ -25,40 +25,26 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry.context import Context
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.trace import (
     Link,
-    NonRecordingSpan,
     Span,
-    SpanContext,
     SpanKind,
-    Status,
-    StatusCode,
-    TraceFlags,
     Tracer,
-    TraceState,
     set_span_in_context,
     set_tracer_provider,
     use_span,
 )
 
-from consumer.errors import error_name
+from consumer.error_text import error_name
 from consumer.headers import attempts_so_far
-from consumer.outcome import Applied, Failed, Rejected
-from consumer.traceparent import (
-    TRACEPARENT,
-    TRACESTATE,
-    format_traceparent,
-    read_traceparent,
-    read_tracestate,
-)
+from consumer.otel_spans import end_abandoned, end_settled, inject, mark_failed, remote_parent
 from consumer.tracing import Started, Tracing
 from consumer.version import __version__
 
@@ -70,38 +56,7 @@ if TYPE_CHECKING:
 __all__ = ["OtelTracing"]
 
 _RABBITMQ = "rabbitmq"
-_NO_PARENT = Context()  # never an ambient span: a trace starts here or in the message
 _LOG = logging.getLogger(__name__)  # routed to the service's JSON log (route_library_logs)
-
-
-def _remote_parent(headers: Mapping[str, Any] | None) -> Context:
-    """The context ``headers`` carry (``traceparent``, ``tracestate``), or none if not valid."""
-    parent = read_traceparent(headers)
-    if parent is None:
-        return _NO_PARENT
-    members = read_tracestate(headers)
-    pairs = [member.split("=", 1) for member in members or ()]
-    state = TraceState([(key, value) for key, value in pairs]) if pairs else None
-    context = SpanContext(
-        parent.trace_id,
-        parent.span_id,
-        is_remote=True,
-        trace_flags=TraceFlags(parent.flags),
-        trace_state=state,
-    )
-    return set_span_in_context(NonRecordingSpan(context))
-
-
-def _inject(span: Span, headers: dict[str, Any]) -> None:
-    context = span.get_span_context()
-    headers[TRACEPARENT] = format_traceparent(
-        context.trace_id, context.span_id, context.trace_flags
-    )
-    state = context.trace_state.to_header() if context.trace_state else ""
-    if state:
-        headers[TRACESTATE] = state
-    else:
-        headers.pop(TRACESTATE, None)
 
 
 class OtelTracing(Tracing):
@@ -188,7 +143,7 @@ class OtelTracing(Tracing):
                 "starting a delivery's span",
                 self._tracer.start_span,
                 name,
-                context=_remote_parent(delivery.headers),  # total: never raises
+                context=remote_parent(delivery.headers),  # total: never raises
                 kind=SpanKind.CONSUMER,
                 attributes=attributes,
             )
@@ -202,13 +157,13 @@ class OtelTracing(Tracing):
         if span is None:
             return
         outcome.delivery.span = None
-        self._safely("ending a delivery's span", _end_settled, span, outcome, settled)
+        self._safely("ending a delivery's span", end_settled, span, outcome, settled)
 
     def abandoned(self, started: Started) -> None:
         for delivery, span in started or ():
             if delivery.span is span:  # not ended by settled(), nor another worker's since
                 delivery.span = None
-                self._safely("ending an abandoned span", _end_abandoned, span)
+                self._safely("ending an abandoned span", end_abandoned, span)
 
     # -- inside a delivery's span -------------------------------------------------------------
 
@@ -263,7 +218,7 @@ class OtelTracing(Tracing):
         }
         if message_id is not None:
             attributes["messaging.message.id"] = message_id
-        context = set_span_in_context(parent) if parent is not None else _remote_parent(headers)
+        context = set_span_in_context(parent) if parent is not None else remote_parent(headers)
         span = self._safely(
             "starting a publish's span",
             self._tracer.start_span,
@@ -273,7 +228,7 @@ class OtelTracing(Tracing):
             attributes=attributes,
         )
         if span is not None:
-            self._safely("carrying the trace on", _inject, span, headers)
+            self._safely("carrying the trace on", inject, span, headers)
         with self._failing_by_type(span, "a publish's span"):
             yield
 
@@ -292,36 +247,7 @@ class OtelTracing(Tracing):
                     yield
                 except BaseException as error:
                     name = error_name(error)
-                    self._safely(f"marking {what} failed", _mark_failed, span, name)
+                    self._safely(f"marking {what} failed", mark_failed, span, name)
                     raise
         finally:
             self._safely(f"ending {what}", span.end)
-
-
-def _mark_failed(span: Span, name: str) -> None:
-    span.set_attribute("error.type", name)
-    span.set_status(Status(StatusCode.ERROR, name))
-
-
-def _end_abandoned(span: Span) -> None:
-    span.set_attribute("consumer.outcome", "unsettled")
-    span.end()
-
-
-def _end_settled(span: Span, outcome: Outcome, settled: Settled) -> None:
-    event, verdict = outcome.event, outcome.verdict
-    if event is not None:
-        span.set_attribute("consumer.event_id", str(event.event_id))
-        span.set_attribute("consumer.event_type", event.type)
-        if event.correlation_id is not None:
-            span.set_attribute("messaging.message.conversation_id", event.correlation_id)
-    span.set_attribute("consumer.outcome", settled.kind.value if settled.kind else "held")
-    if isinstance(verdict, Failed):
-        span.set_attribute("error.type", error_name(verdict.error))
-        span.set_status(Status(StatusCode.ERROR, error_name(verdict.error)))
-    elif isinstance(verdict, Rejected):
-        span.set_attribute("error.type", verdict.poison.reason.value)
-        span.set_status(Status(StatusCode.ERROR, verdict.poison.reason.value))
-    elif isinstance(verdict, Applied) and settled.kind is not None:
-        span.set_status(Status(StatusCode.OK))
-    span.end()

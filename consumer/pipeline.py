@@ -22,15 +22,10 @@ from uuid import UUID
 
 from consumer.alone import Alone
 from consumer.batch import BatchEngine
+from consumer.classification import timed_out
 from consumer.database import Database
 from consumer.delivery import Delivery, Ready
-from consumer.errors import (
-    CrashedRepeatedly,
-    DatabaseUnavailable,
-    HardTimeLimitExceeded,
-    Poison,
-    timed_out,
-)
+from consumer.errors import CrashedRepeatedly, DatabaseUnavailable, HardTimeLimitExceeded, Poison
 from consumer.headers import attempts_so_far
 from consumer.judge import Judge
 from consumer.outcome import Applied, Failed, Outcome, Rejected, Verdict

@@ -14,16 +14,13 @@ from pydantic import ValidationError
 
 from consumer.calls import HandlerCall, HandlerCalls
 from consumer.delivery import Delivery, Prepared
-from consumer.envelope import (
-    Envelope,
-    EnvelopeParser,
-    RawEnvelope,
-    check_content_type,
-    one_line,
-)
-from consumer.errors import Poison, PoisonReason, error_name, message_of
+from consumer.envelope import Envelope, RawEnvelope
+from consumer.envelope_parser import EnvelopeParser, check_content_type
+from consumer.error_text import error_name, message_of
+from consumer.errors import Poison, PoisonReason
 from consumer.registry import Handler, HandlerRegistry
 from consumer.retention import ReceiptWindow
+from consumer.safe_text import one_line
 
 __all__ = ["Preparer", "ValidationCall"]
 

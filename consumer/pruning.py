@@ -22,7 +22,7 @@ from typing import Any
 
 import asyncpg
 
-from consumer.errors import error_name
+from consumer.error_text import error_name
 from consumer.logs import Logger
 from consumer.metrics import Metrics
 from consumer.retention import ReceiptWindow

@@ -13,8 +13,9 @@ from uuid import UUID
 
 import asyncpg
 
+from consumer.classification import ErrorKind, classify
 from consumer.envelope import Envelope
-from consumer.errors import ErrorKind, EventExpired, PipelineFault, classify
+from consumer.errors import EventExpired, PipelineFault
 from consumer.guard import Guard
 
 __all__ = ["Receipts", "TransactionLost"]

@@ -23,8 +23,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from consumer.durations import parse_duration
 from consumer.envelope import EVENT_TYPE_PATTERN, Envelope, RawEnvelope
-from consumer.envelope import describe_validation_error as _describe
 from consumer.errors import BatchResultError, ConfigError, Poison, PoisonReason
+from consumer.safe_text import describe_validation_error as _describe
 
 if TYPE_CHECKING:
     Connection: TypeAlias = asyncpg.Connection[Any]

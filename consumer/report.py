@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from consumer.errors import error_name, message_of
+from consumer.error_text import error_name, message_of
 from consumer.headers import attempts_so_far, truncate
 from consumer.logs import Logger
 from consumer.metrics import Metrics

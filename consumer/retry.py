@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
-from consumer.errors import ErrorKind, PermanentError, classify, timed_out
+from consumer.classification import ErrorKind, classify, timed_out
+from consumer.errors import PermanentError
 
 __all__ = [
     "MAX_CONNECTION_LOSSES",

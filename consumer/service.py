@@ -16,7 +16,6 @@ and the pool.
 from __future__ import annotations
 
 import asyncio
-import traceback
 from dataclasses import dataclass
 
 import aiormq
@@ -34,9 +33,7 @@ from consumer.errors import (
     ConfigError,
     ConnectionLost,
     DatabaseUnavailable,
-    PipelineFault,
     TopologyMissing,
-    error_name,
 )
 from consumer.logs import Logger
 from consumer.metrics import Metrics
@@ -44,6 +41,7 @@ from consumer.pruning import PeriodicPruner
 from consumer.readiness import DatabaseAnswer, Readiness
 from consumer.settle import Settler
 from consumer.waiting import database_ready, wait_any
+from consumer.worker_tasks import WorkerTasks
 from consumer.workers import Workers
 from topology.model import Topology
 from topology.names import Names
@@ -99,10 +97,9 @@ class Service:
         self._logger = logger
         self._metrics = metrics
         self._session: BrokerSession | None = None
-        self._tasks: list[asyncio.Task[None]] = []
-        self._fatal: BaseException | None = None
-        self._fatal_event = asyncio.Event()
-        self._died_of_a_bug = False
+        self._tasks = WorkerTasks(
+            workers=workers, inboxes=dispatcher.inboxes, liveness=liveness, logger=logger
+        )
         self._database_answer = DatabaseAnswer()
         metrics.in_flight.set_function(self.in_flight)
 
@@ -118,16 +115,7 @@ class Service:
                 self._database, stop, self._logger, max_delay=self._config.reconnect_max_delay
             ):
                 return
-            self._tasks = [
-                asyncio.create_task(self._workers.worker(inbox), name=f"worker-{index}")
-                for index, inbox in enumerate(self._dispatcher.inboxes)
-            ]
-            self._tasks.append(asyncio.create_task(self._workers.lane(), name="lane"))
-            for task in self._tasks:
-                task.add_done_callback(self._task_ended)
-            # Not watched like the workers: it ends by design at a graceful stop, before them.
-            liveness = asyncio.create_task(self._liveness.keep(), name="liveness")
-            try:
+            async with self._tasks:
                 if self._pruner is None:
                     await self._run_broker(stop)
                 else:
@@ -135,15 +123,8 @@ class Service:
                     await self._pruner.first()
                     async with self._pruner:
                         await self._run_broker(stop)
-            finally:
-                tasks, self._tasks = self._tasks, []
-                for task in tasks:
-                    task.remove_done_callback(self._task_ended)
-                    task.cancel()
-                liveness.cancel()
-                await asyncio.gather(*tasks, liveness, return_exceptions=True)
-        if self._fatal is not None:
-            raise self._fatal
+        if self._tasks.fatal is not None:
+            raise self._tasks.fatal
 
     async def readiness(self) -> Readiness:
         session = self._session
@@ -152,43 +133,13 @@ class Service:
             consuming=session is not None and session.is_consuming,
             database=await self._database_answer.ask(self._database),
             paused=self._dispatcher.state.phase is Phase.PAUSED,
-            workers=bool(self._tasks) and not any(task.done() for task in self._tasks),
+            workers=self._tasks.running,
         )
 
     def in_flight(self) -> int:
         """Deliveries received on the current channel and not yet settled."""
         session = self._session
         return session.unsettled if session is not None else 0
-
-    def _task_ended(self, task: asyncio.Task[None]) -> None:
-        """A worker or the lane ended by itself: nothing would serve its deliveries any more, so
-        the service stops (exit non-zero) and the supervisor starts a new one."""
-        if task.cancelled():
-            return
-        error = task.exception()
-        if error is None:
-            error = PipelineFault(f"{task.get_name()} stopped")
-        elif not isinstance(error, PipelineFault | ConfigError):
-            # Not a deployment's fault (those are PipelineFault or ConfigError, and would convict
-            # whatever event was running): the marks of what was running stay.
-            self._died_of_a_bug = True
-            self._logger.error(
-                "a worker stopped on an unexpected error",
-                task=task.get_name(),
-                error_class=error_name(error),
-                error=str(error),
-                traceback="".join(traceback.format_exception(error)),
-            )
-            error = PipelineFault(
-                f"{task.get_name()} stopped on an unexpected error: {error_name(error)}: {error}"
-            )
-        self._fail(error)
-
-    def _fail(self, error: BaseException) -> None:
-        if self._fatal is None:
-            self._logger.error("cannot go on", error=str(error), error_class=type(error).__name__)
-            self._fatal = error
-            self._fatal_event.set()
 
     # -- database -----------------------------------------------------------------------------
 
@@ -204,7 +155,7 @@ class Service:
         self._logger.warning("paused", holding=self._dispatcher.held)
         started = self._database.server_started
         backoff = Backoff(0.25, self._config.reconnect_max_delay)
-        while not stop.is_set() and self._fatal is None and not session.closed.done():
+        while not stop.is_set() and self._tasks.fatal is None and not session.closed.done():
             try:
                 await self._database.probe()
             except DatabaseUnavailable as error:
@@ -212,7 +163,7 @@ class Service:
                 self._logger.info(
                     "database still unreachable", error=str(error), retry_in_s=round(delay, 2)
                 )
-                await wait_any(stop, delay, session.closed, self._fatal_event)
+                await wait_any(stop, delay, session.closed, self._tasks.failed)
                 continue
             restarted = started is not None and self._database.server_started != started
             held = self._dispatcher.resume(restarted=restarted)
@@ -227,7 +178,7 @@ class Service:
     async def _run_broker(self, stop: asyncio.Event) -> None:
         backoff = Backoff(0.2, self._config.reconnect_max_delay)
         connected_once = False
-        while not stop.is_set() and self._fatal is None:
+        while not stop.is_set() and self._tasks.fatal is None:
             try:
                 async with BrokerSession(
                     self._config.broker,
@@ -272,7 +223,7 @@ class Service:
                 self._dispatcher.take_waiting()
             delay = backoff.next()
             self._logger.info("reconnecting to RabbitMQ", in_s=round(delay, 2))
-            await wait_any(stop, delay, self._fatal_event)
+            await wait_any(stop, delay, self._tasks.failed)
 
     async def _consume(self, session: BrokerSession, stop: asyncio.Event) -> None:
         await session.start_consuming()
@@ -281,14 +232,14 @@ class Service:
         while True:
             if database_down.is_set():
                 await self._pause(session, stop)
-            if stop.is_set() or self._fatal is not None:
+            if stop.is_set() or self._tasks.fatal is not None:
                 await self._stop_gracefully(session)
                 return
             if session.closed.done():
                 raise ConnectionLost(session.closed.result())
             if database_down.is_set():
                 continue
-            await wait_any(None, None, stop, database_down, self._fatal_event, session.closed)
+            await wait_any(None, None, stop, database_down, self._tasks.failed, session.closed)
 
     async def _stop_gracefully(self, session: BrokerSession) -> None:
         """No new deliveries, unstarted ones back, in-flight ones finish in time."""
@@ -306,7 +257,7 @@ class Service:
                 "shutdown grace expired; unfinished deliveries go back to the queue",
                 in_flight=self._workers.busy,
             )
-        await self._liveness.stop(keep_marks=self._died_of_a_bug)
+        await self._liveness.stop(keep_marks=self._tasks.died_of_a_bug)
 
     async def _on_delivery(self, delivery: Delivery) -> None:
         if delivery.redelivered:

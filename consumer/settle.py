@@ -27,7 +27,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from consumer.delivery import Delivery
-from consumer.errors import ChannelGone, PublishFailed, error_name, message_of
+from consumer.error_text import error_name, message_of
+from consumer.errors import ChannelGone, PublishFailed
 from consumer.headers import dead_letter_headers, retry_headers
 from consumer.outcome import (
     Failed,

@@ -10,7 +10,7 @@ from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
 from consumer import wire
-from consumer.envelope import EnvelopeLimits, EnvelopeParser
+from consumer.envelope_parser import EnvelopeLimits, EnvelopeParser
 from consumer.errors import Poison, PoisonReason
 from consumer.headers import attempts_so_far, trusted_headers
 from tests.chaos import hostile

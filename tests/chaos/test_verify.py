@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from consumer.envelope import EnvelopeLimits, EnvelopeParser
+from consumer.envelope_parser import EnvelopeLimits, EnvelopeParser
 from consumer.errors import Poison, PoisonReason
 from tests.chaos.hostile import KEPT_HEADER, READ_TAIL, SAFE_ONCE_READ, Wire
 from tests.chaos.observe import DeadCopy, EndState

@@ -145,7 +145,7 @@ async def test_a_base_exception_from_a_handler_in_a_batch_fails_its_event_alone(
 ) -> None:
     """Found in review: ``calls._call`` caught ``Exception`` only. A ``CancelledError`` a handler
     raised (awaiting a future or task some library cancelled) ended its worker task as
-    "cancelled", which ``Service._task_ended`` ignores: that batch and every later delivery
+    "cancelled", which ``WorkerTasks._task_ended`` ignores: that batch and every later delivery
     routed to the worker's inbox were never settled, while ``/healthz`` stayed 200. Any other
     ``BaseException`` (``GeneratorExit``, a library's own) stopped the process "gracefully", which
     clears its crash marks: every process died on the event until the broker's delivery limit

@@ -115,7 +115,7 @@ async def test_a_header_that_is_not_utf8_cannot_make_a_copy_too_large_to_publish
     env: TestEnv, raw_short_strings: None
 ) -> None:
     """A producer's header value of 50,000 bytes that are not UTF-8 passes the 64 KiB header
-    limit (``envelope._header_size`` counts characters), and decodes to 150,000 bytes of
+    limit (``envelope_parser._header_size`` counts characters), and decodes to 150,000 bytes of
     replacement characters: the failed event's copy no longer fits a frame."""
     settings = {"batch_size": "50", "db_pool_size": "1"}
     await env.apply_topology(**settings)

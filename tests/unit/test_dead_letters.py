@@ -11,7 +11,7 @@ from typing import Any, cast
 from aio_pika.abc import AbstractIncomingMessage
 
 from consumer.dlq_letters import read_dead_letter
-from consumer.envelope import EnvelopeLimits, EnvelopeParser
+from consumer.envelope_parser import EnvelopeLimits, EnvelopeParser
 from consumer.registry import HandlerRegistry
 
 

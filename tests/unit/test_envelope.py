@@ -4,11 +4,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from consumer.envelope import (
-    EnvelopeLimits,
-    EnvelopeParser,
-    check_content_type,
-)
+from consumer.envelope_parser import EnvelopeLimits, EnvelopeParser, check_content_type
 from consumer.errors import Poison, PoisonReason
 
 LIMIT = 4096

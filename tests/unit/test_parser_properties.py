@@ -8,7 +8,7 @@ import uuid
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from consumer.envelope import EnvelopeLimits, EnvelopeParser
+from consumer.envelope_parser import EnvelopeLimits, EnvelopeParser
 from consumer.errors import Poison
 
 PARSER = EnvelopeParser(EnvelopeLimits(max_bytes=16 * 1024, max_depth=16))

@@ -15,7 +15,7 @@ from pydantic import RootModel
 
 from consumer import prepare
 from consumer.config import envelope_limits
-from consumer.envelope import EnvelopeLimits, EnvelopeParser
+from consumer.envelope_parser import EnvelopeLimits, EnvelopeParser
 from consumer.errors import Poison, PoisonReason
 from consumer.handlers.inventory import Reserve
 from consumer.prepare import Preparer

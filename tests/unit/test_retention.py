@@ -13,7 +13,8 @@ from pydantic import ValidationError
 
 from consumer.config import envelope_limits, receipt_window
 from consumer.dlq_letters import renewed
-from consumer.envelope import EnvelopeParser, RawEnvelope
+from consumer.envelope import RawEnvelope
+from consumer.envelope_parser import EnvelopeParser
 from consumer.errors import Poison, PoisonReason
 from consumer.prepare import Preparer
 from consumer.registry import HandlerRegistry

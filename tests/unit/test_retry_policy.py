@@ -3,17 +3,16 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
+from consumer.classification import ErrorKind, classify
 from consumer.errors import (
     CrashedRepeatedly,
     DatabaseUnavailable,
-    ErrorKind,
     HandlerEndedTransaction,
     HandlerTimeout,
     HardTimeLimitExceeded,
     PermanentError,
     SwallowedDatabaseError,
     TransientError,
-    classify,
 )
 from consumer.retry import (
     MAX_CONNECTION_LOSSES,

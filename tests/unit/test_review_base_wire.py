@@ -27,7 +27,7 @@ def test_the_header_limit_counts_the_bytes_a_copy_carries() -> None:
     """Found in the second review: the limit counted characters, so 50,000 bytes that are not
     UTF-8 (150,000 bytes once decoded) passed it, and the copy of the failed event was too large
     for a frame: the broker closed the publishing connection, again at every redelivery."""
-    from consumer.envelope import EnvelopeLimits, EnvelopeParser
+    from consumer.envelope_parser import EnvelopeLimits, EnvelopeParser
     from consumer.errors import Poison, PoisonReason
 
     wire.install()
@@ -41,7 +41,7 @@ def test_the_header_limit_counts_the_bytes_a_copy_carries() -> None:
 
 
 def test_the_message_of_an_error_whose_str_raises_says_so() -> None:
-    from consumer.errors import message_of
+    from consumer.error_text import message_of
 
     class Unprintable(Exception):
         def __str__(self) -> str:

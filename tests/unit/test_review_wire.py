@@ -17,7 +17,7 @@ import pytest
 from pamqp import decode
 
 from consumer import wire
-from consumer.envelope import EnvelopeLimits, EnvelopeParser
+from consumer.envelope_parser import EnvelopeLimits, EnvelopeParser
 from consumer.errors import Poison
 from consumer.headers import trusted_headers
 

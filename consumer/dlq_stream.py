@@ -254,7 +254,12 @@ class QueueScan:
                 channel_number=self._raw.number, frames=frames, drain_future=written
             )
         )
-        await written
+        try:
+            await written
+        except (aiormq.exceptions.AMQPError, ConnectionError):
+            raise
+        except Exception as error:  # what closed the channel, or a bare Exception on a clean close
+            raise ConnectionError(f"the channel reading {self._queue} closed") from error
 
     async def _next_consumer(self) -> None:
         # The newest consumer's window is full of held messages. It is not cancelled: a

@@ -29,14 +29,7 @@ from consumer.dlq_stream import Held, QueueScan
 from consumer.errors import PublishFailed, Unroutable
 from consumer.publisher import Publisher, copy_properties
 
-__all__ = [
-    "DEFAULT_IN_FLIGHT",
-    "NO_ENVELOPE",
-    "Pacer",
-    "ReplayOptions",
-    "Tally",
-    "replay",
-]
+__all__ = ["DEFAULT_IN_FLIGHT", "NO_ENVELOPE", "Pacer", "ReplayOptions", "Tally", "replay"]
 
 DEFAULT_IN_FLIGHT = 256
 NO_ENVELOPE = "not a valid envelope: there is no event to replay"

@@ -11,8 +11,7 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable
 from uuid import UUID, uuid4
 
 from consumer.alone import Alone
@@ -32,6 +31,7 @@ from consumer.database import Database
 from consumer.dispatch import Dispatcher
 from consumer.envelope_parser import EnvelopeParser
 from consumer.errors import BrokerUnreachable, ConfigError, PipelineFault, TopologyMissing
+from consumer.event_loop import run_event_loop
 from consumer.guard import Guard
 from consumer.http import HttpServer, build_app
 from consumer.judge import Judge
@@ -57,7 +57,6 @@ from topology.names import rung_label
 __all__ = ["build_service", "run", "serve"]
 
 EXIT_SECOND_SIGNAL = 130
-T = TypeVar("T")
 
 
 def run(settings: Settings, registry: HandlerRegistry) -> int:
@@ -69,15 +68,7 @@ def run(settings: Settings, registry: HandlerRegistry) -> int:
     route_library_logs(logger)
     rungs = [rung_label(delay) for delay in settings.retry_delays]
     metrics = Metrics(ServiceRegistry(), registry, rungs, name=settings.name)
-    return _event_loop_run(serve(settings, registry, logger, metrics, before_exit=lines.write_out))
-
-
-def _event_loop_run(coroutine: Coroutine[Any, Any, T]) -> T:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
-        return asyncio.run(coroutine)
-    return uvloop.run(coroutine)
+    return run_event_loop(serve(settings, registry, logger, metrics, before_exit=lines.write_out))
 
 
 def build_service(

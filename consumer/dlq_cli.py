@@ -7,7 +7,6 @@ queue's length, and what is not removed is given back in order when the command 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import io
 import sys
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from consumer.dlq_commands import DlqCommands
 from consumer.dlq_letters import Selection
 from consumer.durations import parse_duration
 from consumer.errors import BrokerUnreachable, ConfigError
+from consumer.event_loop import run_event_loop
 from consumer.settings import Settings
 from consumer.startup import EXIT_CONFIG, fail
 
@@ -142,7 +142,7 @@ def run_dlq(settings: Settings, arguments: argparse.Namespace) -> int:
             print("nothing deleted")
             return 1
     try:
-        return asyncio.run(_run(settings, arguments, selection))
+        return run_event_loop(_run(settings, arguments, selection))
     except KeyboardInterrupt:
         # The summary is printed already; what was not removed is back in the queue.
         return EXIT_INTERRUPTED

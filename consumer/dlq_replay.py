@@ -2,10 +2,14 @@
 
 Each letter is published with its event type as the routing key and its attempts reset; its dead
 copy is acked only once the broker confirmed the new one. Up to ``in_flight`` publishes wait for
-their confirms at once (one round trip per window, not per letter). Whatever stops a replay
-half-way (Ctrl-C, the broker gone, the exchange deleted), every letter is either replayed and
-removed, or still in the dead-letter queue; a letter whose copy was published but not confirmed
-may be in both (at least once), and the receipts make the second copy harmless: applied once.
+their confirms at once (one round trip per window, not per letter); the dead copies of the
+letters confirmed meanwhile are removed together, one write for dozens (a run of them from the
+oldest still held is one ``multiple`` ack: :mod:`consumer.ack_runs`), and a letter kept or failed
+in between stays held, never covered by one. Whatever stops a replay half-way (Ctrl-C, the
+broker gone, the exchange deleted), every letter is either replayed and removed, or still in the
+dead-letter queue; a letter whose copy was published but not confirmed may be in both (at least
+once), and the receipts make the second copy harmless: applied once. A letter is counted
+replayed once its removal is written, so the tally is exact whenever the replay stops.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ __all__ = ["DEFAULT_IN_FLIGHT", "NO_ENVELOPE", "Pacer", "ReplayOptions", "Tally"
 DEFAULT_IN_FLIGHT = 256
 NO_ENVELOPE = "not a valid envelope: there is no event to replay"
 _CHANNEL_CLOSED = "not tried: the publishing channel had closed"
+_GATHER = 0.02  # seconds a confirmed letter may wait for others to be removed with
 
 Reader = Callable[[Held], DeadMessage]
 Report = Callable[[DeadMessage, str | None], None]
@@ -111,6 +116,8 @@ async def replay(
     pending: set[asyncio.Task[None]] = set()
     loop = asyncio.get_running_loop()
     pacer = Pacer(options.rate, loop.time())
+    removal = _Removal(scan, tally, report)
+    remover = asyncio.create_task(removal.run())
     try:
         async for held in scan.messages():
             tally.read += 1
@@ -133,7 +140,7 @@ async def replay(
             await asyncio.sleep(pacer.delay(loop.time()))
             await window.acquire()
             task = asyncio.create_task(
-                _one(scan, held, letter, publisher, options, tally, report, window)
+                _one(held, letter, publisher, options, tally, report, window, removal)
             )
             pending.add(task)
             task.add_done_callback(pending.discard)
@@ -143,6 +150,60 @@ async def replay(
         while pending:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
+        removal.close()
+        while not remover.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(remover)
+
+
+class _Removal:
+    """Removes the dead copies of confirmed letters, as many as have gathered in one write (a
+    write a letter, awaited in turn, cost more than the publish). A letter is counted replayed
+    only once its ack is written, so the tally is exact whenever the replay stops."""
+
+    def __init__(self, scan: QueueScan, tally: Tally, report: Report) -> None:
+        self._scan = scan
+        self._tally = tally
+        self._report = report
+        self._confirmed: list[tuple[Held, DeadMessage]] = []
+        self._wake = asyncio.Event()
+        self._closing = False
+
+    def confirmed(self, held: Held, letter: DeadMessage) -> None:
+        """Its new copy is confirmed: its dead copy goes with the next write."""
+        self._confirmed.append((held, letter))
+        self._wake.set()
+
+    def close(self) -> None:
+        """No more letters: :meth:`run` removes those gathered, then returns."""
+        self._closing = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        while not (self._closing and not self._confirmed):
+            await self._wake.wait()
+            if not self._closing:
+                # Confirms come back a few at a time: waiting a little lets one write remove
+                # dozens (a run of them one ``multiple`` ack, which the broker also settles once).
+                await asyncio.sleep(_GATHER)
+            self._wake.clear()
+            batch, self._confirmed = self._confirmed, []
+            if batch:
+                await self._remove(batch)
+
+    async def _remove(self, batch: list[tuple[Held, DeadMessage]]) -> None:
+        try:
+            await self._scan.take_all([held for held, _ in batch])
+        except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError):
+            self._tally.not_removed += len(batch)
+            for _, letter in batch:
+                self._report(
+                    letter, "replayed, but its dead copy could not be removed: it is there too"
+                )
+            return
+        self._tally.replayed += len(batch)
+        for _, letter in batch:
+            self._report(letter, None)
 
 
 def _refusal(letter: DeadMessage, *, force: bool) -> str | None:
@@ -154,7 +215,6 @@ def _refusal(letter: DeadMessage, *, force: bool) -> str | None:
 
 
 async def _one(
-    scan: QueueScan,
     held: Held,
     letter: DeadMessage,
     publisher: Publisher,
@@ -162,6 +222,7 @@ async def _one(
     tally: Tally,
     report: Report,
     window: asyncio.Semaphore,
+    removal: _Removal,
 ) -> None:
     try:
         headers = h.replay_headers(letter.headers)
@@ -186,11 +247,4 @@ async def _one(
         return
     finally:
         window.release()
-    try:
-        await scan.take(held)
-    except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError):
-        tally.not_removed += 1
-        report(letter, "replayed, but its dead copy could not be removed: it is there too")
-        return
-    tally.replayed += 1
-    report(letter, None)
+    removal.confirmed(held, letter)

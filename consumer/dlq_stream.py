@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -33,6 +33,8 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aiormq.abc import ChannelFrame
 from pamqp.commands import Basic
+
+from consumer.ack_runs import AckRuns
 
 __all__ = ["DEFAULT_WINDOW", "Delivered", "Held", "QueueScan"]
 
@@ -104,6 +106,7 @@ class QueueScan:
         self._consumer_tags: list[str] = []
         self._unsettled: dict[str, int] = {}
         self._taken: set[int] = set()
+        self._runs = AckRuns()
         self._gave_up_waiting = False
         self._returned_up_to = 0
         self._last_tag = 0
@@ -226,9 +229,37 @@ class QueueScan:
 
     async def take(self, held: Held) -> None:
         """Remove a held message from the queue (ack it)."""
-        await self._raw.basic_ack(held.tag)
-        self._taken.add(held.tag)
-        self._unsettled[held.consumer] -= 1
+        await self.take_all([held])
+
+    async def take_all(self, held: Sequence[Held]) -> None:
+        """Remove held messages from the queue, and only them: one write, a run from the oldest
+        message not yet removed acked as one (``multiple``), the others each alone."""
+        if not held:
+            return
+        plan = self._runs.plan(message.tag for message in held)
+        frames = [Basic.Ack(delivery_tag=tag, multiple=False) for tag in plan.singles]
+        if plan.up_to is not None:
+            frames.insert(0, Basic.Ack(delivery_tag=plan.up_to, multiple=True))
+        # Counted as taken before the write: whether the broker got it or not, a tag planned is
+        # never given back by this scan (a nack of an acked tag would close the channel).
+        for message in held:
+            self._taken.add(message.tag)
+            self._unsettled[message.consumer] -= 1
+        if self._raw.is_closed:
+            raise ConnectionError(f"the channel reading {self._queue} closed")
+        # The channel's own future: failed, not left pending, if the channel closes first.
+        written = self._raw.create_future()
+        await self._raw.write_queue.put(
+            ChannelFrame.marshall(
+                channel_number=self._raw.number, frames=frames, drain_future=written
+            )
+        )
+        try:
+            await written
+        except (aiormq.exceptions.AMQPError, ConnectionError):
+            raise
+        except Exception as error:  # what closed the channel, or a bare Exception on a clean close
+            raise ConnectionError(f"the channel reading {self._queue} closed") from error
 
     async def _next_consumer(self) -> None:
         # The newest consumer's window is full of held messages. It is not cancelled: a

@@ -41,10 +41,12 @@ def listed_ids(env: TestEnv, *filters: str) -> list[str]:
     return [json.loads(line)["id"] for line in out.splitlines()]
 
 
-async def fill_dead_letters(env: TestEnv) -> list[str]:
+async def fill_dead_letters(env: TestEnv, *, expired_every: int = 0) -> list[str]:
     """200 permanently failed restocks then 100 exhausted ``test.behave``, interleaved, published
     straight into the dead-letter exchange with the headers the service writes; their ids in
-    queue order."""
+    queue order. With ``expired_every``, the restocks at :func:`_expired_positions` are
+    dead-lettered ``expired`` instead."""
+    expired = set(_expired_positions(RESTOCKS + BEHAVES, expired_every))
     await env.apply_topology()
     connection = await aio_pika.connect(env.amqp_url)
     ids: list[str] = []
@@ -59,6 +61,8 @@ async def fill_dead_letters(env: TestEnv) -> list[str]:
                 {"sku": "S", "qty": 1} if restock else behave(f"k{index}", fail_transient=9)
             )
             reason = "permanent_failure" if restock else "retries_exhausted"
+            if index in expired:
+                reason = "expired"
             ids.append(str(event_id))
             body = envelope_body(
                 event_type, payload, event_id=event_id, occurred_at=datetime.now(UTC)
@@ -123,6 +127,31 @@ async def test_limit_and_filters_select_the_same_letters_for_list_purge_and_repl
     left = listed_ids(env)
     assert len(left) == 50
     assert set(left) < set(restocks[120:])
+
+
+async def test_a_replay_removes_only_what_it_replayed_whatever_stays_in_between(
+    env: TestEnv,
+) -> None:
+    # Given 300 dead letters: restocks and exhausted behaves interleaved, and every seventh
+    # restock dead-lettered as expired (refused without --force)
+    ids = await fill_dead_letters(env, expired_every=7)
+    behaves = [event_id for index, event_id in enumerate(ids) if index % 3 == 2]
+    expired = [ids[index] for index in _expired_positions(len(ids), 7)]
+    assert expired
+
+    # When every restock is replayed: the behaves are not selected and the expired ones kept,
+    # so the removals are runs broken by letters that stay
+    code, out, err = dlq(env, "replay", "--type", "inventory.restock")
+
+    # Then the replayed ones left the dead-letter queue and reached the work queue, and every
+    # letter not replayed is still dead, in its order
+    assert code == 1, err
+    replayed = RESTOCKS - len(expired)
+    assert f"replayed {replayed} of {RESTOCKS} selected (300 read); {len(expired)} kept" in out
+    assert await queue_depth(env.amqp_url, env.names.work) == replayed
+    assert await queue_depth(env.amqp_url, env.names.dead) == BEHAVES + len(expired)
+    stayed = set(behaves) | set(expired)
+    assert listed_ids(env) == [event_id for event_id in ids if event_id in stayed]
 
 
 async def test_a_replay_whose_exchange_goes_half_way_loses_nothing_and_sums_up(
@@ -237,3 +266,11 @@ async def _work_at_least(env: TestEnv, count: int) -> bool:
 
 async def _depth_is(env: TestEnv, queue: str, count: int) -> bool:
     return await queue_depth(env.amqp_url, queue) == count
+
+
+def _expired_positions(count: int, every: int) -> list[int]:
+    """Every ``every``-th restock's position (restocks are those not at ``index % 3 == 2``)."""
+    if not every:
+        return []
+    restocks = [index for index in range(count) if index % 3 != 2]
+    return restocks[every - 1 :: every]

@@ -182,6 +182,18 @@ class ThrowawayRabbit:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
+def restart_member_expression(queue: str, vhost: str = "/") -> str:
+    """The ``rabbitmqctl eval`` of deploy/runbooks/DeadLetteringStuck.md, for one queue (run it
+    on the queue's leader node). ``restart_server`` alone answers ``already_started`` for a
+    running member: it must be stopped first."""
+    return (
+        f'{{ok, Q}} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"{vhost}">>, queue, <<"{queue}">>)), '
+        "{RaName, _} = amqqueue:get_pid(Q), Member = {RaName, node()}, "
+        "ok = rabbit_quorum_queue:stop_server(Member), "
+        "rabbit_quorum_queue:restart_server(Member)."
+    )
+
+
 class ThrowawayRabbitCluster:
     """Three (by default) :class:`ThrowawayRabbit` nodes with one Erlang cookie, joined with
     ``rabbitmqctl join_cluster`` to the first.
@@ -292,6 +304,15 @@ class ThrowawayRabbitCluster:
             if result.returncode == 0 and result.stdout.strip().isdigit():
                 return int(result.stdout.strip())
         raise RuntimeError(f"no live node reports the dead-letter backlog of {queue}")
+
+    def restart_leader_member(self, queue: str, vhost: str = "/") -> str:
+        """The runbook's step for ``DeadLetteringStuck`` (deploy/runbooks): stop and start again
+        quorum queue ``queue``'s Raft member on its leader node. A follower takes over and starts
+        a fresh dead-letter worker, which takes back what the stuck one held. Returns what the
+        ``eval`` printed (``ok`` when the member is back)."""
+        leader = self.nodes[self.leader_of(queue, vhost)]
+        result = leader._ctl("eval", restart_member_expression(queue, vhost), timeout=60)
+        return result.stdout.strip()
 
     def index_of(self, node_name: str) -> int:
         return [node.node for node in self.nodes].index(node_name)

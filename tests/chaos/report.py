@@ -86,6 +86,8 @@ class RunReport:
                 "innocent_dead",
                 "extra_dead",
                 "restarts",
+                "stranded",
+                "recovered",
             ):
                 setattr(total, name, getattr(total, name) + getattr(f, name))
             rows.append(_row(result.title, f, f"{result.seconds:.0f}s", _status(result)))
@@ -110,7 +112,10 @@ class RunReport:
             "`<name>.dead`, one expected per confirmed publication of a permanent or poison "
             "event (a duplicate published twice is dead-lettered twice). `lost`: events that must "
             "apply with no effect, plus confirmed dead-bound publications missing from the "
-            "dead-letter queue. `duplicated effects`: effects beyond the first of an event. "
+            "dead-letter queue; on a cluster, counted after the runbook's step for messages "
+            "RabbitMQ held in its at-least-once dead-lettering once the queues were quiet "
+            "(deploy/runbooks/DeadLetteringStuck.md), `stranded` being what it held before. "
+            "`duplicated effects`: effects beyond the first of an event. "
             "`innocent dead letters`: dead copies of events that must apply (always a "
             "violation). `extra dead copies`: a second dead copy of one message id (the "
             "publish-confirm-then-ack window; no effect). `restarts after self-exit`: consumers "
@@ -186,9 +191,16 @@ class RunReport:
 def _row(title: str, f: Figures, seconds: str, status: str) -> str:
     return (
         f"| {title} | {f.sent:,} | {f.applied:,} of {f.to_apply:,} | {f.dead_lettered:,} of "
-        f"{f.dead_expected:,} | {f.lost} | {f.duplicated} | {f.innocent_dead} | {f.extra_dead} | "
-        f"{f.restarts} | {f.resent} | {seconds} | {status} |"
+        f"{f.dead_expected:,} | {_lost(f)} | {f.duplicated} | {f.innocent_dead} | "
+        f"{f.extra_dead} | {f.restarts} | {f.resent} | {seconds} | {status} |"
     )
+
+
+def _lost(f: Figures) -> str:
+    """Lost after the runbook's step, and what RabbitMQ had stranded before it (if anything)."""
+    if not f.stranded:
+        return str(f.lost)
+    return f"{f.lost} (stranded {f.stranded:,}, {f.recovered:,} recovered by the runbook's step)"
 
 
 def _status(result: ScenarioResult) -> str:

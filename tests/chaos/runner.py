@@ -5,9 +5,10 @@ whatever the run started is stopped and removed on the way out.
 
 Per scenario: start the consumers, publish the workload at a steady rate while the faults strike
 at set shares of the effects (and, where the scenario expects consumers to exit by themselves,
-restart each one that does, as a supervisor would), wait until the queues are quiet, scrape
-``/metrics``, stop the consumers with SIGTERM, then read the end state and check every invariant
-(:mod:`.verify`).
+restart each one that does, as a supervisor would), wait until the queues are quiet (on a
+cluster, then apply the runbook's step to what RabbitMQ holds back in dead-lettering, see
+:mod:`.stranded`, and wait again), scrape ``/metrics``, stop the consumers with SIGTERM, then
+read the end state and check every invariant (:mod:`.verify`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from tests.chaos.observe import (
 from tests.chaos.producer import Attempt, Gates, PublishLog, ResilientProducer
 from tests.chaos.report import FaultRecord, RunReport, ScenarioResult
 from tests.chaos.scenarios import CONSUMER_SETTINGS, Profile, Scenario, chosen
+from tests.chaos.stranded import Stranding, held_back, recover
 from tests.chaos.verify import check, dead_by_reason, excuse_losses
 from tests.chaos.workload import SEED_STOCK, SKUS, Workload, plan_workload
 from tests.chaos.world import World
@@ -336,6 +338,16 @@ async def run_scenario(
         waited = await _settle(world, workload, log, timeout=profile.settle_timeout)
         if waited is not None:
             world.notes.append(waited)
+        stranding = Stranding()
+        if on_cluster is not None:
+            held = await held_back(on_cluster, _busy_queues(env), world.notes)
+            if held:
+                _say(f"  stranded in dead-lettering: {held}; applying the runbook's step")
+                stranding = await recover(on_cluster, held)
+                world.notes += stranding.notes()
+                waited = await _settle(world, workload, log, timeout=profile.settle_timeout)
+                if waited is not None:
+                    world.notes.append(f"after the runbook's step: {waited}")
         if supervisor is not None:
             supervisor.cancel()
             with contextlib.suppress(BaseException):
@@ -363,6 +375,8 @@ async def run_scenario(
             excuse_losses(verdict, "reported, not a violation: asynchronous replication")
         verdict.violations += world.unexpected_exits
         verdict.figures.restarts = world.restarts
+        verdict.figures.stranded = stranding.stranded
+        verdict.figures.recovered = stranding.recovered
         if scenario.keeps_broker_links:
             verdict.violations += _broken_links(world)
         if scenario.never_pauses and (pauses := world.pauses()):
@@ -516,20 +530,15 @@ async def _count_leftovers(env: TestEnv, state: EndState) -> None:
 
 
 async def _stranded(cluster: ThrowawayRabbitCluster, env: TestEnv, world: World) -> None:
-    """Note what the cluster's queues hold for their at-least-once dead-letter workers at the end:
-    expired retry copies (or rejected messages) RabbitMQ has not forwarded. Events held there are
-    reported as lost by the checks, which see only ready messages; this says where they are."""
-    for queue in _busy_queues(env):
-        try:
-            held = await asyncio.to_thread(cluster.dead_letter_backlog, queue)
-        except (RuntimeError, subprocess.SubprocessError) as error:
-            world.notes.append(f"{queue}: dead-letter backlog unknown ({error})")
-            continue
-        if held:
-            world.notes.append(
-                f"{queue}: RabbitMQ holds {held} messages in its at-least-once dead-lettering, "
-                "never forwarded (stranded after a leader change; not ready, so not 'left')"
-            )
+    """Note what the cluster's queues still hold for their at-least-once dead-letter workers at
+    the end (after the runbook's step, if it was needed): expired retry copies or rejected
+    messages RabbitMQ has not forwarded. The checks, which see only ready messages, count the
+    events held there as lost; this says where they are."""
+    for queue, held in (await held_back(cluster, _busy_queues(env), world.notes)).items():
+        world.notes.append(
+            f"{queue}: RabbitMQ still holds {held} messages in its at-least-once dead-lettering "
+            "at the end, not forwarded (not ready, so not 'left')"
+        )
 
 
 async def _remove_broker_objects(env: TestEnv) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections import Counter
+from datetime import UTC, datetime
 
 import pytest
 
@@ -13,6 +14,8 @@ from consumer.errors import Poison, PoisonReason
 from tests.chaos.hostile import KEPT_HEADER, READ_TAIL, SAFE_ONCE_READ, Wire
 from tests.chaos.observe import DeadCopy, EndState
 from tests.chaos.producer import Attempt, PublishLog
+from tests.chaos.report import RunReport, ScenarioResult
+from tests.chaos.stranded import Stranding
 from tests.chaos.verify import Figures, Verdict, check, excuse_losses
 from tests.chaos.workload import (
     DUPLICATE_SHARE,
@@ -525,3 +528,31 @@ def test_an_expired_late_copy_of_an_applied_event_is_counted_only_where_expected
     rows(state, duplicate.event)[duplicate.event.event_id] = 0
     lost = check(workload, log, state, extra_dead_allowed=False, expired_copies=True)
     assert any("LOST" in violation for violation in lost.violations)
+
+
+def test_a_stranding_the_runbooks_step_recovered_is_reported_with_its_raw_count() -> None:
+    # Given two queues that held messages back once quiet, and the step forwarding one's only
+    stranding = Stranding(
+        held={"c.work": 30, "c.retry.400ms": 12}, left={"c.work": 2}, steps={"c.work": "ok"}
+    )
+    result = ScenarioResult("cluster-leader-kill", "leader kill", 1)
+    result.verdict = Verdict(
+        Figures(lost=2, stranded=stranding.stranded, recovered=stranding.recovered)
+    )
+    report = RunReport("short", "test", datetime.now(UTC), {}, {}, [result])
+
+    # Then the table keeps both: lost after the step, and what was stranded before it
+    assert (stranding.stranded, stranding.recovered) == (42, 40)
+    assert "| 2 (stranded 42, 40 recovered by the runbook's step) |" in report.table()
+    assert [note.split(":")[0] for note in stranding.notes()] == ["c.work", "c.retry.400ms"]
+    assert "had 28 forwarded" in stranding.notes()[0]
+
+
+def test_without_a_stranding_the_lost_cell_is_the_count_alone() -> None:
+    result = ScenarioResult("sigkill", "SIGKILL", 1)
+    result.verdict = Verdict(Figures(lost=3))
+
+    table = RunReport("short", "test", datetime.now(UTC), {}, {}, [result]).table()
+
+    assert "| 3 | 0 |" in table
+    assert "stranded" not in table

@@ -58,6 +58,12 @@ class Figures:
     """Dead copies of events that must apply (whatever their reason)."""
     restarts: int = 0
     """Consumers that exited by themselves and were started again (filled in by the runner)."""
+    stranded: int = 0
+    """Messages a cluster's queues held for their at-least-once dead-letter workers once the
+    queues were quiet (filled in by the runner; see :mod:`.stranded`). ``lost`` is counted after
+    the runbook's step forwarded them."""
+    recovered: int = 0
+    """Of :attr:`stranded`, those the runbook's step had forwarded."""
     handler_calls: int = 0
 
 

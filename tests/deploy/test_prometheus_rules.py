@@ -22,10 +22,15 @@ from tests.deploy.support import (
     service_queues,
     yaml_file,
 )
+from tests.servers import restart_member_expression
+from topology.names import Names
 
 # A dot in CONSUMER_NAME too; generation 1 is <name>.work, n is <name>.work.v<n>.
 _SERVICES = ("consumer", "billing.eu")
 _WORK_QUEUE_VERSIONS = (1, 2, 10)
+# Its depth, and what it holds for its at-least-once dead-letter worker (as the rungs do).
+_WATCH_THE_WORK_QUEUE = {"WorkQueueGrowing", "DeadLetteringStuck"}
+_PLANS = [Names(s, "events", work_version=v) for s in _SERVICES for v in _WORK_QUEUE_VERSIONS]
 
 
 def test_promtool_checks_the_config_and_the_rule_files_it_names() -> None:
@@ -103,6 +108,23 @@ def test_every_consumer_metric_in_the_rules_is_exported() -> None:
     assert not unknown
 
 
+def _queue_rule(alert: str) -> tuple[list[str], str]:
+    """A queue rule's ``queue`` patterns, and the pattern its join reads the service's name with
+    (group 1), as Prometheus reads them."""
+    (rule,) = [rule for rule in alert_rules() if rule["alert"] == alert]
+    (to_name,) = re.findall(r'"name", "\$1", "queue", "([^"]*)"', rule["expr"])
+    return queue_patterns(rule["expr"]), promql_string(to_name)
+
+
+def _assert_watched(queue: str, service: str, patterns: list[str], to_name: str) -> None:
+    """Every pattern takes ``queue``, and the join reads ``service`` from its name."""
+    assert patterns
+    assert [pattern for pattern in patterns if not re.fullmatch(pattern, queue)] == [], queue
+    named = re.fullmatch(to_name, queue)
+    assert named is not None, queue
+    assert named.group(1) == service, queue
+
+
 @pytest.mark.parametrize("version", _WORK_QUEUE_VERSIONS)
 @pytest.mark.parametrize("service", _SERVICES)
 def test_the_work_queue_rule_takes_every_generation_and_no_other_queue(
@@ -110,16 +132,10 @@ def test_the_work_queue_rule_takes_every_generation_and_no_other_queue(
 ) -> None:
     # Given the queues of a service's plan, its work queue of one generation among them
     work, others = service_queues(service, version)
-    (rule,) = [rule for rule in alert_rules() if rule["alert"] == "WorkQueueGrowing"]
-    patterns = queue_patterns(rule["expr"])
-    (to_name,) = re.findall(r'"name", "\$1", "queue", "([^"]*)"', rule["expr"])
+    patterns, to_name = _queue_rule("WorkQueueGrowing")
 
     # Then every selector of the rule takes the work queue, and the join reads the service from it
-    assert patterns
-    assert [pattern for pattern in patterns if not re.fullmatch(pattern, work)] == []
-    named = re.fullmatch(promql_string(to_name), work)
-    assert named is not None
-    assert named.group(1) == service
+    _assert_watched(work, service, patterns, to_name)
     # And none takes the service's dead-letter queue or a rung
     assert [queue for queue in others for p in patterns if re.fullmatch(p, queue)] == []
 
@@ -131,9 +147,35 @@ def test_no_other_queue_rule_takes_a_work_queue(version: int) -> None:
     taken = [
         rule["alert"]
         for rule in alert_rules()
-        if rule["alert"] != "WorkQueueGrowing"
+        if rule["alert"] not in _WATCH_THE_WORK_QUEUE
         for pattern in queue_patterns(rule["expr"])
         if re.fullmatch(pattern, work)
     ]
 
     assert taken == []
+
+
+@pytest.mark.parametrize("names", _PLANS, ids=lambda names: names.work)
+def test_the_stuck_dead_lettering_rule_takes_the_work_queue_and_the_rungs_never_the_dead_queue(
+    names: Names,
+) -> None:
+    # Given a service's plan: the queues that dead-letter at-least-once, and its dead-letter queue
+    service, dead = names.service, names.dead
+    work, others = service_queues(service, names.work_version)
+    dead_lettering = [work, *(queue for queue in others if queue != dead)]
+    patterns, to_name = _queue_rule("DeadLetteringStuck")
+
+    # Then every selector takes each of them, and the join reads the service from its name
+    for queue in dead_lettering:
+        _assert_watched(queue, service, patterns, to_name)
+    # And none takes the dead-letter queue, which dead-letters nothing
+    assert [pattern for pattern in patterns if re.fullmatch(pattern, dead)] == []
+
+
+def test_the_stuck_dead_lettering_runbook_gives_the_step_the_chaos_runner_applies() -> None:
+    runbook = (DEPLOY / "runbooks" / "DeadLetteringStuck.md").read_text()
+
+    # The runbook's shell form: its variables in place of the names, its quotes escaped
+    step = restart_member_expression("$QUEUE", "$VHOST").replace('"', '\\"')
+
+    assert step in " ".join(runbook.split())

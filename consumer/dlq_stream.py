@@ -256,6 +256,12 @@ class QueueScan:
         )
         try:
             await written
+        except asyncio.CancelledError as error:
+            if written.cancelled():  # this task was cancelled (Ctrl-C): not the channel's doing
+                raise
+            # aiormq fails a channel's futures with the CancelledError that stopped its reader (a
+            # broker silent past the heartbeat): the channel closed, and this task goes on.
+            raise ConnectionError(f"the channel reading {self._queue} closed") from error
         except (aiormq.exceptions.AMQPError, ConnectionError):
             raise
         except Exception as error:  # what closed the channel, or a bare Exception on a clean close

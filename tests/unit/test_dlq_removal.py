@@ -1,5 +1,6 @@
 """Replay's removals: gathered into few writes, and counted only once written, so the tally is
-exact whether the write went out or the channel had closed."""
+exact whether the write went out or the channel had closed. And the scan's writes (removals and
+give-backs) end when their channel closes, however aiormq closes it."""
 
 from __future__ import annotations
 
@@ -154,3 +155,20 @@ async def test_a_removal_whose_own_task_is_cancelled_is_still_cancelled() -> Non
     # Then it ends cancelled, as before
     with pytest.raises(asyncio.CancelledError):
         await taking
+
+
+async def test_giving_back_on_a_connection_that_closes_ends_instead_of_waiting_for_ever() -> None:
+    # Given a scan giving its letters back, the nacks queued for the connection's writer
+    channel = ChannelOfAiormq()
+    scan, _ = scan_on(channel, [1, 2])
+    giving_back = asyncio.create_task(scan._nack_each(iter([1, 2]), ready=0))
+    while channel.write_queue.empty():
+        await asyncio.sleep(0)
+
+    # When the connection closes before writing them (aiormq drops what is still queued)
+    await channel.futures.reject_all(ConnectionError("Connection reset by peer"))
+
+    # Then giving back fails as on any closed channel (the broker has the letters back), and the
+    # command ends instead of holding its summary's exit for ever
+    with pytest.raises(ConnectionError):
+        await asyncio.wait_for(giving_back, 5)

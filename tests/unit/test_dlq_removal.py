@@ -172,3 +172,33 @@ async def test_giving_back_on_a_connection_that_closes_ends_instead_of_waiting_f
     # command ends instead of holding its summary's exit for ever
     with pytest.raises(ConnectionError):
         await asyncio.wait_for(giving_back, 5)
+
+
+async def test_a_report_that_cannot_be_printed_stops_no_removal() -> None:
+    # Given a replay whose output goes to a pager the operator quits after the first line
+    scan = Scan()
+    tally = Tally()
+    said: list[Any] = []
+
+    def report(letter: Any, _: str | None) -> None:
+        said.append(letter)
+        if len(said) == 1:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    removal = _Removal(cast(QueueScan, scan), tally, report)
+    running = asyncio.create_task(removal.run())
+
+    # When letters go on being confirmed after the first report failed
+    removal.confirmed(held(1), cast(Any, "letter 1"))
+    while not scan.writes:
+        await asyncio.sleep(0.005)
+    removal.confirmed(held(2), cast(Any, "letter 2"))
+    removal.confirmed(held(3), cast(Any, "letter 3"))
+    removal.close()
+
+    # Then each is removed and counted (none left in both queues), and the failure is raised
+    # once they are
+    with pytest.raises(BrokenPipeError):
+        await asyncio.wait_for(running, 5)
+    assert scan.writes == [[1], [2, 3]]
+    assert tally.replayed == 3

@@ -153,7 +153,8 @@ async def replay(
         removal.close()
         while not remover.done():
             with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(remover)
+                await asyncio.wait([remover])
+        remover.result()  # what failed in it (a report that could not be printed) fails the replay
 
 
 class _Removal:
@@ -168,6 +169,7 @@ class _Removal:
         self._confirmed: list[tuple[Held, DeadMessage]] = []
         self._wake = asyncio.Event()
         self._closing = False
+        self._report_failed: Exception | None = None
 
     def confirmed(self, held: Held, letter: DeadMessage) -> None:
         """Its new copy is confirmed: its dead copy goes with the next write."""
@@ -190,6 +192,8 @@ class _Removal:
             batch, self._confirmed = self._confirmed, []
             if batch:
                 await self._remove(batch)
+        if self._report_failed is not None:
+            raise self._report_failed
 
     async def _remove(self, batch: list[tuple[Held, DeadMessage]]) -> None:
         try:
@@ -197,13 +201,23 @@ class _Removal:
         except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError):
             self._tally.not_removed += len(batch)
             for _, letter in batch:
-                self._report(
+                self._tell(
                     letter, "replayed, but its dead copy could not be removed: it is there too"
                 )
             return
         self._tally.replayed += len(batch)
         for _, letter in batch:
-            self._report(letter, None)
+            self._tell(letter, None)
+
+    def _tell(self, letter: DeadMessage, problem: str | None) -> None:
+        # Letters go on being removed and counted though reporting them fails (the operator quit
+        # the pager the output went to): only lines are lost, as when each letter was removed by
+        # a task of its own; the first failure is raised once every letter is removed.
+        try:
+            self._report(letter, problem)
+        except Exception as error:
+            if self._report_failed is None:
+                self._report_failed = error
 
 
 def _refusal(letter: DeadMessage, *, force: bool) -> str | None:

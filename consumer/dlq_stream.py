@@ -190,16 +190,10 @@ class QueueScan:
         by as many) before the next: the broker gathers the nacks it has at hand in a map, which
         keeps their order only up to 32 keys (measured: larger batches came back shuffled). Through
         the channel's own write queue, so they go out in order with everything else on it."""
-        loop = asyncio.get_running_loop()
         while chunk := list(itertools.islice(tags, _NACKS_PER_WRITE)):
-            frames = [Basic.Nack(delivery_tag=tag, multiple=False, requeue=True) for tag in chunk]
-            written = loop.create_future()
-            await self._raw.write_queue.put(
-                ChannelFrame.marshall(
-                    channel_number=self._raw.number, frames=frames, drain_future=written
-                )
+            await self._write(
+                [Basic.Nack(delivery_tag=tag, multiple=False, requeue=True) for tag in chunk]
             )
-            await written
             ready += len(chunk)
             await self._until(_at_least(ready))
 
@@ -245,17 +239,29 @@ class QueueScan:
         for message in held:
             self._taken.add(message.tag)
             self._unsettled[message.consumer] -= 1
+        await self._write(frames)
+
+    async def _write(self, frames: Sequence[Basic.Ack | Basic.Nack]) -> None:
+        """``frames`` in one write, through the channel's own write queue (in order with
+        everything else on it); :class:`ConnectionError` if the channel closes first."""
         if self._raw.is_closed:
             raise ConnectionError(f"the channel reading {self._queue} closed")
-        # The channel's own future: failed, not left pending, if the channel closes first.
+        # The channel's own future: failed, not left pending, if the channel closes first (aiormq
+        # drops the frames still queued when a connection closes, and never resolves theirs).
         written = self._raw.create_future()
         await self._raw.write_queue.put(
             ChannelFrame.marshall(
-                channel_number=self._raw.number, frames=frames, drain_future=written
+                channel_number=self._raw.number, frames=list(frames), drain_future=written
             )
         )
         try:
             await written
+        except asyncio.CancelledError as error:
+            if written.cancelled():  # this task was cancelled (Ctrl-C): not the channel's doing
+                raise
+            # aiormq fails a channel's futures with the CancelledError that stopped its reader (a
+            # broker silent past the heartbeat): the channel closed, and this task goes on.
+            raise ConnectionError(f"the channel reading {self._queue} closed") from error
         except (aiormq.exceptions.AMQPError, ConnectionError):
             raise
         except Exception as error:  # what closed the channel, or a bare Exception on a clean close

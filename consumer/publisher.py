@@ -118,6 +118,13 @@ class Publisher:
             raise PublishFailed(f"no confirm from the broker within {self._timeout:g}s") from error
         except (aiormq.exceptions.AMQPError, RuntimeError, ConnectionError) as error:
             raise PublishFailed(f"publishing failed: {describe_amqp_error(error)}") from error
+        except asyncio.CancelledError as error:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise
+            # Not this task's cancel: aiormq fails a closing connection's futures with the
+            # CancelledError that stopped its reader (a broker silent past the heartbeat).
+            raise PublishFailed("publishing failed: the connection closed") from error
         finally:
             if not sending.done():
                 sending.cancel()

@@ -79,6 +79,10 @@ class WorkerTasks:
         """A worker or the lane ended by itself: nothing would serve its deliveries any more, so
         the service stops (exit non-zero) and the supervisor starts a new one."""
         if task.cancelled():
+            # Never this class's own cancel (__aexit__ drops this callback first): a library's
+            # CancelledError ended it, as aiormq's does a publish's once a heartbeat ran out.
+            # Not an event's fault, and its inbox has nothing to serve it any more.
+            self._fail(PipelineFault(f"{task.get_name()} stopped: cancelled by a library"))
             return
         error = task.exception()
         if error is None:

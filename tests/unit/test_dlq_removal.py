@@ -1,11 +1,15 @@
 """Replay's removals: gathered into few writes, and counted only once written, so the tally is
-exact whether the write went out or the channel had closed."""
+exact whether the write went out or the channel had closed. And the scan's writes (removals and
+give-backs) end when their channel closes, however aiormq closes it."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
 from typing import Any, cast
+
+import pytest
+from aiormq.base import FutureStore
 
 from consumer.dlq_replay import Tally, _Removal
 from consumer.dlq_stream import Held, QueueScan
@@ -72,3 +76,129 @@ async def test_closing_with_nothing_confirmed_returns_at_once() -> None:
 
     assert scan.writes == []
     assert tally.replayed == 0
+
+
+class ChannelOfAiormq:
+    """The parts of aiormq's channel ``take_all`` writes through; its futures kept by aiormq's
+    own store, which its connection rejects when it closes."""
+
+    def __init__(self) -> None:
+        self.futures = FutureStore(asyncio.get_running_loop())
+        self.write_queue: asyncio.Queue[object] = asyncio.Queue()
+        self.number = 1
+        self.is_closed = False
+
+    def create_future(self) -> asyncio.Future[None]:
+        return self.futures.create_future()
+
+
+def scan_on(channel: ChannelOfAiormq, tags: list[int]) -> tuple[QueueScan, list[Held]]:
+    scan = QueueScan(cast(Any, None), queue="x.dead")
+    scan._raw = channel
+    scan._unsettled["consumer-1"] = len(tags)
+    return scan, [held(tag) for tag in tags]
+
+
+async def test_a_removal_cut_off_by_a_silent_broker_is_a_closed_channel_not_a_cancel() -> None:
+    # Given a removal written and waiting for its frame to go out
+    channel = ChannelOfAiormq()
+    scan, letters = scan_on(channel, [1, 2])
+    taking = asyncio.create_task(scan.take_all(letters))
+    await asyncio.sleep(0)
+
+    # When the connection closes as aiormq closes it once the heartbeat ran out: its reader was
+    # cancelled, and every pending future is failed with that CancelledError
+    await channel.futures.reject_all(asyncio.CancelledError())
+
+    # Then the removal failed as on any closed channel, and the task taking it was not cancelled
+    with pytest.raises(ConnectionError, match="closed"):
+        await taking
+    assert not taking.cancelled()
+
+
+async def test_a_replay_cut_off_by_a_silent_broker_counts_every_confirmed_letter() -> None:
+    # Given confirmed letters whose removal the broker's silence cuts off
+    channel = ChannelOfAiormq()
+    scan, _ = scan_on(channel, [1, 2, 3])
+    tally = Tally()
+    said: list[Any] = []
+    removal = _Removal(scan, tally, lambda letter, why: said.append((letter, why)))
+    running = asyncio.create_task(removal.run())
+    removal.confirmed(held(1), cast(Any, "letter 1"))
+    while channel.write_queue.empty():
+        await asyncio.sleep(0.005)
+    await channel.futures.reject_all(asyncio.CancelledError())
+    channel.is_closed = True
+
+    # When more letters are confirmed afterwards, and the replay ends
+    removal.confirmed(held(2), cast(Any, "letter 2"))
+    removal.confirmed(held(3), cast(Any, "letter 3"))
+    removal.close()
+    await asyncio.wait_for(asyncio.shield(running), 5)
+
+    # Then each is counted: replayed but still a dead letter too, none left out of the tally
+    assert tally.replayed == 0
+    assert tally.not_removed == 3
+    assert [letter for letter, _ in said] == ["letter 1", "letter 2", "letter 3"]
+
+
+async def test_a_removal_whose_own_task_is_cancelled_is_still_cancelled() -> None:
+    # Given a removal waiting for its frame to go out
+    channel = ChannelOfAiormq()
+    scan, letters = scan_on(channel, [1])
+    taking = asyncio.create_task(scan.take_all(letters))
+    await asyncio.sleep(0)
+
+    # When its own task is cancelled (Ctrl-C on a purge)
+    taking.cancel()
+
+    # Then it ends cancelled, as before
+    with pytest.raises(asyncio.CancelledError):
+        await taking
+
+
+async def test_giving_back_on_a_connection_that_closes_ends_instead_of_waiting_for_ever() -> None:
+    # Given a scan giving its letters back, the nacks queued for the connection's writer
+    channel = ChannelOfAiormq()
+    scan, _ = scan_on(channel, [1, 2])
+    giving_back = asyncio.create_task(scan._nack_each(iter([1, 2]), ready=0))
+    while channel.write_queue.empty():
+        await asyncio.sleep(0)
+
+    # When the connection closes before writing them (aiormq drops what is still queued)
+    await channel.futures.reject_all(ConnectionError("Connection reset by peer"))
+
+    # Then giving back fails as on any closed channel (the broker has the letters back), and the
+    # command ends instead of holding its summary's exit for ever
+    with pytest.raises(ConnectionError):
+        await asyncio.wait_for(giving_back, 5)
+
+
+async def test_a_report_that_cannot_be_printed_stops_no_removal() -> None:
+    # Given a replay whose output goes to a pager the operator quits after the first line
+    scan = Scan()
+    tally = Tally()
+    said: list[Any] = []
+
+    def report(letter: Any, _: str | None) -> None:
+        said.append(letter)
+        if len(said) == 1:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    removal = _Removal(cast(QueueScan, scan), tally, report)
+    running = asyncio.create_task(removal.run())
+
+    # When letters go on being confirmed after the first report failed
+    removal.confirmed(held(1), cast(Any, "letter 1"))
+    while not scan.writes:
+        await asyncio.sleep(0.005)
+    removal.confirmed(held(2), cast(Any, "letter 2"))
+    removal.confirmed(held(3), cast(Any, "letter 3"))
+    removal.close()
+
+    # Then each is removed and counted (none left in both queues), and the failure is raised
+    # once they are
+    with pytest.raises(BrokenPipeError):
+        await asyncio.wait_for(running, 5)
+    assert scan.writes == [[1], [2, 3]]
+    assert tally.replayed == 3

@@ -6,12 +6,11 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
-import aiormq
 from aio_pika.abc import AbstractChannel
 from pamqp.commands import Basic
 
-from consumer.amqp import describe_amqp_error
-from consumer.errors import PublishFailed, Unroutable
+from consumer.errors import PublishFailed
+from consumer.publishing import PUBLISH_ERRORS, publish_span, translated
 from consumer.tracing import Tracing
 from topology.durations import to_milliseconds
 
@@ -83,18 +82,8 @@ class Publisher:
         self, body: bytes, properties: Basic.Properties, *, exchange: str, routing_key: str
     ) -> None:
         """Publish and wait for the confirm; raise :class:`PublishFailed` otherwise."""
-        if self._tracing.enabled:
-            if properties.headers is None:
-                properties.headers = {}
-            with self._tracing.sending(
-                properties.headers,
-                exchange=exchange,
-                routing_key=routing_key,
-                message_id=properties.message_id,
-            ):
-                await self._publish(body, properties, exchange=exchange, routing_key=routing_key)
-            return
-        await self._publish(body, properties, exchange=exchange, routing_key=routing_key)
+        with publish_span(self._tracing, properties, exchange=exchange, routing_key=routing_key):
+            await self._publish(body, properties, exchange=exchange, routing_key=routing_key)
 
     async def _publish(
         self, body: bytes, properties: Basic.Properties, *, exchange: str, routing_key: str
@@ -110,14 +99,10 @@ class Publisher:
         )
         try:
             result = await self._confirmed(sending)
-        except aiormq.exceptions.PublishError as error:
-            raise Unroutable(f"{exchange!r} could not route {routing_key!r}") from error
-        except aiormq.exceptions.DeliveryError as error:
-            raise PublishFailed(f"the broker refused the message for {exchange!r}") from error
         except TimeoutError as error:
             raise PublishFailed(f"no confirm from the broker within {self._timeout:g}s") from error
-        except (aiormq.exceptions.AMQPError, RuntimeError, ConnectionError) as error:
-            raise PublishFailed(f"publishing failed: {describe_amqp_error(error)}") from error
+        except PUBLISH_ERRORS as error:
+            raise translated(error, exchange=exchange, routing_key=routing_key) from error
         finally:
             if not sending.done():
                 sending.cancel()

@@ -1,0 +1,45 @@
+"""What the service's publisher and the replay's sender share: the span a publish runs in, and
+aiormq's publish errors translated into ours (:mod:`consumer.errors`)."""
+
+from __future__ import annotations
+
+import contextlib
+from contextlib import AbstractContextManager
+
+import aiormq
+from pamqp.commands import Basic
+
+from consumer.amqp import describe_amqp_error
+from consumer.errors import PublishFailed, Unroutable
+from consumer.tracing import Tracing
+
+__all__ = ["PUBLISH_ERRORS", "publish_span", "translated"]
+
+PUBLISH_ERRORS = (aiormq.exceptions.AMQPError, RuntimeError, ConnectionError)
+"""What a publish raises when it fails: :func:`translated` says which of ours it is."""
+
+
+def publish_span(
+    tracing: Tracing, properties: Basic.Properties, *, exchange: str, routing_key: str
+) -> AbstractContextManager[None]:
+    """The span around one publish, its context carried in the headers; nothing when tracing is
+    off (no headers table is added then)."""
+    if not tracing.enabled:
+        return contextlib.nullcontext()
+    if properties.headers is None:
+        properties.headers = {}
+    return tracing.sending(
+        properties.headers,
+        exchange=exchange,
+        routing_key=routing_key,
+        message_id=properties.message_id,
+    )
+
+
+def translated(error: BaseException, *, exchange: str, routing_key: str) -> PublishFailed:
+    """A failed publish's error as ours: returned (unroutable), nacked, or the channel gone."""
+    if isinstance(error, aiormq.exceptions.PublishError):
+        return Unroutable(f"{exchange!r} could not route {routing_key!r}")
+    if isinstance(error, aiormq.exceptions.DeliveryError):
+        return PublishFailed(f"the broker refused the message for {exchange!r}")
+    return PublishFailed(f"publishing failed: {describe_amqp_error(error)}")

@@ -133,7 +133,11 @@ class DlqCommands:
             tracing = await stack.enter_async_context(
                 TracingSetup.from_environment(self._settings.name)
             )
-            sender = await ReplaySender.on(channel, tracing=tracing)
+            sender = ReplaySender(
+                await channel.get_underlay_channel(),
+                confirm_within=self._settings.publish_timeout,
+                tracing=tracing,
+            )
             async with self._scan() as scan:
                 bar = progress_bar(scan.present, "replay")
                 try:

@@ -10,14 +10,13 @@ from aio_pika.abc import AbstractChannel
 from pamqp.commands import Basic
 
 from consumer.errors import PublishFailed
-from consumer.publishing import PUBLISH_ERRORS, publish_span, translated
+from consumer.publishing import PUBLISH_ERRORS, connection_blocked, publish_span, translated
 from consumer.tracing import Tracing
 from topology.durations import to_milliseconds
 
 __all__ = ["PERSISTENT", "Publisher", "copy_properties"]
 
 PERSISTENT = 2
-_READY_CHECK = 0.05
 
 
 def copy_properties(
@@ -116,7 +115,7 @@ class Publisher:
             try:
                 return await asyncio.wait_for(asyncio.shield(sending), self._timeout)
             except TimeoutError:
-                if not await self._blocked():
+                if not await connection_blocked(self._channel.connection):
                     raise
             await self._until_unblocked()
 
@@ -132,11 +131,3 @@ class Publisher:
             closing.cancel()
         if closing.done() and not ready.done():
             raise ConnectionError("the connection closed while the broker blocked it")
-
-    async def _blocked(self) -> bool:
-        """Whether the broker has blocked this connection (``connection.blocked``)."""
-        try:
-            await asyncio.wait_for(self._channel.connection.ready(), _READY_CHECK)
-        except TimeoutError:
-            return True
-        return False

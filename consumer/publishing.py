@@ -3,8 +3,10 @@ aiormq's publish errors translated into ours (:mod:`consumer.errors`)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from contextlib import AbstractContextManager
+from typing import Any
 
 import aiormq
 from pamqp.commands import Basic
@@ -13,7 +15,9 @@ from consumer.amqp import describe_amqp_error
 from consumer.errors import PublishFailed, Unroutable
 from consumer.tracing import Tracing
 
-__all__ = ["PUBLISH_ERRORS", "publish_span", "translated"]
+__all__ = ["PUBLISH_ERRORS", "connection_blocked", "publish_span", "translated"]
+
+_READY_CHECK = 0.05
 
 PUBLISH_ERRORS = (aiormq.exceptions.AMQPError, RuntimeError, ConnectionError)
 """What a publish raises when it fails: :func:`translated` says which of ours it is."""
@@ -43,3 +47,13 @@ def translated(error: BaseException, *, exchange: str, routing_key: str) -> Publ
     if isinstance(error, aiormq.exceptions.DeliveryError):
         return PublishFailed(f"the broker refused the message for {exchange!r}")
     return PublishFailed(f"publishing failed: {describe_amqp_error(error)}")
+
+
+async def connection_blocked(connection: Any) -> bool:
+    """Whether the broker has blocked this aiormq connection (``connection.blocked``): a confirm
+    late for that is waited for, not given up."""
+    try:
+        await asyncio.wait_for(connection.ready(), _READY_CHECK)
+    except TimeoutError:
+        return True
+    return False

@@ -10,9 +10,10 @@ the channel's lock, each with its delivery tag and confirmation future registere
 channel's own tables exactly as ``basic_publish`` does: aiormq settles them (ack, nack, return,
 channel closed), we never read a confirm frame ourselves.
 
-There is no timeout per letter: a blocked broker confirms once it unblocks (the service's
-publisher waits for that too), and a broker gone closes the connection (heartbeats), which
-rejects every confirmation in flight, so each letter is settled however the replay ends.
+A write's publishes share one deadline, not a timer each: those unconfirmed ``confirm_within``
+after their write fail (their letters stay), unless the broker has blocked the connection (a
+memory or disk alarm), which the service's publisher waits out too: then they get another
+``confirm_within``. A connection that closes rejects every confirmation in flight at once.
 """
 
 from __future__ import annotations
@@ -20,15 +21,15 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
-from aio_pika.abc import AbstractChannel
 from aiormq.abc import ChannelFrame
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
 from consumer.errors import PublishFailed
-from consumer.publishing import PUBLISH_ERRORS, publish_span, translated
+from consumer.publishing import PUBLISH_ERRORS, connection_blocked, publish_span, translated
 from consumer.tracing import Tracing
 
 __all__ = ["ReplaySender"]
@@ -42,20 +43,19 @@ class _Outgoing:
 
 
 class ReplaySender:
-    """Publishes with ``mandatory`` on a channel of its own in confirm mode, opened with
-    ``on_return_raises``; :meth:`send` returns once the broker confirmed, else raises."""
+    """Publishes with ``mandatory`` on an aiormq channel of its own in confirm mode, opened with
+    ``on_return_raises`` (a returned letter must fail, not count as confirmed); :meth:`send`
+    returns once the broker confirmed, else raises."""
 
-    def __init__(self, channel: Any, *, tracing: Tracing | None = None) -> None:
+    def __init__(
+        self, channel: Any, *, confirm_within: timedelta, tracing: Tracing | None = None
+    ) -> None:
         self._channel = channel
+        self._timeout = confirm_within.total_seconds()
         self._tracing = tracing or Tracing()
         self._outgoing: list[_Outgoing] = []
         self._writing: asyncio.Task[None] | None = None
-
-    @classmethod
-    async def on(cls, channel: AbstractChannel, *, tracing: Tracing | None = None) -> ReplaySender:
-        """A sender on an aio-pika channel opened with ``publisher_confirms=True`` and
-        ``on_return_raises=True`` (a returned letter must fail, not count as confirmed)."""
-        return cls(await channel.get_underlay_channel(), tracing=tracing)
+        self._expiring: set[asyncio.Task[None]] = set()
 
     @property
     def is_open(self) -> bool:
@@ -71,6 +71,10 @@ class ReplaySender:
                 result = await self._queued(
                     body, properties, exchange=exchange, routing_key=routing_key
                 )
+            except TimeoutError as error:
+                raise PublishFailed(
+                    f"no confirm from the broker within {self._timeout:g}s"
+                ) from error
             except PUBLISH_ERRORS as error:
                 raise translated(error, exchange=exchange, routing_key=routing_key) from error
         if not isinstance(result, Basic.Ack):
@@ -117,8 +121,6 @@ class ReplaySender:
                     frames += outgoing.frames
                 if frames:
                     await channel.write_queue.put(ChannelFrame.marshall(channel.number, frames))
-                for tag, outgoing in registered:
-                    outgoing.confirmation.add_done_callback(_forgetting(channel, outgoing, tag))
         except BaseException as error:
             # Not written: the broker never saw these publishes, so their tags are free again
             # and their letters fail (and stay); as aiormq's own basic_publish rolls back.
@@ -136,13 +138,37 @@ class ReplaySender:
                     )
             if not isinstance(error, Exception):
                 raise
+            return
+        for tag, outgoing in registered:
+            outgoing.confirmation.add_done_callback(_forgetting(channel, outgoing.message_id, tag))
+        self._watch([outgoing.confirmation for _, outgoing in registered])
+
+    def _watch(self, written: list[asyncio.Future[Any]]) -> None:
+        asyncio.get_running_loop().call_later(self._timeout, self._overdue, written)
+
+    def _overdue(self, written: list[asyncio.Future[Any]]) -> None:
+        late = [confirmation for confirmation in written if not confirmation.done()]
+        if late:
+            expiring = asyncio.create_task(self._expire(late))
+            self._expiring.add(expiring)
+            expiring.add_done_callback(self._expiring.discard)
+
+    async def _expire(self, late: list[asyncio.Future[Any]]) -> None:
+        if await connection_blocked(self._channel.connection):
+            self._watch(late)
+            return
+        for confirmation in late:
+            if not confirmation.done():
+                # Left in aiormq's table: a confirm that comes after all is ignored there (with
+                # a warning), as it is for the service's publisher.
+                confirmation.set_exception(TimeoutError())
 
 
-def _forgetting(channel: Any, outgoing: _Outgoing, tag: int) -> Any:
+def _forgetting(channel: Any, message_id: str, tag: int) -> Any:
     """Once settled, the message id no longer names this publish (aiormq does the same)."""
 
     def forget(_: asyncio.Future[Any]) -> None:
-        if channel.message_id_delivery_tag.get(outgoing.message_id) == tag:
-            channel.message_id_delivery_tag.pop(outgoing.message_id)
+        if channel.message_id_delivery_tag.get(message_id) == tag:
+            channel.message_id_delivery_tag.pop(message_id)
 
     return forget

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from typing import Any
 
 import aiormq
@@ -18,10 +19,26 @@ from consumer.errors import PublishFailed
 from consumer.replay_sender import ReplaySender
 
 
+class Connection:
+    """Blocked by the broker until :meth:`unblock`, when ``blocked``."""
+
+    def __init__(self, *, blocked: bool = False) -> None:
+        self._unblocked = asyncio.Event()
+        if not blocked:
+            self._unblocked.set()
+
+    async def ready(self) -> None:
+        await self._unblocked.wait()
+
+    def unblock(self) -> None:
+        self._unblocked.set()
+
+
 class Channel:
     """The parts of an aiormq channel in confirm mode that a publish touches."""
 
-    def __init__(self, *, closed: bool = False) -> None:
+    def __init__(self, *, closed: bool = False, blocked: bool = False) -> None:
+        self.connection = Connection(blocked=blocked)
         self.is_closed = closed
         self.number = 3
         self.delivery_tag = 0
@@ -82,7 +99,7 @@ async def settle(channel: Channel, tasks: list[asyncio.Task[None]]) -> list[Any]
 async def test_publishes_of_one_turn_go_in_one_write_and_each_is_settled_by_its_confirm() -> None:
     # Given three publishes asked for before the loop comes round
     channel = Channel()
-    sender = ReplaySender(channel)
+    sender = ReplaySender(channel, confirm_within=timedelta(seconds=10))
     tasks = [start(sender, f"m{n}") for n in (1, 2, 3)]
 
     # When the broker acks the first and third and nacks the second
@@ -103,7 +120,7 @@ async def test_publishes_of_one_turn_go_in_one_write_and_each_is_settled_by_its_
 
 async def test_a_closed_channel_writes_nothing_and_fails_the_publish() -> None:
     channel = Channel(closed=True)
-    sender = ReplaySender(channel)
+    sender = ReplaySender(channel, confirm_within=timedelta(seconds=10))
 
     with pytest.raises(PublishFailed):
         await start(sender, "m1")
@@ -118,7 +135,7 @@ async def test_a_write_cancelled_before_it_is_queued_frees_its_tags_and_fails_it
     channel = Channel()
     channel.write_queue = asyncio.Queue(maxsize=1)
     channel.write_queue.put_nowait(None)
-    sender = ReplaySender(channel)
+    sender = ReplaySender(channel, confirm_within=timedelta(seconds=10))
     tasks = [start(sender, f"m{n}") for n in (1, 2)]
     while len(channel.confirmations) < 2:
         await asyncio.sleep(0)
@@ -137,3 +154,30 @@ async def test_a_write_cancelled_before_it_is_queued_frees_its_tags_and_fails_it
     assert channel.confirmations == {}
     assert channel.message_id_delivery_tag == {}
     assert all(isinstance(outcome, PublishFailed) for outcome in outcomes)
+
+
+async def test_a_confirm_that_never_comes_fails_its_letter_after_the_deadline() -> None:
+    channel = Channel()
+    sender = ReplaySender(channel, confirm_within=timedelta(seconds=0.05))
+
+    with pytest.raises(PublishFailed, match=r"no confirm from the broker within 0\.05s"):
+        await start(sender, "m1")
+
+    assert channel.delivery_tag == 1
+
+
+async def test_a_confirm_late_while_the_broker_blocks_the_connection_is_waited_for() -> None:
+    # Given a connection the broker has blocked (an alarm), and a publish in flight
+    channel = Channel(blocked=True)
+    sender = ReplaySender(channel, confirm_within=timedelta(seconds=0.05))
+    task = start(sender, "m1")
+
+    # When the confirm comes only after several deadlines, once the alarm is over
+    await asyncio.sleep(0.3)
+    assert not task.done()
+    channel.connection.unblock()
+    channel.confirmations[1].set_result(Basic.Ack(1))
+
+    # Then the letter is replayed
+    await task
+    assert task.exception() is None

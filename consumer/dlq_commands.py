@@ -14,7 +14,7 @@ from consumer.dlq_output import Counts, letter_json, letter_row, progress_bar, s
 from consumer.dlq_replay import ReplayOptions, Tally, replay
 from consumer.dlq_stream import Held, QueueScan
 from consumer.envelope_parser import EnvelopeParser
-from consumer.publisher import Publisher
+from consumer.replay_sender import ReplaySender
 from consumer.settings import Settings
 from consumer.startup import load_handlers
 from consumer.tracing import TracingSetup
@@ -42,11 +42,19 @@ class DlqCommands:
         self._parser = EnvelopeParser(envelope_limits(settings))
         self._read = 0
 
-    def _letter(self, held: Held) -> DeadMessage:
+    def _letter(self, held: Held, *, validate: bool = True) -> DeadMessage:
         self._read += 1
         return read_dead_letter(
-            held.message, self._read - 1, registry=self._registry, parser=self._parser
+            held.message,
+            self._read - 1,
+            registry=self._registry,
+            parser=self._parser,
+            validate=validate,
         )
+
+    def _letter_to_replay(self, held: Held) -> DeadMessage:
+        # The body is sent on as it is: its payload is validated only if the reason needs it.
+        return self._letter(held, validate=False)
 
     def _scan(self) -> QueueScan:
         return QueueScan(self._connection, queue=self._queue)
@@ -125,17 +133,19 @@ class DlqCommands:
             tracing = await stack.enter_async_context(
                 TracingSetup.from_environment(self._settings.name)
             )
-            publisher = await Publisher.on(
-                channel, confirm_within=self._settings.publish_timeout, tracing=tracing
+            sender = ReplaySender(
+                await channel.get_underlay_channel(),
+                confirm_within=self._settings.publish_timeout,
+                tracing=tracing,
             )
             async with self._scan() as scan:
                 bar = progress_bar(scan.present, "replay")
                 try:
                     await replay(
                         scan,
-                        self._letter,
+                        self._letter_to_replay,
                         self._selection,
-                        publisher,
+                        sender,
                         options,
                         tally,
                         _report,

@@ -144,10 +144,27 @@ def read_dead_letter(
     *,
     registry: HandlerRegistry,
     parser: EnvelopeParser,
+    validate: bool = True,
 ) -> DeadMessage:
-    """What a dead letter says about itself; poison is parsed again to say why it failed."""
+    """What a dead letter says about itself; poison is parsed again to say why it failed.
+
+    ``validate=False`` (a replay, which sends the body on as it is): the payload is checked
+    against its handler's model only when the letter's reason depends on it (dead-lettered by
+    the broker as rejected, with no reason header of ours); ``poison_detail`` is then ``None``
+    for a letter whose payload was not checked. The type and event id are read either way.
+    """
     headers = dict(message.headers or {})
     body = message.body
+    reason = h.text(headers.get(h.REASON))
+    # The newest x-death entry says why it is here now; the first death may be a retry rung's
+    # expiry long before.
+    broker_reason = (
+        ""
+        if reason is not None
+        else h.text((_newest_death(headers) or {}).get("reason"))
+        or h.text(headers.get("x-first-death-reason"))
+        or "?"
+    )
     event_type: str | None = None
     event_id: str | None = None
     poison: Poison | None = None
@@ -156,7 +173,8 @@ def read_dead_letter(
         parser.check_headers(headers)
         raw = parser.parse(body)
         event_id, event_type = str(raw.event_id), raw.type
-        registry.resolve(raw)
+        if validate or broker_reason == "rejected":
+            registry.resolve(raw)
     except Poison as error:
         poison = error
         event_id = event_id or event_id_from(body)
@@ -165,15 +183,7 @@ def read_dead_letter(
             PoisonReason.INVALID_PAYLOAD, f"{error_name(error)}: {error}", error_name(error)
         )
         event_id = event_id or event_id_from(body)
-    reason = h.text(headers.get(h.REASON))
     if reason is None:
-        # The newest x-death entry says why it is here now; the first death may be a retry
-        # rung's expiry long before.
-        broker_reason = (
-            h.text((_newest_death(headers) or {}).get("reason"))
-            or h.text(headers.get("x-first-death-reason"))
-            or "?"
-        )
         if broker_reason == "rejected":
             reason = poison.reason.value if poison is not None else "rejected"
         else:

@@ -27,7 +27,8 @@ from consumer import headers as h
 from consumer.dlq_letters import REFUSED_EXPIRED, DeadMessage, Selection, renewed
 from consumer.dlq_stream import Held, QueueScan
 from consumer.errors import PublishFailed, Unroutable
-from consumer.publisher import Publisher, copy_properties
+from consumer.publisher import copy_properties
+from consumer.replay_sender import ReplaySender
 
 __all__ = ["DEFAULT_IN_FLIGHT", "NO_ENVELOPE", "Pacer", "ReplayOptions", "Tally", "replay"]
 
@@ -104,7 +105,7 @@ async def replay(
     scan: QueueScan,
     read: Reader,
     selection: Selection,
-    publisher: Publisher,
+    sender: ReplaySender,
     options: ReplayOptions,
     tally: Tally,
     report: Report,
@@ -129,7 +130,7 @@ async def replay(
                 break
             tally.selected += 1
             refusal = _refusal(letter, force=options.force)
-            if refusal is None and not publisher.is_open:
+            if refusal is None and not sender.is_open:
                 refusal = _CHANNEL_CLOSED
             if refusal is not None:
                 tally.kept[refusal] += 1
@@ -137,10 +138,14 @@ async def replay(
                 if refusal == _CHANNEL_CLOSED:
                     break
                 continue
-            await asyncio.sleep(pacer.delay(loop.time()))
+            delay = pacer.delay(loop.time())
+            # Unpaced, no yield per letter: the publishes asked for until the loop comes round
+            # go out in one write (consumer.replay_sender).
+            if delay:
+                await asyncio.sleep(delay)
             await window.acquire()
             task = asyncio.create_task(
-                _one(held, letter, publisher, options, tally, report, window, removal)
+                _one(held, letter, sender, options, tally, report, window, removal)
             )
             pending.add(task)
             task.add_done_callback(pending.discard)
@@ -231,7 +236,7 @@ def _refusal(letter: DeadMessage, *, force: bool) -> str | None:
 async def _one(
     held: Held,
     letter: DeadMessage,
-    publisher: Publisher,
+    sender: ReplaySender,
     options: ReplayOptions,
     tally: Tally,
     report: Report,
@@ -248,9 +253,7 @@ async def _one(
         # otherwise have the replay delivered wherever it likes. The publish is one call, so a
         # header that travels with it (a trace context) is added in one place.
         assert letter.type is not None
-        await publisher.publish(
-            body, properties, exchange=options.exchange, routing_key=letter.type
-        )
+        await sender.send(body, properties, exchange=options.exchange, routing_key=letter.type)
     except Unroutable as error:
         tally.failed[f"unroutable: {error}"] += 1
         report(letter, str(error))

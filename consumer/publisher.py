@@ -6,19 +6,23 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
-import aiormq
 from aio_pika.abc import AbstractChannel
 from pamqp.commands import Basic
 
-from consumer.amqp import describe_amqp_error
-from consumer.errors import PublishFailed, Unroutable
+from consumer.errors import PublishFailed
+from consumer.publishing import (
+    PUBLISH_ERRORS,
+    connection_blocked,
+    cut_off,
+    publish_span,
+    translated,
+)
 from consumer.tracing import Tracing
 from topology.durations import to_milliseconds
 
 __all__ = ["PERSISTENT", "Publisher", "copy_properties"]
 
 PERSISTENT = 2
-_READY_CHECK = 0.05
 
 
 def copy_properties(
@@ -83,18 +87,8 @@ class Publisher:
         self, body: bytes, properties: Basic.Properties, *, exchange: str, routing_key: str
     ) -> None:
         """Publish and wait for the confirm; raise :class:`PublishFailed` otherwise."""
-        if self._tracing.enabled:
-            if properties.headers is None:
-                properties.headers = {}
-            with self._tracing.sending(
-                properties.headers,
-                exchange=exchange,
-                routing_key=routing_key,
-                message_id=properties.message_id,
-            ):
-                await self._publish(body, properties, exchange=exchange, routing_key=routing_key)
-            return
-        await self._publish(body, properties, exchange=exchange, routing_key=routing_key)
+        with publish_span(self._tracing, properties, exchange=exchange, routing_key=routing_key):
+            await self._publish(body, properties, exchange=exchange, routing_key=routing_key)
 
     async def _publish(
         self, body: bytes, properties: Basic.Properties, *, exchange: str, routing_key: str
@@ -110,21 +104,12 @@ class Publisher:
         )
         try:
             result = await self._confirmed(sending)
-        except aiormq.exceptions.PublishError as error:
-            raise Unroutable(f"{exchange!r} could not route {routing_key!r}") from error
-        except aiormq.exceptions.DeliveryError as error:
-            raise PublishFailed(f"the broker refused the message for {exchange!r}") from error
         except TimeoutError as error:
             raise PublishFailed(f"no confirm from the broker within {self._timeout:g}s") from error
-        except (aiormq.exceptions.AMQPError, RuntimeError, ConnectionError) as error:
-            raise PublishFailed(f"publishing failed: {describe_amqp_error(error)}") from error
+        except PUBLISH_ERRORS as error:
+            raise translated(error, exchange=exchange, routing_key=routing_key) from error
         except asyncio.CancelledError as error:
-            task = asyncio.current_task()
-            if task is None or task.cancelling():
-                raise
-            # Not this task's cancel: aiormq fails a closing connection's futures with the
-            # CancelledError that stopped its reader (a broker silent past the heartbeat).
-            raise PublishFailed("publishing failed: the connection closed") from error
+            raise cut_off(error) from error
         finally:
             if not sending.done():
                 sending.cancel()
@@ -138,7 +123,7 @@ class Publisher:
             try:
                 return await asyncio.wait_for(asyncio.shield(sending), self._timeout)
             except TimeoutError:
-                if not await self._blocked():
+                if not await connection_blocked(self._channel.connection):
                     raise
             await self._until_unblocked()
 
@@ -154,11 +139,3 @@ class Publisher:
             closing.cancel()
         if closing.done() and not ready.done():
             raise ConnectionError("the connection closed while the broker blocked it")
-
-    async def _blocked(self) -> bool:
-        """Whether the broker has blocked this connection (``connection.blocked``)."""
-        try:
-            await asyncio.wait_for(self._channel.connection.ready(), _READY_CHECK)
-        except TimeoutError:
-            return True
-        return False

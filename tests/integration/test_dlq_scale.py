@@ -182,6 +182,66 @@ async def test_a_replay_whose_exchange_goes_half_way_loses_nothing_and_sums_up(
     assert work + 300 - replayed >= 300
 
 
+async def test_a_replay_the_broker_returns_as_unroutable_keeps_those_letters(
+    env: TestEnv,
+) -> None:
+    # Given 300 dead letters, and nothing bound to the exchange for ``test.behave`` any more
+    ids = await fill_dead_letters(env)
+    behaves = [event_id for index, event_id in enumerate(ids) if index % 3 == 2]
+    binding = next(
+        b
+        for b in env.topology().bindings
+        if b.queue == env.names.work and b.routing_key == "test.behave"
+    )
+    connection = await aio_pika.connect(env.amqp_url)
+    try:
+        channel = await connection.channel()
+        work = await channel.get_queue(env.names.work, ensure=False)
+        await work.unbind(binding.exchange, binding.routing_key)
+    finally:
+        await connection.close()
+
+    # When all of them are replayed
+    code, out, err = dlq(env, "replay", "--all")
+
+    # Then the restocks are replayed and removed; every behave came back unroutable and stays
+    assert code == 1, err
+    assert f"replayed {RESTOCKS} of 300 selected (300 read); 0 kept, {BEHAVES} failed" in out
+    assert "unroutable" in out
+    assert await queue_depth(env.amqp_url, env.names.work) == RESTOCKS
+    assert await queue_depth(env.amqp_url, env.names.dead) == BEHAVES
+    assert listed_ids(env) == behaves
+
+
+async def test_a_replay_the_broker_nacks_keeps_those_letters(env: TestEnv) -> None:
+    # Given 300 dead letters, and a full queue of the test's own that refuses (nacks) every
+    # ``test.behave`` routed to it
+    await fill_dead_letters(env)
+    refusing = f"{env.name}.refusing"
+    connection = await aio_pika.connect(env.amqp_url)
+    try:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(
+            refusing,
+            auto_delete=True,
+            arguments={"x-max-length": 0, "x-overflow": "reject-publish"},
+        )
+        await queue.bind(env.settings().exchange, "test.behave")
+
+        # When all of them are replayed
+        code, out, err = dlq(env, "replay", "--all")
+    finally:
+        await connection.close()
+
+    # Then the restocks are replayed and removed; every behave was nacked and stays dead (its
+    # copy in the work queue too: at least once, which the receipts make harmless)
+    assert code == 1, err
+    assert f"replayed {RESTOCKS} of 300 selected (300 read); 0 kept, {BEHAVES} failed" in out
+    assert "the broker refused the message" in out
+    assert await queue_depth(env.amqp_url, env.names.dead) == BEHAVES
+    assert await queue_depth(env.amqp_url, env.names.work) >= RESTOCKS
+
+
 async def test_ctrl_c_stops_a_replay_with_a_summary_and_nothing_lost(env: TestEnv) -> None:
     # Given a paced replay of 300 dead letters under way
     await fill_dead_letters(env)

@@ -75,3 +75,29 @@ def test_poison_is_named_by_parsing_the_body_again() -> None:
 def test_the_service_s_own_reason_wins() -> None:
     letter = read(Letter(envelope(), {"consumer-dead-reason": "permanent_failure", "x-death": []}))
     assert letter.reason == "permanent_failure"
+
+
+def bad_payload() -> bytes:
+    event = json.loads(envelope())
+    event["payload"] = {"order_id": "o"}  # no sku, no qty: the handler's model refuses it
+    return json.dumps(event).encode()
+
+
+def test_a_replay_s_reading_validates_the_payload_only_when_the_reason_depends_on_it() -> None:
+    # Given two letters with a payload their handler refuses: one with the service's reason,
+    # one the broker dead-lettered as rejected (no reason of ours: the payload says why)
+    ours = Letter(bad_payload(), {"consumer-dead-reason": "permanent_failure"})
+    rejected = Letter(bad_payload(), {"x-death": [{"reason": "rejected"}]})
+
+    # When they are read as a replay reads them
+    def lazily(letter: Letter) -> Any:
+        message = cast(AbstractIncomingMessage, letter)
+        return read_dead_letter(message, 0, registry=REGISTRY, parser=PARSER, validate=False)
+
+    # Then the type and id are read either way; the payload is judged only for the second
+    assert lazily(ours).type == "inventory.reserve"
+    assert lazily(ours).reason == "permanent_failure"
+    assert lazily(ours).poison_detail is None
+    assert read(ours).poison_detail
+    assert lazily(rejected).reason == "invalid_payload"
+    assert lazily(rejected).reason == read(rejected).reason

@@ -334,3 +334,56 @@ def _expired_positions(count: int, every: int) -> list[int]:
         return []
     restocks = [index for index in range(count) if index % 3 != 2]
     return restocks[every - 1 :: every]
+
+
+async def test_two_letters_sharing_a_message_id_keep_the_one_the_broker_returned(
+    env: TestEnv,
+) -> None:
+    # Given two dead letters of different events that share a message id (the producer's own,
+    # copied into every copy): an exhausted ``test.behave``, which nothing is bound for any
+    # more, ahead of a restock
+    await env.apply_topology()
+    shared = f"order-{uuid.uuid4()}"
+    unroutable, routable = uuid.uuid4(), uuid.uuid4()
+    connection = await aio_pika.connect(env.amqp_url)
+    try:
+        channel = await connection.channel(publisher_confirms=True)
+        dlx = await channel.get_exchange(env.names.dlx)
+        for event_id, event_type, payload in (
+            (unroutable, "test.behave", behave("k", fail_transient=9)),
+            (routable, "inventory.restock", {"sku": "S", "qty": 1}),
+        ):
+            body = envelope_body(
+                event_type, payload, event_id=event_id, occurred_at=datetime.now(UTC)
+            )
+            await dlx.publish(
+                aio_pika.Message(
+                    body,
+                    content_type="application/json",
+                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                    headers={"consumer-dead-reason": "permanent_failure", "consumer-attempt": 3},
+                    message_id=shared,
+                ),
+                routing_key=event_type,
+            )
+        binding = next(
+            b
+            for b in env.topology().bindings
+            if b.queue == env.names.work and b.routing_key == "test.behave"
+        )
+        work = await channel.get_queue(env.names.work, ensure=False)
+        await work.unbind(binding.exchange, binding.routing_key)
+    finally:
+        await connection.close()
+    assert await queue_depth(env.amqp_url, env.names.dead) == 2
+
+    # When both are replayed (their publishes in flight together)
+    code, out, err = dlq(env, "replay", "--all")
+
+    # Then the letter whose copy the broker returned stays, and only the routed one is removed:
+    # a return is not taken for the other publish of the same message id
+    assert code == 1, err
+    assert "replayed 1 of 2 selected (2 read); 0 kept, 1 failed" in out
+    assert "unroutable" in out
+    assert await queue_depth(env.amqp_url, env.names.work) == 1
+    assert listed_ids(env) == [str(unroutable)]

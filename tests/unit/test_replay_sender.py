@@ -200,3 +200,26 @@ async def test_a_confirm_cut_off_by_a_closing_connection_fails_its_letter_not_th
     with pytest.raises(PublishFailed, match="closed"):
         await sending
     assert not sending.cancelled()
+
+
+async def test_a_publish_waits_while_another_of_its_message_id_is_in_flight() -> None:
+    # Given two letters sharing a message id (aiormq matches a return by message id alone)
+    channel = Channel()
+    sender = ReplaySender(channel, confirm_within=timedelta(seconds=10))
+    first, second = start(sender, "m1"), start(sender, "m1")
+    while not channel.confirmations:
+        await asyncio.sleep(0)
+
+    # When the first is still unconfirmed, only it is on the wire; once confirmed, the second goes
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert [len(write) for write in channel.written()] == [3]
+    assert channel.message_id_delivery_tag == {"m1": 1}
+    channel.confirmations[1].set_result(Basic.Ack(1))
+    await first
+    while len(channel.confirmations) < 2:
+        await asyncio.sleep(0)
+    assert channel.message_id_delivery_tag == {"m1": 2}
+    channel.confirmations[2].set_result(Basic.Ack(2))
+    await second
+    assert [len(write) for write in channel.written()] == [3]

@@ -12,6 +12,7 @@ from pamqp.commands import Basic
 from consumer.errors import PublishFailed
 from consumer.publishing import (
     PUBLISH_ERRORS,
+    closed_without_reason,
     connection_blocked,
     cut_off,
     publish_span,
@@ -110,6 +111,8 @@ class Publisher:
             raise translated(error, exchange=exchange, routing_key=routing_key) from error
         except asyncio.CancelledError as error:
             raise cut_off(error) from error
+        except Exception as error:
+            raise closed_without_reason(error) from error
         finally:
             if not sending.done():
                 sending.cancel()

@@ -15,7 +15,14 @@ from consumer.amqp import describe_amqp_error
 from consumer.errors import PublishFailed, Unroutable
 from consumer.tracing import Tracing
 
-__all__ = ["PUBLISH_ERRORS", "connection_blocked", "cut_off", "publish_span", "translated"]
+__all__ = [
+    "PUBLISH_ERRORS",
+    "closed_without_reason",
+    "connection_blocked",
+    "cut_off",
+    "publish_span",
+    "translated",
+]
 
 _READY_CHECK = 0.05
 
@@ -56,6 +63,16 @@ def cut_off(error: asyncio.CancelledError) -> PublishFailed:
     ours, and taken for a cancel it would stop the caller with its letter or event unsettled."""
     task = asyncio.current_task()
     if task is None or task.cancelling():
+        raise error
+    return PublishFailed("publishing failed: the connection closed")
+
+
+def closed_without_reason(error: Exception) -> PublishFailed:
+    """A confirm failed with a bare ``Exception``, as a failed publish; re-raises ``error`` when it
+    is anything else. aiormq rejects every future of a connection whose reader ended without an
+    error (the socket closed between two frames, or its close racing ours) with ``Exception``
+    itself: let through, it would leave the caller's letter or event neither settled nor counted."""
+    if type(error) is not Exception:
         raise error
     return PublishFailed("publishing failed: the connection closed")
 

@@ -36,6 +36,7 @@ from pamqp.header import ContentHeader
 from consumer.errors import PublishFailed
 from consumer.publishing import (
     PUBLISH_ERRORS,
+    closed_without_reason,
     connection_blocked,
     cut_off,
     publish_span,
@@ -95,6 +96,8 @@ class ReplaySender:
                 raise translated(error, exchange=exchange, routing_key=routing_key) from error
             except asyncio.CancelledError as error:
                 raise cut_off(error) from error
+            except Exception as error:
+                raise closed_without_reason(error) from error
         if not isinstance(result, Basic.Ack):
             raise PublishFailed(f"the broker did not confirm the message for {exchange!r}")
 

@@ -61,3 +61,17 @@ async def test_a_publish_whose_own_task_is_cancelled_is_still_cancelled() -> Non
     # Then it ends cancelled, as before
     with pytest.raises(asyncio.CancelledError):
         await sending
+
+
+async def test_a_confirm_rejected_with_a_bare_exception_is_a_failed_publish() -> None:
+    # Given a publish waiting for its confirm
+    channel = ChannelOfAiormq()
+    sending = await publishing(channel)
+
+    # When the connection closes as aiormq closes one whose reader ended without an error: every
+    # pending future fails with a bare Exception
+    await channel.futures.reject_all(None)
+
+    # Then the publish failed (the caller returns the original), not an unexpected error
+    with pytest.raises(PublishFailed, match="closed"):
+        await sending

@@ -11,6 +11,7 @@ from typing import Any
 
 import aiormq
 import pytest
+from aiormq.base import FutureStore
 from pamqp import frame as amqp_frame
 from pamqp.body import ContentBody
 from pamqp.commands import Basic
@@ -223,3 +224,24 @@ async def test_a_publish_waits_while_another_of_its_message_id_is_in_flight() ->
     channel.confirmations[2].set_result(Basic.Ack(2))
     await second
     assert [len(write) for write in channel.written()] == [3]
+
+
+async def test_a_confirm_rejected_by_a_connection_closed_without_a_reason_fails_its_letter() -> (
+    None
+):
+    # Given a publish written, its confirm in aiormq's own future store
+    futures = FutureStore(asyncio.get_running_loop())
+    channel = Channel()
+    channel.create_future = futures.create_future  # type: ignore[method-assign]
+    sender = ReplaySender(channel, confirm_within=timedelta(seconds=10))
+    sending = start(sender, "m1")
+    while not channel.confirmations:
+        await asyncio.sleep(0)
+
+    # When the connection closes as aiormq closes one whose reader ended without an error: its
+    # futures fail with a bare Exception
+    await futures.reject_all(None)
+
+    # Then the publish failed, so its letter is counted failed (and stays), not lost to the tally
+    with pytest.raises(PublishFailed, match="closed"):
+        await sending

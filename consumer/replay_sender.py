@@ -46,6 +46,20 @@ from consumer.tracing import Tracing
 
 __all__ = ["ReplaySender"]
 
+# What of aiormq's channel the sender uses, none of it public: an aiormq without one of them
+# (the pin allows any 7.x) is refused at once, rather than each write failing or, in its
+# rollback, leaving its letters unsettled and the replay hung.
+_CHANNEL_PARTS = (
+    "confirmations",
+    "create_future",
+    "delivery_tag",
+    "lock",
+    "message_id_delivery_tag",
+    "number",
+    "_split_body",
+    "write_queue",
+)
+
 
 @dataclass(frozen=True, slots=True)
 class _Outgoing:
@@ -62,6 +76,11 @@ class ReplaySender:
     def __init__(
         self, channel: Any, *, confirm_within: timedelta, tracing: Tracing | None = None
     ) -> None:
+        missing = [part for part in _CHANNEL_PARTS if not hasattr(channel, part)]
+        if missing:
+            raise TypeError(f"not an aiormq channel the replay can publish on: no {missing}")
+        if not getattr(channel, "publisher_confirms", True):
+            raise TypeError("the replay publishes on a channel in confirm mode")
         self._channel = channel
         self._timeout = confirm_within.total_seconds()
         self._tracing = tracing or Tracing()

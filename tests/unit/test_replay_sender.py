@@ -245,3 +245,13 @@ async def test_a_confirm_rejected_by_a_connection_closed_without_a_reason_fails_
     # Then the publish failed, so its letter is counted failed (and stays), not lost to the tally
     with pytest.raises(PublishFailed, match="closed"):
         await sending
+
+
+def test_a_channel_without_the_aiormq_tables_it_relies_on_is_refused_at_once() -> None:
+    # Given a channel of an aiormq that keeps its confirm tables elsewhere
+    channel = Channel()
+    del channel.message_id_delivery_tag
+
+    # Then no sender is made: not a replay whose publishes never settle
+    with pytest.raises(TypeError, match="message_id_delivery_tag"):
+        ReplaySender(channel, confirm_within=timedelta(seconds=10))

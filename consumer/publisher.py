@@ -12,6 +12,7 @@ from pamqp.commands import Basic
 from consumer.errors import PublishFailed
 from consumer.publishing import (
     PUBLISH_ERRORS,
+    OnePerMessageId,
     closed_without_reason,
     connection_blocked,
     cut_off,
@@ -68,6 +69,7 @@ class Publisher:
         self._channel = channel
         self._timeout = timeout.total_seconds()
         self._tracing = tracing or Tracing()
+        self._one_per_message_id = OnePerMessageId()
 
     @classmethod
     async def on(
@@ -89,10 +91,19 @@ class Publisher:
     ) -> None:
         """Publish and wait for the confirm; raise :class:`PublishFailed` otherwise."""
         with publish_span(self._tracing, properties, exchange=exchange, routing_key=routing_key):
-            await self._publish(body, properties, exchange=exchange, routing_key=routing_key)
+            message_id = await self._one_per_message_id.turn(properties)
+            await self._publish(
+                body, properties, message_id, exchange=exchange, routing_key=routing_key
+            )
 
     async def _publish(
-        self, body: bytes, properties: Basic.Properties, *, exchange: str, routing_key: str
+        self,
+        body: bytes,
+        properties: Basic.Properties,
+        message_id: str,
+        *,
+        exchange: str,
+        routing_key: str,
     ) -> None:
         sending = asyncio.ensure_future(
             self._channel.basic_publish(
@@ -103,6 +114,7 @@ class Publisher:
                 mandatory=True,
             )
         )
+        self._one_per_message_id.taken(message_id, sending)
         try:
             result = await self._confirmed(sending)
         except TimeoutError as error:

@@ -1,10 +1,12 @@
-"""What the service's publisher and the replay's sender share: the span a publish runs in, and
-aiormq's publish errors translated into ours (:mod:`consumer.errors`)."""
+"""What the service's publisher and the replay's sender share: the span a publish runs in, one
+publish per message id in flight, and aiormq's publish errors translated into ours
+(:mod:`consumer.errors`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -17,6 +19,7 @@ from consumer.tracing import Tracing
 
 __all__ = [
     "PUBLISH_ERRORS",
+    "OnePerMessageId",
     "closed_without_reason",
     "connection_blocked",
     "cut_off",
@@ -28,6 +31,35 @@ _READY_CHECK = 0.05
 
 PUBLISH_ERRORS = (aiormq.exceptions.AMQPError, RuntimeError, ConnectionError)
 """What a publish raises when it fails: :func:`translated` says which of ours it is."""
+
+
+class OnePerMessageId:
+    """Publishes of one message id one at a time. aiormq matches a return to its publish by
+    message id alone, and copies share one (the dead letters of one event, a producer's own id
+    copied into each copy): with two in flight, a return fails the other publish while the
+    returned one's ack confirms it, and the original whose copy the broker dropped is removed."""
+
+    def __init__(self) -> None:
+        self._in_flight: dict[str, asyncio.Future[Any]] = {}
+
+    async def turn(self, properties: Basic.Properties) -> str:
+        """Until no publish of this message id is in flight (one is given, if none); the id."""
+        if not properties.message_id:
+            properties.message_id = uuid.uuid4().hex
+        message_id: str = properties.message_id
+        while (earlier := self._in_flight.get(message_id)) is not None and not earlier.done():
+            await asyncio.wait([earlier])
+        return message_id
+
+    def taken(self, message_id: str, settled: asyncio.Future[Any]) -> None:
+        """The publish of ``message_id`` is in flight until ``settled`` is done."""
+        self._in_flight[message_id] = settled
+
+        def leave(_: asyncio.Future[Any]) -> None:
+            if self._in_flight.get(message_id) is settled:
+                del self._in_flight[message_id]
+
+        settled.add_done_callback(leave)
 
 
 def publish_span(

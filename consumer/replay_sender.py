@@ -14,17 +14,12 @@ A write's publishes share one deadline, not a timer each: those unconfirmed ``co
 after their write fail (their letters stay), unless the broker has blocked the connection (a
 memory or disk alarm), which the service's publisher waits out too: then they get another
 ``confirm_within``. A connection that closes rejects every confirmation in flight at once.
-
-aiormq matches a return to its publish by message id alone, and dead letters share one (those of
-one event, or a producer's own id copied into every copy): a return would fail the other publish
-while the returned one's ack confirmed it, and its letter, whose copy the broker dropped, would
-be removed. So a publish waits until none of the same message id is in flight.
+A publish waits while another of its message id is in flight (:class:`OnePerMessageId`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -36,6 +31,7 @@ from pamqp.header import ContentHeader
 from consumer.errors import PublishFailed
 from consumer.publishing import (
     PUBLISH_ERRORS,
+    OnePerMessageId,
     closed_without_reason,
     connection_blocked,
     cut_off,
@@ -87,7 +83,7 @@ class ReplaySender:
         self._outgoing: list[_Outgoing] = []
         self._writing: asyncio.Task[None] | None = None
         self._expiring: set[asyncio.Task[None]] = set()
-        self._in_flight: dict[str, asyncio.Future[Any]] = {}
+        self._one_per_message_id = OnePerMessageId()
 
     @property
     def is_open(self) -> bool:
@@ -98,12 +94,9 @@ class ReplaySender:
     ) -> None:
         """Publish and wait for the confirm; raise :class:`Unroutable` or
         :class:`PublishFailed` otherwise."""
-        # aiormq finds the publish a return is about by its message id.
-        if not properties.message_id:
-            properties.message_id = uuid.uuid4().hex
         with publish_span(self._tracing, properties, exchange=exchange, routing_key=routing_key):
             try:
-                await self._turn(properties.message_id)
+                await self._one_per_message_id.turn(properties)
                 result = await self._queued(
                     body, properties, exchange=exchange, routing_key=routing_key
                 )
@@ -120,12 +113,6 @@ class ReplaySender:
         if not isinstance(result, Basic.Ack):
             raise PublishFailed(f"the broker did not confirm the message for {exchange!r}")
 
-    async def _turn(self, message_id: str) -> None:
-        """Until no publish of this message id is in flight: one at a time, a return is never
-        taken for another publish (module docstring)."""
-        while (earlier := self._in_flight.get(message_id)) is not None and not earlier.done():
-            await asyncio.wait([earlier])
-
     def _queued(
         self, body: bytes, properties: Basic.Properties, *, exchange: str, routing_key: str
     ) -> asyncio.Future[Any]:
@@ -139,8 +126,7 @@ class ReplaySender:
         ]
         # A channel's future: rejected when the channel closes, at once if closed already.
         confirmation: asyncio.Future[Any] = channel.create_future()
-        self._in_flight[properties.message_id] = confirmation
-        confirmation.add_done_callback(_leaving(self._in_flight, properties.message_id))
+        self._one_per_message_id.taken(properties.message_id, confirmation)
         self._outgoing.append(_Outgoing(frames, confirmation, properties.message_id))
         if self._writing is None:
             self._writing = asyncio.create_task(self._write())
@@ -208,16 +194,6 @@ class ReplaySender:
                 # Left in aiormq's table: a confirm that comes after all is ignored there (with
                 # a warning), as it is for the service's publisher.
                 confirmation.set_exception(TimeoutError())
-
-
-def _leaving(in_flight: dict[str, asyncio.Future[Any]], message_id: str) -> Any:
-    """Once settled, the publish is no longer in flight under its message id."""
-
-    def leave(confirmation: asyncio.Future[Any]) -> None:
-        if in_flight.get(message_id) is confirmation:
-            del in_flight[message_id]
-
-    return leave
 
 
 def _forgetting(channel: Any, message_id: str, tag: int) -> Any:

@@ -3,9 +3,11 @@ the original goes back to the queue after a pause, never lost, never applied twi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from itertools import pairwise
 from typing import Protocol
 
@@ -14,6 +16,8 @@ import aiormq
 import pytest
 from pamqp.commands import Basic
 
+from consumer.errors import Unroutable
+from consumer.publisher import Publisher
 from tests.support import (
     ServiceProcess,
     TestEnv,
@@ -240,3 +244,33 @@ async def test_a_confirm_that_never_comes_in_time_returns_the_original_never_los
     await assert_applied_once(env.database_url, ids)
     assert await fetchval(env.database_url, "SELECT count(*) FROM receipts") == 5
     assert await queue_depth(env.amqp_url, env.names.dead) == 0
+
+
+async def test_a_returned_copy_is_not_confirmed_by_another_of_its_message_id(env: TestEnv) -> None:
+    # Given the service's publisher, and a queue bound for one routing key of the test's own
+    connection = await aio_pika.connect(env.amqp_url)
+    try:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        queue = await channel.declare_queue(f"{env.name}.routed", auto_delete=True)
+        await queue.bind("amq.direct", f"{env.name}.routed")
+        publisher = await Publisher.on(channel, confirm_within=timedelta(seconds=10))
+
+        async def outcome(routing_key: str) -> str:
+            properties = Basic.Properties(message_id=f"{env.name}-shared", delivery_mode=2)
+            try:
+                await publisher.publish(
+                    b"{}", properties, exchange="amq.direct", routing_key=routing_key
+                )
+            except Unroutable:
+                return "unroutable"
+            return "confirmed"
+
+        # When two copies sharing a message id are published together, the first unroutable
+        outcomes = await asyncio.gather(
+            outcome(f"{env.name}.nowhere"), outcome(f"{env.name}.routed")
+        )
+    finally:
+        await connection.close()
+
+    # Then the broker's return fails the copy it dropped, and only the routed one is confirmed
+    assert list(outcomes) == ["unroutable", "confirmed"]

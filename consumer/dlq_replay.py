@@ -144,9 +144,7 @@ async def replay(
             if delay:
                 await asyncio.sleep(delay)
             await window.acquire()
-            task = asyncio.create_task(
-                _one(held, letter, sender, options, tally, report, window, removal)
-            )
+            task = asyncio.create_task(_one(held, letter, sender, options, tally, window, removal))
             pending.add(task)
             task.add_done_callback(pending.discard)
     finally:
@@ -206,18 +204,20 @@ class _Removal:
         except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError):
             self._tally.not_removed += len(batch)
             for _, letter in batch:
-                self._tell(
+                self.tell(
                     letter, "replayed, but its dead copy could not be removed: it is there too"
                 )
             return
         self._tally.replayed += len(batch)
         for _, letter in batch:
-            self._tell(letter, None)
+            self.tell(letter, None)
 
-    def _tell(self, letter: DeadMessage, problem: str | None) -> None:
+    def tell(self, letter: DeadMessage, problem: str | None) -> None:
+        """Report a settled letter; a failure to is raised by :meth:`run`, at its end."""
         # Letters go on being removed and counted though reporting them fails (the operator quit
         # the pager the output went to): only lines are lost, as when each letter was removed by
-        # a task of its own; the first failure is raised once every letter is removed.
+        # a task of its own; the first failure is raised once every letter is removed. Letters
+        # that failed are told here too: a report raising in their task would be lost with it.
         try:
             self._report(letter, problem)
         except Exception as error:
@@ -239,7 +239,6 @@ async def _one(
     sender: ReplaySender,
     options: ReplayOptions,
     tally: Tally,
-    report: Report,
     window: asyncio.Semaphore,
     removal: _Removal,
 ) -> None:
@@ -256,11 +255,11 @@ async def _one(
         await sender.send(body, properties, exchange=options.exchange, routing_key=letter.type)
     except Unroutable as error:
         tally.failed[f"unroutable: {error}"] += 1
-        report(letter, str(error))
+        removal.tell(letter, str(error))
         return
     except PublishFailed as error:
         tally.failed[str(error)[:200]] += 1
-        report(letter, str(error))
+        removal.tell(letter, str(error))
         return
     finally:
         window.release()

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 from aiormq.base import FutureStore
+from pamqp.commands import Basic
 
-from consumer.dlq_replay import Tally, _Removal
-from consumer.dlq_stream import Held, QueueScan
+from consumer.dlq_replay import ReplayOptions, Tally, _one, _Removal
+from consumer.dlq_stream import Delivered, Held, QueueScan
+from consumer.errors import Unroutable
 
 
 class Scan:
@@ -202,3 +205,39 @@ async def test_a_report_that_cannot_be_printed_stops_no_removal() -> None:
         await asyncio.wait_for(running, 5)
     assert scan.writes == [[1], [2, 3]]
     assert tally.replayed == 3
+
+
+async def test_a_failed_letter_whose_report_cannot_be_printed_fails_the_replay_at_its_end() -> None:
+    # Given a replay whose output goes to a pager the operator has quit, and a letter whose
+    # copy the broker returns
+    tally = Tally()
+
+    def report(letter: Any, _: str | None) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    class Returning:
+        async def send(self, *_: Any, **__: Any) -> None:
+            raise Unroutable("'x.events' could not route 't'")
+
+    removal = _Removal(cast(QueueScan, Scan()), tally, report)
+    running = asyncio.create_task(removal.run())
+    letter = SimpleNamespace(headers={}, body=b"{}", expired=False, type="t")
+    window = asyncio.Semaphore(0)
+
+    # When its task settles it
+    await _one(
+        Held(Delivered(b"{}", Basic.Properties(), "t"), 1, "consumer-1"),
+        cast(Any, letter),
+        cast(Any, Returning()),
+        ReplayOptions(exchange="x.events"),
+        tally,
+        window,
+        removal,
+    )
+    removal.close()
+
+    # Then it is counted failed, and the report's failure is not lost with the task: the replay
+    # raises it once every letter is settled
+    assert sum(tally.failed.values()) == 1
+    with pytest.raises(BrokenPipeError):
+        await asyncio.wait_for(running, 5)

@@ -167,7 +167,13 @@ async def run(
     deadline = started + profile.budget
     if events is not None:  # every scenario's
         profile = Profile(
-            **{**profile.__dict__, "events": events, "hostile_events": None, "cluster_events": None}
+            **{
+                **profile.__dict__,
+                "events": events,
+                "hostile_events": None,
+                "cluster_events": None,
+                "pruning_events": None,
+            }
         )
     scenarios = chosen(profile, only)
     overrides = {**CONSUMER_SETTINGS, **(settings or {})}

@@ -42,6 +42,7 @@ REQUIRED = {
     "retry-queue depth": "rabbitmq_queue_messages",
     "delivery-limit dead letters": "rabbitmq_global_messages_dead_lettered_delivery_limit_total",
     "dead-letter queue depth": "rabbitmq_queue_messages",
+    "held for dead-lettering (DeadLetteringStuck)": "rabbitmq_queue_messages_unacked",
 }
 # Shown from the process's own series, which referenced_metrics() does not pick out.
 REQUIRED_PROCESS = ("process_start_time_seconds", "process_resident_memory_bytes")

@@ -121,6 +121,7 @@ async def replay(
     remover = asyncio.create_task(removal.run())
     try:
         async for held in scan.messages():
+            _stop_if_cancelled()
             tally.read += 1
             progress()
             letter = read(held)
@@ -158,6 +159,15 @@ async def replay(
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait([remover])
         remover.result()  # what failed in it (a report that could not be printed) fails the replay
+        _stop_if_cancelled()
+
+
+def _stop_if_cancelled() -> None:
+    """Raise the cancel (Ctrl-C) asked of this task if an await swallowed it: a replay that goes
+    on after Ctrl-C, or ends with exit 0, would tell the operator the wrong story."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 class _Removal:

@@ -284,7 +284,10 @@ class QueueScan:
             if not self._arrived.empty():  # the common case, without a timer
                 return self._arrived.get_nowait()
             try:
-                return await asyncio.wait_for(self._arrived.get(), _IDLE_CHECK)
+                # Not wait_for: on Python 3.11 it returns a delivery that arrives as the task is
+                # cancelled and drops the cancel (Ctrl-C would then be lost).
+                async with asyncio.timeout(_IDLE_CHECK):
+                    return await self._arrived.get()
             except TimeoutError:
                 pass
             if self._raw.is_closed:

@@ -5,6 +5,7 @@ give-backs) end when their channel closes, however aiormq closes it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any, cast
@@ -13,7 +14,7 @@ import pytest
 from aiormq.base import FutureStore
 from pamqp.commands import Basic
 
-from consumer.dlq_replay import ReplayOptions, Tally, _one, _Removal
+from consumer.dlq_replay import ReplayOptions, Tally, _one, _Removal, replay
 from consumer.dlq_stream import Delivered, Held, QueueScan
 from consumer.errors import Unroutable
 
@@ -241,3 +242,49 @@ async def test_a_failed_letter_whose_report_cannot_be_printed_fails_the_replay_a
     assert sum(tally.failed.values()) == 1
     with pytest.raises(BrokenPipeError):
         await asyncio.wait_for(running, 5)
+
+
+class ScanThatSwallowsACancel:
+    """Reads 1,000 letters (about 5s); an await in it returns its letter even when the task is
+    cancelled meanwhile, as ``asyncio.wait_for`` does on Python 3.11 when the two meet."""
+
+    def __init__(self) -> None:
+        self.read = 0
+
+    async def messages(self) -> Any:
+        while self.read < 1_000:
+            self.read += 1
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.005)
+            yield Held(Delivered(b"{}", Basic.Properties(), "t"), self.read, "consumer-1")
+
+    async def take_all(self, held: Sequence[Held]) -> None:
+        return None
+
+
+async def test_ctrl_c_stops_a_replay_even_when_an_await_swallowed_it() -> None:
+    # Given a replay under way over letters none of which is selected
+    scan = ScanThatSwallowsACancel()
+    unselected = SimpleNamespace(matches=lambda letter: False)
+    running = asyncio.create_task(
+        replay(
+            cast(QueueScan, scan),
+            lambda held: cast(Any, SimpleNamespace()),
+            cast(Any, unselected),
+            cast(Any, None),
+            ReplayOptions(exchange="x.events"),
+            Tally(),
+            lambda letter, why: None,
+        )
+    )
+    while scan.read < 3:
+        await asyncio.sleep(0.005)
+
+    # When the operator presses Ctrl-C (the command's task is cancelled) and the await that
+    # meets the cancel swallows it
+    running.cancel()
+
+    # Then the replay stops, cancelled, instead of going on (and ending with exit 0)
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(asyncio.shield(running), 2)
+    assert running.cancelled()

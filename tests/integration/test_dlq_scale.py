@@ -309,7 +309,15 @@ def _start(env: TestEnv, *args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
+        preexec_fn=_sigint_as_at_a_terminal,
     )
+
+
+def _sigint_as_at_a_terminal() -> None:
+    """Ctrl-C's default disposition in the command, whatever the tests inherited: a test run
+    started in the background without job control (``cmd &`` in a script) ignores SIGINT, and a
+    child inherits that, so the command would never see the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _summary_count(out: str) -> int:

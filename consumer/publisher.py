@@ -9,15 +9,11 @@ from typing import Any
 from aio_pika.abc import AbstractChannel
 from pamqp.commands import Basic
 
-from consumer.errors import PublishFailed
 from consumer.publishing import (
-    PUBLISH_ERRORS,
     OnePerMessageId,
-    closed_without_reason,
+    acked,
     connection_blocked,
-    cut_off,
     publish_span,
-    translated,
 )
 from consumer.tracing import Tracing
 from topology.durations import to_milliseconds
@@ -116,20 +112,15 @@ class Publisher:
         )
         self._one_per_message_id.taken(message_id, sending)
         try:
-            result = await self._confirmed(sending)
-        except TimeoutError as error:
-            raise PublishFailed(f"no confirm from the broker within {self._timeout:g}s") from error
-        except PUBLISH_ERRORS as error:
-            raise translated(error, exchange=exchange, routing_key=routing_key) from error
-        except asyncio.CancelledError as error:
-            raise cut_off(error) from error
-        except Exception as error:
-            raise closed_without_reason(error) from error
+            await acked(
+                self._confirmed(sending),
+                waited_s=self._timeout,
+                exchange=exchange,
+                routing_key=routing_key,
+            )
         finally:
             if not sending.done():
                 sending.cancel()
-        if not isinstance(result, Basic.Ack):
-            raise PublishFailed(f"the broker did not confirm the message for {exchange!r}")
 
     async def _confirmed(self, sending: asyncio.Future[Any]) -> Any:
         """The confirm, waited for ``timeout`` at a time for as long as the broker blocks the

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import Awaitable
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -20,6 +21,7 @@ from consumer.tracing import Tracing
 __all__ = [
     "PUBLISH_ERRORS",
     "OnePerMessageId",
+    "acked",
     "closed_without_reason",
     "connection_blocked",
     "cut_off",
@@ -107,6 +109,25 @@ def closed_without_reason(error: Exception) -> PublishFailed:
     if type(error) is not Exception:
         raise error
     return PublishFailed("publishing failed: the connection closed")
+
+
+async def acked(
+    confirm: Awaitable[Any], *, waited_s: float, exchange: str, routing_key: str
+) -> None:
+    """Wait for a publish's confirm: return on the broker's ack, else raise :class:`Unroutable`
+    or :class:`PublishFailed` (a nack, no confirm after ``waited_s``, the channel gone)."""
+    try:
+        result = await confirm
+    except TimeoutError as error:
+        raise PublishFailed(f"no confirm from the broker within {waited_s:g}s") from error
+    except PUBLISH_ERRORS as error:
+        raise translated(error, exchange=exchange, routing_key=routing_key) from error
+    except asyncio.CancelledError as error:
+        raise cut_off(error) from error
+    except Exception as error:
+        raise closed_without_reason(error) from error
+    if not isinstance(result, Basic.Ack):
+        raise PublishFailed(f"the broker did not confirm the message for {exchange!r}")
 
 
 async def connection_blocked(connection: Any) -> bool:

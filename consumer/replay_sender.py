@@ -28,15 +28,11 @@ from aiormq.abc import ChannelFrame
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
-from consumer.errors import PublishFailed
 from consumer.publishing import (
-    PUBLISH_ERRORS,
     OnePerMessageId,
-    closed_without_reason,
+    acked,
     connection_blocked,
-    cut_off,
     publish_span,
-    translated,
 )
 from consumer.tracing import Tracing
 
@@ -95,23 +91,19 @@ class ReplaySender:
         """Publish and wait for the confirm; raise :class:`Unroutable` or
         :class:`PublishFailed` otherwise."""
         with publish_span(self._tracing, properties, exchange=exchange, routing_key=routing_key):
-            try:
-                await self._one_per_message_id.turn(properties)
-                result = await self._queued(
-                    body, properties, exchange=exchange, routing_key=routing_key
-                )
-            except TimeoutError as error:
-                raise PublishFailed(
-                    f"no confirm from the broker within {self._timeout:g}s"
-                ) from error
-            except PUBLISH_ERRORS as error:
-                raise translated(error, exchange=exchange, routing_key=routing_key) from error
-            except asyncio.CancelledError as error:
-                raise cut_off(error) from error
-            except Exception as error:
-                raise closed_without_reason(error) from error
-        if not isinstance(result, Basic.Ack):
-            raise PublishFailed(f"the broker did not confirm the message for {exchange!r}")
+            await acked(
+                self._sent(body, properties, exchange=exchange, routing_key=routing_key),
+                waited_s=self._timeout,
+                exchange=exchange,
+                routing_key=routing_key,
+            )
+
+    async def _sent(
+        self, body: bytes, properties: Basic.Properties, *, exchange: str, routing_key: str
+    ) -> Any:
+        """The confirm of the publish, once no other of its message id is in flight."""
+        await self._one_per_message_id.turn(properties)
+        return await self._queued(body, properties, exchange=exchange, routing_key=routing_key)
 
     def _queued(
         self, body: bytes, properties: Basic.Properties, *, exchange: str, routing_key: str

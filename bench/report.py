@@ -172,7 +172,11 @@ PREFETCH_GOAL = 0.85
 
 
 def summarize_prefetch(
-    prefetch: int, batch_size: int, broker: Sequence[Measurement], service: Sequence[Measurement]
+    prefetch: int,
+    batch_size: int,
+    broker: Sequence[Measurement],
+    service: Sequence[Measurement],
+    workers: int = 0,
 ) -> dict[str, Any]:
     """One row of the prefetch table: both systems' runs at one prefetch, and the ratio of the
     medians."""
@@ -180,6 +184,7 @@ def summarize_prefetch(
     ratio = over(_median(summaries, "service"), _median(summaries, "broker"))
     return {
         "prefetch": prefetch,
+        "workers": workers,
         "batch_size": batch_size,
         **summaries,
         "service_over_broker": ratio,
@@ -310,7 +315,7 @@ def prefetch_lines(rows: Sequence[dict[str, Any]], runs: int) -> list[str]:
     lines = [
         f"service against the ack-only consumer at the same prefetch (same quorum queue, "
         f"interleaved, medians of {runs}; goal service/ack-only >= {PREFETCH_GOAL}):",
-        f"{'prefetch':>8}{'batch':>7}{'ack-only msg/s':>16}{'min - max':>18}"
+        f"{'prefetch':>8}{'workers':>8}{'batch':>7}{'ack-only msg/s':>16}{'min - max':>18}"
         f"{'service msg/s':>15}{'min - max':>18}{'service/ack-only':>18}"
         f"   sut CPU ms/msg ack-only/service",
     ]
@@ -318,7 +323,7 @@ def prefetch_lines(rows: Sequence[dict[str, Any]], runs: int) -> list[str]:
         broker, service = row["broker"], row["service"]
         verdict = {True: "met", False: "below goal", None: "-"}[row["goal_met"]]
         lines.append(
-            f"{row['prefetch']:>8}{row['batch_size']:>7}"
+            f"{row['prefetch']:>8}{row.get('workers') or '-':>8}{row['batch_size']:>7}"
             f"{_num(broker['rate'] and broker['rate']['median']):>16}{_range(broker['rate']):>18}"
             f"{_num(service['rate'] and service['rate']['median']):>15}"
             f"{_range(service['rate']):>18}"

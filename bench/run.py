@@ -21,7 +21,7 @@ from bench import measure, report
 from bench.events import Workload
 from bench.infra import BenchError, Infra
 from bench.measure import Measurement
-from consumer.config import batch_size
+from consumer.config import batch_size, worker_count
 from consumer.settings import Settings
 from topology.durations import format_duration
 
@@ -36,7 +36,14 @@ def _service_default(field: str) -> str:
 
 SERVICE_KNOBS = {
     f"CONSUMER_{field.upper()}": _service_default(field)
-    for field in ("prefetch", "db_pool_size", "batch_size", "batch_wait", "batch_lock_timeout")
+    for field in (
+        "prefetch",
+        "db_pool_size",
+        "workers",
+        "batch_size",
+        "batch_wait",
+        "batch_lock_timeout",
+    )
 }
 
 
@@ -80,12 +87,18 @@ def effective_knobs(service_env: Mapping[str, str]) -> dict[str, str]:
         key: service_env.get(key) or os.environ.get(key) or default
         for key, default in SERVICE_KNOBS.items()
     }
+    sizes = Settings.model_construct(
+        prefetch=positive_int(knobs, "CONSUMER_PREFETCH"),
+        db_pool_size=positive_int(knobs, "CONSUMER_DB_POOL_SIZE"),
+        workers=None
+        if knobs["CONSUMER_WORKERS"] == "None"
+        else positive_int(knobs, "CONSUMER_WORKERS"),
+        batch_size=None,
+    )
+    if knobs["CONSUMER_WORKERS"] == "None":
+        knobs["CONSUMER_WORKERS"] = str(worker_count(sizes))
     if knobs["CONSUMER_BATCH_SIZE"] == "None":
-        sizes = Settings.model_construct(
-            prefetch=positive_int(knobs, "CONSUMER_PREFETCH"),
-            db_pool_size=positive_int(knobs, "CONSUMER_DB_POOL_SIZE"),
-            batch_size=None,
-        )
+        sizes = sizes.model_copy(update={"workers": positive_int(knobs, "CONSUMER_WORKERS")})
         knobs["CONSUMER_BATCH_SIZE"] = str(batch_size(sizes))
     return knobs
 
@@ -346,9 +359,10 @@ async def _prefetch_rows(
     for prefetch in options.prefetches:
         knobs = effective_knobs({**options.service_env, "CONSUMER_PREFETCH": str(prefetch)})
         batch = positive_int(knobs, "CONSUMER_BATCH_SIZE")
+        workers = positive_int(knobs, "CONSUMER_WORKERS")
         rows.append(
             report.summarize_prefetch(
-                prefetch, batch, runs[prefetch]["broker"], runs[prefetch]["service"]
+                prefetch, batch, runs[prefetch]["broker"], runs[prefetch]["service"], workers
             )
         )
     return rows

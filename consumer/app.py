@@ -25,6 +25,7 @@ from consumer.config import (
     names_for,
     receipt_window,
     topology_for,
+    worker_count,
 )
 from consumer.crashes import CrashLedger, Liveness
 from consumer.database import Database
@@ -126,7 +127,7 @@ def build_service(
         return service is not None and service.in_flight() >= settings.prefetch
 
     dispatcher = Dispatcher(
-        workers=settings.db_pool_size,
+        workers=worker_count(settings),
         batch_size=batch_size(settings),
         batch_wait=settings.batch_wait.total_seconds(),
         preparer=preparer,

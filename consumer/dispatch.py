@@ -78,6 +78,11 @@ class Dispatcher:
         self._preparer = preparer
         self._settler = settler
 
+    def window_full(self) -> bool:
+        """The deliveries in hand fill the prefetch window: the broker sends none until one is
+        settled."""
+        return self._window_full()
+
     @property
     def held(self) -> int:
         return len(self._held)

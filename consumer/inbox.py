@@ -19,9 +19,13 @@ class Inbox(Generic[T]):
     already waiting (it is the bottleneck) does a batch wait up to ``wait`` for more: there,
     fuller batches cost less CPU per event in the service, PostgreSQL and RabbitMQ, and on a busy
     machine that CPU is what the latency is made of. A worker that was idle takes the next arrival
-    and goes, so a lone event is never held back. Nor does a batch wait for deliveries that cannot
-    come: when ``more_coming`` says the prefetch window is full (the broker sends nothing until
-    something settles), and when :meth:`wake` says it has filled meanwhile.
+    and goes, so a lone event is never held back; unless ``refill_due`` says its last batch was
+    settled with the prefetch window full: the broker had more for it and sends that refill now,
+    one delivery after another, and a batch that went with the first of them would leave the rest
+    to batches of one or two (at a small prefetch, most of the time goes to per-transaction round
+    trips). Nor does a batch wait for deliveries that cannot come: when ``more_coming`` says the
+    prefetch window is full (the broker sends nothing until something settles), and when
+    :meth:`wake` says it has filled meanwhile.
 
     ``max_weight`` bounds a batch by the sum of its items' ``weight`` (their bodies' bytes).
 
@@ -69,11 +73,11 @@ class Inbox(Generic[T]):
     def __len__(self) -> int:
         return len(self._items)
 
-    async def next_batch(self) -> list[T]:
-        backlog = bool(self._items)
-        if not backlog:
+    async def next_batch(self, *, refill_due: bool = False) -> list[T]:
+        waits = bool(self._items) or refill_due
+        if not self._items:
             await self._until(1, None)
-        elif len(self._items) < self._size and self._wait > 0 and self._more_coming():
+        if waits and len(self._items) < self._size and self._wait > 0 and self._more_coming():
             loop = asyncio.get_running_loop()
             await self._until(self._size, loop.time() + self._wait)
         items = self._items

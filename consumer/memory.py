@@ -83,7 +83,7 @@ def check_memory_budget(budget: MemoryBudget, container: int | None = None) -> N
         source = "CONSUMER_MEMORY_LIMIT" if budget.limit else "the container's limit"
         raise ConfigError(
             f"CONSUMER_PREFETCH ({budget.prefetch}) x CONSUMER_MAX_BODY_BYTES "
-            f"({budget.max_body_bytes}) with CONSUMER_DB_POOL_SIZE ({budget.workers}) "
+            f"({budget.max_body_bytes}) with {budget.workers} workers "
             f"could take {_mib(needed)} of memory, more than {source} ({_mib(limit)}): lower "
             "CONSUMER_PREFETCH or CONSUMER_MAX_BODY_BYTES"
         )

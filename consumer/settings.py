@@ -87,6 +87,8 @@ class Settings(BaseSettings):
     exchange: str = "events"
     prefetch: int = Field(default=400, ge=1, le=65535)
     db_pool_size: int = Field(default=4, ge=1, le=1000)
+    workers: int | None = Field(default=None, ge=1, le=1000)
+    """Unset: follows from the prefetch (:func:`consumer.config.workers`)."""
     batch_size: int | None = Field(default=None, ge=1, le=1000)
     """Unset: follows from the prefetch (:func:`consumer.config.batch_size`)."""
     batch_wait: Annotated[timedelta, BeforeValidator(parse_duration)] = timedelta(milliseconds=10)
@@ -287,6 +289,16 @@ class Settings(BaseSettings):
             raise ValueError(f"has the same delay twice ({', '.join(twice)})")
         if any(delay.total_seconds() * 1000 % 1 for delay in value):
             raise ValueError("delays are whole milliseconds")
+        return value
+
+    @field_validator("workers")
+    @classmethod
+    def _check_workers(cls, value: int | None, info: ValidationInfo) -> int | None:
+        pool = info.data.get("db_pool_size")
+        if value is not None and pool is not None and value > pool:
+            raise ValueError(
+                f"must be at most CONSUMER_DB_POOL_SIZE ({pool}): each worker holds a connection"
+            )
         return value
 
     @field_validator("handlers")

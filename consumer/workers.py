@@ -60,8 +60,10 @@ class Workers:
     async def worker(self, inbox: Inbox[Delivery]) -> None:
         """Batches from one inbox, for ever."""
         lane = self._dispatcher.lane
+        refill_due = False
         while True:
-            batch = await inbox.next_batch()
+            batch = await inbox.next_batch(refill_due=refill_due)
+            refill_due = False
             self._enter()
             started: Started = None
             try:
@@ -73,6 +75,8 @@ class Workers:
                 # Settling runs no handler's code: the lane need not wait for it (a copy can wait
                 # long for its confirm, while the broker blocks publishing).
                 if outcomes:
+                    # Settled with the window full: the broker refills it now (consumer.inbox).
+                    refill_due = self._dispatcher.window_full()
                     await self._settle(outcomes, generation)
             finally:
                 self._tracing.abandoned(started)

@@ -59,13 +59,13 @@ def test_a_prefetch_row_without_a_service_rate_has_no_verdict() -> None:
 
 def test_the_prefetch_table_has_one_line_per_prefetch_with_its_figures() -> None:
     rows = [
-        summarize_prefetch(p, b, _runs("broker", 4000, cpu=40), _runs("service", r, cpu=80))
-        for p, b, r in ((10, 3, 3600), (50, 13, 2000))
+        summarize_prefetch(p, b, _runs("broker", 4000, cpu=40), _runs("service", r, cpu=80), 1)
+        for p, b, r in ((10, 10, 3600), (50, 50, 2000))
     ]
     lines = prefetch_lines(rows, runs=1)
     assert len(lines) == 4
     assert lines[2].split() == [
-        *("10", "3", "4,000", "4,000", "-", "4,000"),
+        *("10", "1", "10", "4,000", "4,000", "-", "4,000"),
         *("3,600", "3,600", "-", "3,600", "0.90", "met", "0.100/0.220"),
     ]
     assert "below goal" in lines[3]

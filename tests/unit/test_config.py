@@ -4,13 +4,29 @@ from __future__ import annotations
 
 import pytest
 
-from consumer.config import MAX_BATCH_SIZE, batch_size
+from consumer.config import MAX_BATCH_SIZE, batch_size, worker_count
 from consumer.settings import Settings
 
 
 @pytest.mark.parametrize(
     ("prefetch", "pool", "expected"),
-    [(400, 4, MAX_BATCH_SIZE), (50, 4, 13), (10, 4, 3), (1, 4, 1), (3, 1, 3)],
+    [(400, 4, 4), (200, 4, 4), (150, 4, 3), (100, 4, 2), (99, 4, 1), (50, 4, 1), (10, 4, 1)],
+)
+def test_the_workers_follow_from_the_prefetch_window(
+    prefetch: int, pool: int, expected: int
+) -> None:
+    # One per full batch the window holds: fewer, fuller transactions until batches are full
+    assert worker_count(Settings(prefetch=prefetch, db_pool_size=pool)) == expected
+
+
+def test_workers_that_are_set_are_kept() -> None:
+    assert worker_count(Settings(prefetch=10, db_pool_size=4, workers=3)) == 3
+    assert batch_size(Settings(prefetch=10, db_pool_size=4, workers=2)) == 5
+
+
+@pytest.mark.parametrize(
+    ("prefetch", "pool", "expected"),
+    [(400, 4, MAX_BATCH_SIZE), (50, 4, 50), (10, 4, 10), (1, 4, 1), (120, 4, 50), (3, 1, 3)],
 )
 def test_the_batch_size_is_the_workers_share_of_the_prefetch_window(
     prefetch: int, pool: int, expected: int

@@ -86,3 +86,29 @@ async def test_a_wait_ends_when_the_window_fills_meanwhile() -> None:
     inbox.put(1)
     inbox.wake()  # the dispatcher: that delivery was the last the window lets in
     assert await asyncio.wait_for(taking, 10) == [0, 1]
+
+
+async def test_after_settling_a_full_window_the_first_arrival_waits_for_the_refill() -> None:
+    # The broker refills a window one delivery after another: going with the first would leave
+    # the rest to batches of one or two.
+    inbox: Inbox[int] = Inbox(size=3, wait=60.0)
+    taking = asyncio.create_task(inbox.next_batch(refill_due=True))
+    await asyncio.sleep(0.01)
+    inbox.put(0)
+    await asyncio.sleep(0.05)
+    assert not taking.done()
+    inbox.put(1)
+    inbox.put(2)
+    assert await asyncio.wait_for(taking, 30) == [0, 1, 2]
+
+
+async def test_a_refill_wait_ends_when_the_window_is_full_again() -> None:
+    window_full = False
+    inbox: Inbox[int] = Inbox(size=10, wait=60.0, more_coming=lambda: not window_full)
+    taking = asyncio.create_task(inbox.next_batch(refill_due=True))
+    await asyncio.sleep(0.01)
+    inbox.put(0)
+    await asyncio.sleep(0.01)
+    window_full = True  # the rest of the refill went to other workers' inboxes
+    inbox.wake()
+    assert await asyncio.wait_for(taking, 30) == [0]

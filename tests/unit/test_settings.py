@@ -85,6 +85,7 @@ def test_reads_durations_lists_and_case_insensitive_choices(
         ),
         ({"handlers": "not a module"}, "CONSUMER_HANDLERS"),
         ({"http_port": "70000"}, "CONSUMER_HTTP_PORT"),
+        ({"workers": "5", "db_pool_size": "4"}, "CONSUMER_WORKERS"),
     ],
 )
 def test_a_bad_value_gives_one_line_naming_the_setting(

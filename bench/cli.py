@@ -217,7 +217,7 @@ def parser() -> argparse.ArgumentParser:
     )
     _sized(prune_cmd, "mode")
     prune_cmd.add_argument(
-        "--days", type=int, default=5, help="old daily partitions, each pruned in turn (default 5)"
+        "--days", type=int, default=4, help="old daily partitions, each pruned in turn (default 4)"
     )
     prune_cmd.add_argument(
         "--rows-per-day",

@@ -150,7 +150,11 @@ class Infra:
         if template is not None:
             conn = await asyncpg.connect(self.admin_dsn)
             try:
-                await conn.execute(f'CREATE DATABASE "{database}" TEMPLATE "{template}"')
+                # A file copy after a checkpoint: WAL_LOG would write the copy to the WAL, and
+                # the checkpoint that WAL then calls for could land in the measurement.
+                await conn.execute(
+                    f'CREATE DATABASE "{database}" TEMPLATE "{template}" STRATEGY = FILE_COPY'
+                )
             finally:
                 await conn.close()
             return dsn

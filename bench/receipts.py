@@ -280,7 +280,10 @@ async def _prune(dsn: str, empty_dsn: str, options: ReceiptsOptions) -> dict[str
         "dry_run_s": round(dry_s, 3),
         "prune_s": round(prune_s, 3),
         "prune_output": out.splitlines(),
-        "partitions_dropped": sum(line.startswith("dropped ") for line in out.splitlines()),
+        "partitions_dropped": sum(
+            line.startswith("dropped receipts_") and not line.startswith("dropped receipts_legacy")
+            for line in out.splitlines()
+        ),
         "rows_removed": rows_before - rows_after,
         "inserts_during_prune": len(inserter.waits),
         "slowest_insert_during_prune_ms": round(max(inserter.waits) * 1000, 1),

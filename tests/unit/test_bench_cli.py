@@ -62,7 +62,7 @@ def test_receipts_partition_refuses_what_the_setting_or_the_prune_cannot_take(
 def test_prune_load_runs_every_mode_by_default() -> None:
     arguments = parser().parse_args(["prune-load"])
     assert arguments.modes == ("without", "prune", "dry-run", "round")
-    assert (arguments.days, arguments.rows_per_day, arguments.every) == (5, 1_000_000, 1.0)
+    assert (arguments.days, arguments.rows_per_day, arguments.every) == (4, 1_000_000, 1.0)
     assert parser().parse_args(["prune-load", "--modes", "prune,without"]).modes == (
         "without",
         "prune",

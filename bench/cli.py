@@ -1,5 +1,6 @@
-"""``python -m bench {run,soak,receipts,dlq}``: the comparison benchmark, the memory soak, the
-receipts retention costs and the dead-letter tools on 100,000 letters."""
+"""``python -m bench {run,soak,receipts,prune-load,dlq}``: the comparison benchmark, the memory
+soak, the receipts retention costs, the service's throughput while receipts are pruned and the
+dead-letter tools on 100,000 letters."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ import asyncio
 import os
 import sys
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bench import dlq, receipts, report, soak
+from bench import dlq, prune_load, receipts, report, soak
 from bench.infra import OWNED_SERVICE_ENV, REPO, BenchError
 from bench.run import SYSTEMS, BenchOptions, run_bench
+from consumer.durations import parse_duration
 
 RESULTS = REPO / "bench" / "results"
 
@@ -62,6 +64,43 @@ def _positive_numbers(text: str) -> tuple[float, ...]:
     return _numbers(text, float)
 
 
+def partition_span(text: str) -> timedelta:
+    """``--partition``: a duration as ``CONSUMER_RECEIPT_PARTITION`` takes it (whole seconds, at
+    least 1s), at most the prune's retention (6d), so that the prune has a partition to drop."""
+    try:
+        span = parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{text!r} {error}") from None
+    if span < timedelta(seconds=1) or span.total_seconds() % 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: whole seconds, at least 1s")
+    if span > receipts.PRUNE_RETENTION:
+        raise argparse.ArgumentTypeError(f"{text!r}: at most the prune's retention, 6d")
+    return span
+
+
+def _sized(parser: argparse.ArgumentParser, each: str) -> None:
+    """``--events`` and ``--runs``, as ``make bench`` sets them (BENCH_EVENTS, BENCH_RUNS)."""
+    parser.add_argument(
+        "--events",
+        type=int,
+        default=_env_int("BENCH_EVENTS", 20_000),
+        help=f"events per run and {each} (env BENCH_EVENTS; default 20000)",
+    )
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=_env_int("BENCH_RUNS", 3),
+        help=f"runs per {each}; figures are medians (env BENCH_RUNS; default 3)",
+    )
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    try:
+        return prune_load.parse_modes(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skus", type=int, default=100, help="SKUs the events spread over")
     parser.add_argument("--seed", type=int, default=1, help="seed of the workload")
@@ -95,18 +134,7 @@ def parser() -> argparse.ArgumentParser:
     )
     commands = root.add_subparsers(dest="command", required=True)
     bench = commands.add_parser("run", help="the side-by-side benchmark (make bench)")
-    bench.add_argument(
-        "--events",
-        type=int,
-        default=_env_int("BENCH_EVENTS", 20_000),
-        help="events per run and system (env BENCH_EVENTS; default 20000)",
-    )
-    bench.add_argument(
-        "--runs",
-        type=int,
-        default=_env_int("BENCH_RUNS", 3),
-        help="runs per system; figures are medians (env BENCH_RUNS; default 3)",
-    )
+    _sized(bench, "system")
     bench.add_argument(
         "--systems",
         type=_systems,
@@ -171,12 +199,45 @@ def parser() -> argparse.ArgumentParser:
         help="receipts in the plain table the upgrade migrates (default 10000000)",
     )
     receipts_cmd.add_argument("--batches", type=int, default=2000)
+    receipts_cmd.add_argument(
+        "--partition",
+        type=partition_span,
+        default=receipts.DEFAULT_PARTITION,
+        help="the span of the receipts' partitions, as CONSUMER_RECEIPT_PARTITION (default 1d)",
+    )
     receipts_cmd.add_argument("--batch-size", type=int, default=50)
     receipts_cmd.add_argument(
         "--admin-dsn",
         default=os.environ.get("BENCH_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"),
     )
     receipts_cmd.add_argument("--results-dir", type=Path, default=RESULTS)
+    prune_cmd = commands.add_parser(
+        "prune-load",
+        help="the service's throughput while consumer receipts prune runs, against without",
+    )
+    _sized(prune_cmd, "mode")
+    prune_cmd.add_argument(
+        "--days", type=int, default=4, help="old daily partitions, each pruned in turn (default 4)"
+    )
+    prune_cmd.add_argument(
+        "--rows-per-day",
+        type=int,
+        default=1_000_000,
+        help="synthetic receipts in each old partition (default 1000000)",
+    )
+    prune_cmd.add_argument(
+        "--modes",
+        type=_modes,
+        default=prune_load.MODES,
+        help=f"comma-separated subset of {','.join(prune_load.MODES)} (default all)",
+    )
+    prune_cmd.add_argument(
+        "--every",
+        type=float,
+        default=1.0,
+        help="seconds from one prune round's start to the next's, at least (default 1)",
+    )
+    _common(prune_cmd)
     dlq_cmd = commands.add_parser(
         "dlq", help="dead-letter tools: list and replay of 100,000 letters, time and peak RSS"
     )
@@ -217,6 +278,7 @@ def _receipts(arguments: argparse.Namespace) -> int:
         batch_size=arguments.batch_size,
         admin_dsn=arguments.admin_dsn,
         results_dir=arguments.results_dir,
+        partition=arguments.partition,
     )
     result = asyncio.run(receipts.run_receipts(options))
     return _saved(result, receipts.table(result), arguments.results_dir, stamp)
@@ -240,7 +302,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("--events must be at least 1")
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     try:
-        if arguments.command == "run":
+        if arguments.command == "prune-load":
+            if min(arguments.runs, arguments.days, arguments.rows_per_day) < 1:
+                raise SystemExit("--runs, --days and --rows-per-day must be at least 1")
+            result = asyncio.run(
+                prune_load.run_prune_load(
+                    prune_load.PruneLoadOptions(
+                        events=arguments.events,
+                        runs=arguments.runs,
+                        skus=arguments.skus,
+                        seed=arguments.seed,
+                        days=arguments.days,
+                        rows_per_day=arguments.rows_per_day,
+                        modes=arguments.modes,
+                        every=arguments.every,
+                        service_env=service_env,
+                        amqp_url=arguments.amqp_url,
+                        admin_dsn=arguments.admin_dsn,
+                        results_dir=arguments.results_dir,
+                        keep_logs=arguments.keep_logs,
+                    )
+                )
+            )
+            text = prune_load.table(result)
+        elif arguments.command == "run":
             if arguments.runs < 1:
                 raise SystemExit("--runs must be at least 1")
             result = asyncio.run(

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +76,16 @@ class Infra:
     databases: list[str] = field(default_factory=list)
     celery_delayed_existed: bool | None = None
 
+    @classmethod
+    def start(cls, amqp_url: str, admin_dsn: str, results_dir: Path, stamp: str) -> Infra:
+        """A new invocation: a random id, its logs in ``results_dir/logs-<stamp>``."""
+        return cls(
+            run_id=uuid.uuid4().hex[:8],
+            amqp_url=amqp_url,
+            admin_dsn=admin_dsn,
+            log_dir=results_dir / f"logs-{stamp}",
+        )
+
     @property
     def prefix(self) -> str:
         return f"bench_{self.run_id}"
@@ -128,11 +139,25 @@ class Infra:
 
     # -- databases ----------------------------------------------------------------------------
 
-    async def create_database(self, database: str, workload: Workload) -> str:
+    async def create_database(
+        self, database: str, workload: Workload, *, template: str | None = None
+    ) -> str:
         """A fresh database: created and migrated by ``python -m consumer migrate
-        --create-database``, then stocked with every SKU of the workload. Returns its DSN."""
+        --create-database``, then stocked with every SKU of the workload; or, given a
+        ``template`` made so (and no longer connected to), a copy of it. Returns its DSN."""
         dsn = self.dsn(database)
         self.databases.append(database)
+        if template is not None:
+            conn = await asyncpg.connect(self.admin_dsn)
+            try:
+                # A file copy after a checkpoint: WAL_LOG would write the copy to the WAL, and
+                # the checkpoint that WAL then calls for could land in the measurement.
+                await conn.execute(
+                    f'CREATE DATABASE "{database}" TEMPLATE "{template}" STRATEGY = FILE_COPY'
+                )
+            finally:
+                await conn.close()
+            return dsn
         await self.run_module(
             "consumer",
             "migrate",

@@ -305,6 +305,7 @@ async def drain(
                 result.wall_s = now - child.started
                 if now > first_time and count > first_count:
                     result.rate = (count - first_count) / (now - first_time)
+                result.extra["window"] = [first_time, now]
                 break
             if watch.started and int(now * 4) != int((now - POLL_INTERVAL) * 4):
                 watch.sample()
@@ -353,11 +354,15 @@ async def service_throughput(
     *,
     service_env: Mapping[str, str],
     label: str = "svc",
+    template: str | None = None,
+    alongside: Callable[[str], contextlib.AbstractAsyncContextManager[Any]] | None = None,
 ) -> Measurement:
-    """Pre-fill the service's work queue, then start ``python -m consumer run`` and time it."""
+    """Pre-fill the service's work queue, then start ``python -m consumer run`` and time it.
+    ``template``: the database is a copy of that one (see :meth:`Infra.create_database`);
+    ``alongside``: given the database's DSN, a context that runs while the service drains."""
     result = Measurement("service", run, workload.events)
     name = infra.name(f"{label}{run}")
-    dsn = await infra.create_database(name, workload)
+    dsn = await infra.create_database(name, workload, template=template)
     env = infra.child_env({**service_env, **owned_env(infra, name, dsn)})
     try:
         await infra.run_module("topology", "apply", env=env)
@@ -371,10 +376,12 @@ async def service_throughput(
             infra.log_file(f"service-{run}"),
         )
         try:
-            await drain(child, dsn, name, workload.events, result)
+            async with alongside(dsn) if alongside else contextlib.nullcontext():
+                await drain(child, dsn, name, workload.events, result)
         finally:
             code = await child.stop()
-        result.extra = {"exit_code": code, **await check_effects(dsn, name, workload.events)}
+        effects = await check_effects(dsn, name, workload.events)
+        result.extra = {**result.extra, "exit_code": code, **effects}
     finally:
         await infra.drop_database(name)
         await infra.sweep_broker(name)

@@ -14,7 +14,10 @@ Three measurements, each in a database of its own, dropped afterwards:
    committed, ``--batches`` times ``--batch-size`` events, against the receipts of 2. and against
    an empty table.
 
-Throughput of ``make bench`` while a prune runs is not measured here.
+``--partition`` sets the partitions' span (``CONSUMER_RECEIPT_PARTITION``, default 1d) for 2.
+and 3.: the migration's daily partitions, empty, are replaced by partitions that wide from a week
+back.
+The service's throughput while a prune runs: ``python -m bench prune-load`` (bench/prune_load.py).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +41,21 @@ from bench.infra import REPO, dsn_for
 from consumer.migration_sets import SERVICE_SET, MigrationSet, service_set
 from consumer.migrations import migrate
 from consumer.receipts import _INSERT_MANY, _SEAL
+from consumer.settings import Settings
 
-__all__ = ["ReceiptsOptions", "run_receipts", "table"]
+__all__ = ["ReceiptsOptions", "generate", "repartition", "run_receipts", "table"]
 
 CHUNK = 1_000_000
 """Rows per generating statement."""
+
+DEFAULT_PARTITION: timedelta = Settings.model_fields["receipt_partition"].default
+"""``CONSUMER_RECEIPT_PARTITION``'s default, that of ``--partition``."""
+WEEK = timedelta(days=7)
+"""How far back the synthetic receipts go (and the partitions made for them)."""
+PRUNE_RETENTION = timedelta(days=6)
+"""The retention the prune step runs with: it drops the oldest day of the week."""
+AHEAD = timedelta(days=2)
+"""How far ahead partitions are made, as the service's default settings do."""
 
 _SIZE = """
 SELECT coalesce(sum(pg_total_relation_size(relid)), 0)::bigint
@@ -52,13 +65,19 @@ _GENERATE_PARTITIONED = """
 INSERT INTO receipts (consumer, event_id, type, occurred_at)
 SELECT 'bench', gen_random_uuid(), 'inventory.reserve', start + (i::float8 / $3) * (now() - start)
 FROM generate_series($1::bigint, $2::bigint) AS i,
-     date_bin('1 day', now() - interval '7 days', timestamptz '2000-01-01 00:00:00+00') AS start
+     date_bin($4::interval, now() - interval '7 days', timestamptz '2000-01-01 00:00:00+00')
+         AS start
 """
 _GENERATE_PLAIN = """
 INSERT INTO receipts (consumer, event_id, type, received_at)
 SELECT 'bench', gen_random_uuid(), 'inventory.reserve',
        now() - interval '3 days' + (i::float8 / $3) * interval '3 days'
 FROM generate_series($1::bigint, $2::bigint) AS i
+"""
+# The migration's partitions (a day each, sql/005) are empty: replaced by partitions of the
+# measured span, made by the same function the service calls, from a week back.
+_UNPARTITION = """
+SELECT name FROM consumer_receipt_partitions WHERE name <> 'receipts_legacy'
 """
 _PROBE = "SELECT count(*) FROM receipts WHERE consumer = 'probe' AND event_id = $1"
 
@@ -71,6 +90,7 @@ class ReceiptsOptions:
     batch_size: int
     admin_dsn: str
     results_dir: Path
+    partition: timedelta = DEFAULT_PARTITION
 
 
 async def run_receipts(options: ReceiptsOptions) -> dict[str, Any]:
@@ -105,6 +125,7 @@ def _plain(options: ReceiptsOptions) -> dict[str, Any]:
         "upgrade_rows": options.upgrade_rows,
         "batches": options.batches,
         "batch_size": options.batch_size,
+        "partition_s": options.partition.total_seconds(),
     }
 
 
@@ -125,13 +146,28 @@ async def _in_database(admin_dsn: str, name: str, step: Any, options: ReceiptsOp
             await admin.close()
 
 
-async def _generate(conn: asyncpg.Connection[Any], statement: str, rows: int) -> float:
+async def repartition(conn: asyncpg.Connection[Any], width: timedelta, back: timedelta) -> int:
+    """Replace a freshly migrated database's (empty) partitions by partitions ``width`` wide
+    from ``back`` ago to :data:`AHEAD` from now, made by ``consumer_receipts_extend``; how many."""
+    async with conn.transaction():
+        for name in await conn.fetch(_UNPARTITION):
+            await conn.execute(f'DROP TABLE "{name[0]}"')
+        await conn.execute(
+            "DELETE FROM consumer_receipt_partitions WHERE name <> 'receipts_legacy'"
+        )
+        made: int = await conn.fetchval(
+            "SELECT consumer_receipts_extend($1, $2, $3, interval '1 minute')", width, back, AHEAD
+        )
+    return made
+
+
+async def generate(conn: asyncpg.Connection[Any], statement: str, rows: int, *extra: Any) -> float:
     started = time.perf_counter()
     for first in range(1, rows + 1, CHUNK):
         last = min(first + CHUNK - 1, rows)
         async with conn.transaction():
             await conn.execute("SELECT set_config('consumer.sealed', 'yes', true)")
-            await conn.execute(statement, first, last, rows)
+            await conn.execute(statement, first, last, rows, *extra)
     await conn.execute("ANALYZE receipts")
     return time.perf_counter() - started
 
@@ -146,7 +182,7 @@ async def _upgrade(dsn: str, options: ReceiptsOptions) -> dict[str, Any]:
                 if path.name < "005":
                     shutil.copy(path, before / path.name)
             await migrate(conn, [MigrationSet(SERVICE_SET, before)])
-        generated = await _generate(conn, _GENERATE_PLAIN, options.upgrade_rows)
+        generated = await generate(conn, _GENERATE_PLAIN, options.upgrade_rows)
         stop = asyncio.Event()
         waits: list[float] = []
 
@@ -217,7 +253,9 @@ async def _prune(dsn: str, empty_dsn: str, options: ReceiptsOptions) -> dict[str
     try:
         await migrate(empty, [service_set()])
         await migrate(conn, [service_set()])
-        generated = await _generate(conn, _GENERATE_PARTITIONED, options.rows)
+        await repartition(empty, options.partition, WEEK)
+        await repartition(conn, options.partition, WEEK)
+        generated = await generate(conn, _GENERATE_PARTITIONED, options.rows, options.partition)
         size_before = await conn.fetchval(_SIZE)
         partitions_before = await conn.fetchval(
             "SELECT count(*) FROM pg_partition_tree('receipts') WHERE isleaf"
@@ -226,9 +264,9 @@ async def _prune(dsn: str, empty_dsn: str, options: ReceiptsOptions) -> dict[str
         rows_before = await conn.fetchval("SELECT count(*) FROM receipts")
         # The command's own cost (interpreter, connection, the partitions ahead) without a drop,
         # then with it: the oldest of the week's partitions is wholly older than six days.
-        dry_s, _ = await _prune_command(dsn, "--dry-run")
+        dry_s, _ = await _prune_command(dsn, options.partition, "--dry-run")
         async with _Inserter(dsn) as inserter:
-            prune_s, out = await _prune_command(dsn)
+            prune_s, out = await _prune_command(dsn, options.partition)
         size_after = await conn.fetchval(_SIZE)
         rows_after = await conn.fetchval("SELECT count(*) FROM receipts")
     finally:
@@ -242,6 +280,10 @@ async def _prune(dsn: str, empty_dsn: str, options: ReceiptsOptions) -> dict[str
         "dry_run_s": round(dry_s, 3),
         "prune_s": round(prune_s, 3),
         "prune_output": out.splitlines(),
+        "partitions_dropped": sum(
+            line.startswith("dropped receipts_") and not line.startswith("dropped receipts_legacy")
+            for line in out.splitlines()
+        ),
         "rows_removed": rows_before - rows_after,
         "inserts_during_prune": len(inserter.waits),
         "slowest_insert_during_prune_ms": round(max(inserter.waits) * 1000, 1),
@@ -289,12 +331,12 @@ class _Inserter:
             await conn.close()
 
 
-async def _prune_command(dsn: str, *args: str) -> tuple[float, str]:
+async def _prune_command(dsn: str, partition: timedelta, *args: str) -> tuple[float, str]:
     started = time.perf_counter()
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         *("-m", "consumer", "receipts", "prune", *args),
-        env=_env(dsn),
+        env=_env(dsn, partition),
         cwd=REPO,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -306,14 +348,22 @@ async def _prune_command(dsn: str, *args: str) -> tuple[float, str]:
     return seconds, out.decode().strip()
 
 
-def _env(dsn: str) -> dict[str, str]:
+def _env(dsn: str, partition: timedelta) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("CONSUMER_")}
     return {
         **base,
         "CONSUMER_DATABASE_URL": dsn,
-        "CONSUMER_RECEIPT_RETENTION": "6d",
+        "CONSUMER_RECEIPT_RETENTION": f"{int(PRUNE_RETENTION.total_seconds())}s",
+        "CONSUMER_RECEIPT_PARTITION": f"{int(partition.total_seconds())}s",
         "PYTHONPATH": str(REPO),
     }
+
+
+def _span(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
 
 
 def table(result: dict[str, Any]) -> str:
@@ -324,7 +374,9 @@ def table(result: dict[str, Any]) -> str:
         f"(the lock held), slowest concurrent read {upgrade['probe_max_ms']} ms "
         f"({upgrade['probe_reads']} reads), {upgrade['legacy_rows']:,} kept in receipts_legacy",
         f"prune of one day ({prune['rows_removed']:,} of {prune['rows']:,} receipts over 7 "
-        f"days): consumer receipts prune {prune['prune_s']} s, its --dry-run "
+        f"days, {prune.get('partitions_dropped', '?')} of {prune['partitions_before']} partitions "
+        f"{_span(result['options'].get('partition_s', 86400))} wide): consumer receipts prune "
+        f"{prune['prune_s']} s, its --dry-run "
         f"{prune['dry_run_s']} s (interpreter start included); table + indexes "
         f"{prune['size_before_mb']} MB -> {prune['size_after_mb']} MB; slowest of "
         f"{prune['inserts_during_prune']} receipt inserts meanwhile "

@@ -6,7 +6,6 @@ import os
 import shutil
 import sys
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -186,12 +185,7 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
         pool=positive_int(knobs, "CONSUMER_DB_POOL_SIZE"),
         batch=positive_int(knobs, "CONSUMER_BATCH_SIZE"),
     )
-    infra = Infra(
-        run_id=uuid.uuid4().hex[:8],
-        amqp_url=options.amqp_url,
-        admin_dsn=options.admin_dsn,
-        log_dir=options.results_dir / f"logs-{stamp}",
-    )
+    infra = Infra.start(options.amqp_url, options.admin_dsn, options.results_dir, stamp)
     workload = Workload(options.events, options.skus, options.seed)
     started_text = machine()
     result: dict[str, Any] = {

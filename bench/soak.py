@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -60,12 +59,7 @@ async def _produce(infra: Infra, workload: Workload, name: str, backlog: int) ->
 
 async def run_soak(options: SoakOptions) -> dict[str, Any]:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    infra = Infra(
-        run_id=uuid.uuid4().hex[:8],
-        amqp_url=options.amqp_url,
-        admin_dsn=options.admin_dsn,
-        log_dir=options.results_dir / f"logs-{stamp}",
-    )
+    infra = Infra.start(options.amqp_url, options.admin_dsn, options.results_dir, stamp)
     workload = Workload(options.events, options.skus, options.seed)
     name = infra.name("soak")
     knobs = effective_knobs(options.service_env)

@@ -1,6 +1,9 @@
-"""The benchmark's command line: the latency and prefetch tables' flags."""
+"""The benchmark's command line: the latency and prefetch tables' flags, receipts' --partition,
+prune-load's modes."""
 
 from __future__ import annotations
+
+from datetime import timedelta
 
 import pytest
 
@@ -40,3 +43,27 @@ def test_a_bad_list_stops_with_the_flags_name(
     with pytest.raises(SystemExit):
         parser().parse_args(["run", flag, value])
     assert flag in capsys.readouterr().err
+
+
+def test_receipts_partition_defaults_to_the_settings_and_takes_a_duration() -> None:
+    assert parser().parse_args(["receipts"]).partition == timedelta(days=1)
+    assert parser().parse_args(["receipts", "--partition", "1h"]).partition == timedelta(hours=1)
+
+
+@pytest.mark.parametrize("value", ["0s", "1.5s", "7d", "soon"])
+def test_receipts_partition_refuses_what_the_setting_or_the_prune_cannot_take(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        parser().parse_args(["receipts", "--partition", value])
+    assert "--partition" in capsys.readouterr().err
+
+
+def test_prune_load_runs_every_mode_by_default() -> None:
+    arguments = parser().parse_args(["prune-load"])
+    assert arguments.modes == ("without", "prune", "dry-run", "round")
+    assert (arguments.days, arguments.rows_per_day, arguments.every) == (4, 1_000_000, 1.0)
+    assert parser().parse_args(["prune-load", "--modes", "prune,without"]).modes == (
+        "without",
+        "prune",
+    )

@@ -203,7 +203,7 @@ def parser() -> argparse.ArgumentParser:
         "--partition",
         type=partition_span,
         default=receipts.DEFAULT_PARTITION,
-        help="the span of the receipts' partitions, as CONSUMER_RECEIPT_PARTITION (default 1d)",
+        help="the span of the receipts' partitions, as CONSUMER_RECEIPT_PARTITION (default 1h)",
     )
     receipts_cmd.add_argument("--batch-size", type=int, default=50)
     receipts_cmd.add_argument(

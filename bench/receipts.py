@@ -14,7 +14,7 @@ Three measurements, each in a database of its own, dropped afterwards:
    committed, ``--batches`` times ``--batch-size`` events, against the receipts of 2. and against
    an empty table.
 
-``--partition`` sets the partitions' span (``CONSUMER_RECEIPT_PARTITION``, default 1d) for 2.
+``--partition`` sets the partitions' span (``CONSUMER_RECEIPT_PARTITION``, default 1h) for 2.
 and 3.: the migration's daily partitions, empty, are replaced by partitions that wide from a week
 back.
 The service's throughput while a prune runs: ``python -m bench prune-load`` (bench/prune_load.py).

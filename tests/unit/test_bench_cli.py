@@ -46,7 +46,7 @@ def test_a_bad_list_stops_with_the_flags_name(
 
 
 def test_receipts_partition_defaults_to_the_settings_and_takes_a_duration() -> None:
-    assert parser().parse_args(["receipts"]).partition == timedelta(days=1)
+    assert parser().parse_args(["receipts"]).partition == timedelta(hours=1)
     assert parser().parse_args(["receipts", "--partition", "1h"]).partition == timedelta(hours=1)
 
 

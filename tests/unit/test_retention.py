@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -85,9 +86,9 @@ def test_bad_retention_settings_stop_start_up(variables: dict[str, str], named: 
     assert caught.value.errors()[0]["loc"] == (named,)
 
 
-def test_the_settings_give_a_week_kept_an_hour_of_margin_daily_partitions() -> None:
+def test_the_settings_give_a_week_kept_an_hour_of_margin_hourly_partitions() -> None:
     window = receipt_window(Settings())
-    assert window == WEEK
+    assert window == replace(WEEK, partition=timedelta(hours=1))
 
 
 def _delivery(occurred_at: datetime) -> Any:

@@ -126,6 +126,7 @@ def build_service(
     def window_full() -> bool:
         return service is not None and service.in_flight() >= settings.prefetch
 
+    metrics.workers.set(worker_count(settings))
     dispatcher = Dispatcher(
         workers=worker_count(settings),
         batch_size=batch_size(settings),

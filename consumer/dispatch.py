@@ -155,7 +155,14 @@ class Dispatcher:
     def _route(self, delivery: Delivery) -> None:
         if delivery.isolated:
             self.lane.put(delivery)
-            return
+        else:
+            self._to_inbox(delivery)
+        if self._window_full():
+            # This was the last delivery the window lets in: waiting batches go as they are.
+            for inbox in self.inboxes:
+                inbox.wake()
+
+    def _to_inbox(self, delivery: Delivery) -> None:
         prepared = self._preparer.prepared(delivery)
         index: int | None = None
         if isinstance(prepared, Prepared) and (key := prepared.key()) is not None:
@@ -169,10 +176,6 @@ class Dispatcher:
             # prefetch holds bodies, not their many times larger objects (consumer.memory).
             delivery.prepared = None
         self.inboxes[index].put(delivery)
-        if self._window_full():
-            # This was the last delivery the window lets in: waiting batches go as they are.
-            for inbox in self.inboxes:
-                inbox.wake()
 
 
 def _body_bytes(delivery: Delivery) -> int:

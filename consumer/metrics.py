@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Callable, Iterable, Iterator
+from datetime import timedelta
 from typing import Any
 
 from prometheus_client import (
@@ -164,6 +165,12 @@ class Metrics:
             "The most connections the pool opens (CONSUMER_DB_POOL_SIZE).",
             registry=registry,
         )
+        self.workers = Gauge(
+            "consumer_workers",
+            "Workers, each applying one batch at a time on a connection of its own "
+            "(CONSUMER_WORKERS).",
+            registry=registry,
+        )
         self.receipt_prunes = Counter(
             "consumer_receipt_prunes_total",
             "Receipt pruning rounds this replica ran (it held the lock).",
@@ -244,8 +251,10 @@ class Metrics:
             child = self._lag_children[type_label] = self.lag.labels(type_label)
         child.observe(seconds)
 
-    def describe_receipt_window(self, window: ReceiptWindow) -> None:
-        self.receipts_prune_late_after.set(window.late_after().total_seconds())
+    def describe_receipt_window(
+        self, window: ReceiptWindow, *, widest: timedelta | None = None
+    ) -> None:
+        self.receipts_prune_late_after.set(window.late_after(widest).total_seconds())
 
     def observe_receipts(self, partitions: int, rows: int, oldest_age: float | None) -> None:
         self.receipts_partitions.set(partitions)

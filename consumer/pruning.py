@@ -44,7 +44,9 @@ SELECT count(*) FILTER (WHERE p.name <> 'receipts_legacy') AS partitions,
        extract(epoch FROM now() - min(
            CASE WHEN p.name <> 'receipts_legacy' THEN p.starts
                 WHEN p.ends > '-infinity' THEN p.ends END
-       ))::float8 AS oldest_age
+       ))::float8 AS oldest_age,
+       extract(epoch FROM max(p.ends - p.starts) FILTER (WHERE p.name <> 'receipts_legacy'))::float8
+           AS widest
 FROM consumer_receipt_partitions AS p
 LEFT JOIN pg_class AS c ON c.oid = to_regclass(p.name)
 """
@@ -76,6 +78,10 @@ class ReceiptStats:
     estimated_rows: int
     oldest_age: float | None
     """Seconds: no receipt kept is older (None when none is kept)."""
+    widest: float | None = None
+    """Seconds: the widest partition kept. Partitions made under another
+    ``CONSUMER_RECEIPT_PARTITION`` (the migration's are a day wide) keep their width until they
+    go, and a day-wide one is rightly kept up to a day past the retention."""
 
 
 class ReceiptPruner:
@@ -123,7 +129,9 @@ class ReceiptPruner:
     async def stats(self, conn: asyncpg.Connection[Any]) -> ReceiptStats:
         row = await conn.fetchrow(_STATS)
         assert row is not None
-        return ReceiptStats(int(row["partitions"]), int(row["estimated_rows"]), row["oldest_age"])
+        return ReceiptStats(
+            int(row["partitions"]), int(row["estimated_rows"]), row["oldest_age"], row["widest"]
+        )
 
 
 class PeriodicPruner:
@@ -193,6 +201,8 @@ class PeriodicPruner:
                     )
             stats = await self._pruner.stats(conn)
             metrics.observe_receipts(stats.partitions, stats.estimated_rows, stats.oldest_age)
+            widest = timedelta(seconds=stats.widest) if stats.widest is not None else None
+            metrics.describe_receipt_window(self._pruner.window, widest=widest)
         except Exception as error:
             metrics.receipt_prune_failures.inc()
             self._logger.warning(

@@ -69,8 +69,10 @@ class ReceiptWindow:
         prune interval away."""
         return max_future_skew + self.prune_interval + self.partition
 
-    def late_after(self) -> timedelta:
+    def late_after(self, widest: timedelta | None = None) -> timedelta:
         """The oldest a receipt range may get before pruning counts as behind: the retention,
-        one partition (it goes whole) and two intervals (a round may fail once: its lock not had
-        in time)."""
-        return self.retention + self.partition + 2 * self.prune_interval
+        one partition (it goes whole: the ``widest`` kept, when wider than the setting's, as the
+        migration's day-wide ones are) and two intervals (a round may fail once: its lock not
+        had in time)."""
+        partition = max(self.partition, widest) if widest is not None else self.partition
+        return self.retention + partition + 2 * self.prune_interval

@@ -88,7 +88,7 @@ class Settings(BaseSettings):
     prefetch: int = Field(default=400, ge=1, le=65535)
     db_pool_size: int = Field(default=4, ge=1, le=1000)
     workers: int | None = Field(default=None, ge=1, le=1000)
-    """Unset: follows from the prefetch (:func:`consumer.config.workers`)."""
+    """Unset: follows from the prefetch (:func:`consumer.config.worker_count`)."""
     batch_size: int | None = Field(default=None, ge=1, le=1000)
     """Unset: follows from the prefetch (:func:`consumer.config.batch_size`)."""
     batch_wait: Annotated[timedelta, BeforeValidator(parse_duration)] = timedelta(milliseconds=10)

@@ -38,7 +38,7 @@ REQUIRED = {
     "unconfirmed publishes": "consumer_publish_failures_total",
     "lost settles": "consumer_settle_lost_total",
     "batch conflicts": "consumer_batch_conflicts_total",
-    "pool saturation": "consumer_db_pool_max",
+    "pool saturation": "consumer_workers",
     "retry-queue depth": "rabbitmq_queue_messages",
     "delivery-limit dead letters": "rabbitmq_global_messages_dead_lettered_delivery_limit_total",
     "dead-letter queue depth": "rabbitmq_queue_messages",

@@ -336,7 +336,7 @@ async def test_pauses_never_hold_more_than_the_prefetch(
     # Given a service on a database that goes away five times while events are in flight
     await make_template(postgres.admin_dsn, "consumer")
     env = dataclasses.replace(env, database_url=postgres.dsn("consumer"))
-    settings = {"prefetch": "10", "db_pool_size": "2", "batch_size": "5"}
+    settings = {"prefetch": "10", "db_pool_size": "2", "workers": "2", "batch_size": "5"}
     await env.apply_topology(**settings)
     service = await ServiceProcess(env, **settings).start().wait_ready()
     events = [plain(f"e{n}", sleep_s=0.05) for n in range(300)]

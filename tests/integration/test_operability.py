@@ -34,6 +34,7 @@ async def test_each_metric_moves_when_it_should(env: TestEnv) -> None:
     assert any(name == "consumer_build_info" and value == 1 for (name, _), value in metrics.items())
     assert metrics[("consumer_service_info", (("name", env.name),))] == 1
     assert await service.metric("consumer_db_pool_max") == 3
+    assert await service.metric("consumer_workers") == 3
     assert await service.metric("process_start_time_seconds") > 0
     assert not [name for (name, _) in metrics if name.endswith("_created")]
 
@@ -185,7 +186,7 @@ async def test_sigterm_under_load_drains_exits_0_and_loses_nothing(env: TestEnv)
     # Two workers taking five at a time out of a prefetch of 50: at any moment most prefetched
     # events have not started.
     service = ServiceProcess(
-        env, shutdown_grace="8s", db_pool_size="2", batch_size="5", prefetch="50"
+        env, shutdown_grace="8s", db_pool_size="2", workers="2", batch_size="5", prefetch="50"
     ).start()
     await service.wait_ready()
     await wait_until(lambda: _effects_at_least(env, 100), what="100 effects")

@@ -112,3 +112,14 @@ async def test_a_refill_wait_ends_when_the_window_is_full_again() -> None:
     window_full = True  # the rest of the refill went to other workers' inboxes
     inbox.wake()
     assert await asyncio.wait_for(taking, 30) == [0]
+
+
+async def test_a_refill_flag_goes_stale_once_the_worker_has_idled_past_a_wait() -> None:
+    # No refill came (the queue ran dry): an event long after is a lone one and goes at once
+    inbox: Inbox[str] = Inbox(size=10, wait=0.05)
+    taking = asyncio.create_task(inbox.next_batch(refill_due=True))
+    await asyncio.sleep(0.2)
+    inbox.put("late")
+    started = time.monotonic()
+    assert await asyncio.wait_for(taking, 10) == ["late"]
+    assert time.monotonic() - started < 0.04

@@ -143,3 +143,16 @@ def test_a_forced_replay_gets_a_new_occurred_at_and_keeps_the_rest() -> None:
     renewed_envelope = json.loads(new_body)
     assert renewed_envelope["occurred_at"] == NOW.isoformat()
     assert {**renewed_envelope, "occurred_at": before} == json.loads(body)
+
+
+def test_pruning_is_not_late_for_a_wider_partition_kept_whole() -> None:
+    # The migration's partitions are a day wide whatever the setting (an hour): the oldest is
+    # rightly kept up to a day past the retention, which must not read as pruning behind.
+    window = receipt_window(Settings())
+    now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    day = timedelta(days=1)
+    oldest_starts = datetime(2026, 11, 24, tzinfo=UTC)  # ends within the retention: kept
+    assert oldest_starts + day > now - window.retention
+    assert now - oldest_starts > window.late_after()  # by the setting alone: a false alarm
+    assert now - oldest_starts <= window.late_after(widest=day)
+    assert window.late_after(widest=timedelta(minutes=5)) == window.late_after()

@@ -45,7 +45,7 @@ from bench import measure, report
 from bench.events import Workload
 from bench.infra import BenchError, Infra
 from bench.measure import Measurement
-from bench.receipts import generate
+from bench.receipts import dropped_partitions, generate
 from bench.run import effective_knobs, progress, server_versions, versions
 from consumer.durations import parse_duration
 from consumer.pruning import ReceiptPruner
@@ -225,10 +225,7 @@ class _PruneLoop:
         )
         args = ("receipts", "prune", *(("--dry-run",) if self._mode == "dry-run" else ()))
         output = await self._infra.run_module("consumer", *args, env=env)
-        return sum(
-            line.split(" ")[0] == "dropped" and line.split(" ")[1] in self._old
-            for line in output.splitlines()
-        )
+        return sum(name in self._old for name in dropped_partitions(output))
 
 
 async def _template(infra: Infra, workload: Workload, options: PruneLoadOptions) -> dict[str, Any]:

@@ -42,8 +42,16 @@ from consumer.migration_sets import SERVICE_SET, MigrationSet, service_set
 from consumer.migrations import migrate
 from consumer.receipts import _INSERT_MANY, _SEAL
 from consumer.settings import Settings
+from topology.durations import format_duration
 
-__all__ = ["ReceiptsOptions", "generate", "repartition", "run_receipts", "table"]
+__all__ = [
+    "ReceiptsOptions",
+    "dropped_partitions",
+    "generate",
+    "repartition",
+    "run_receipts",
+    "table",
+]
 
 CHUNK = 1_000_000
 """Rows per generating statement."""
@@ -280,10 +288,7 @@ async def _prune(dsn: str, empty_dsn: str, options: ReceiptsOptions) -> dict[str
         "dry_run_s": round(dry_s, 3),
         "prune_s": round(prune_s, 3),
         "prune_output": out.splitlines(),
-        "partitions_dropped": sum(
-            line.startswith("dropped receipts_") and not line.startswith("dropped receipts_legacy")
-            for line in out.splitlines()
-        ),
+        "partitions_dropped": sum(name != "receipts_legacy" for name in dropped_partitions(out)),
         "rows_removed": rows_before - rows_after,
         "inserts_during_prune": len(inserter.waits),
         "slowest_insert_during_prune_ms": round(max(inserter.waits) * 1000, 1),
@@ -353,17 +358,16 @@ def _env(dsn: str, partition: timedelta) -> dict[str, str]:
     return {
         **base,
         "CONSUMER_DATABASE_URL": dsn,
-        "CONSUMER_RECEIPT_RETENTION": f"{int(PRUNE_RETENTION.total_seconds())}s",
-        "CONSUMER_RECEIPT_PARTITION": f"{int(partition.total_seconds())}s",
+        "CONSUMER_RECEIPT_RETENTION": format_duration(PRUNE_RETENTION),
+        "CONSUMER_RECEIPT_PARTITION": format_duration(partition),
         "PYTHONPATH": str(REPO),
     }
 
 
-def _span(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
+def dropped_partitions(output: str) -> list[str]:
+    """The partitions ``consumer receipts prune`` says it dropped (``dropped <name> [...``);
+    with ``--dry-run`` it says ``would drop``, so none."""
+    return [line.split(" ")[1] for line in output.splitlines() if line.startswith("dropped ")]
 
 
 def table(result: dict[str, Any]) -> str:
@@ -375,7 +379,8 @@ def table(result: dict[str, Any]) -> str:
         f"({upgrade['probe_reads']} reads), {upgrade['legacy_rows']:,} kept in receipts_legacy",
         f"prune of one day ({prune['rows_removed']:,} of {prune['rows']:,} receipts over 7 "
         f"days, {prune.get('partitions_dropped', '?')} of {prune['partitions_before']} partitions "
-        f"{_span(result['options'].get('partition_s', 86400))} wide): consumer receipts prune "
+        f"{format_duration(timedelta(seconds=result['options'].get('partition_s', 86400)))} wide):"
+        " consumer receipts prune "
         f"{prune['prune_s']} s, its --dry-run "
         f"{prune['dry_run_s']} s (interpreter start included); table + indexes "
         f"{prune['size_before_mb']} MB -> {prune['size_after_mb']} MB; slowest of "

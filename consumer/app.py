@@ -126,9 +126,10 @@ def build_service(
     def window_full() -> bool:
         return service is not None and service.in_flight() >= settings.prefetch
 
-    metrics.workers.set(worker_count(settings))
+    workers_count = worker_count(settings)
+    metrics.workers.set(workers_count)
     dispatcher = Dispatcher(
-        workers=worker_count(settings),
+        workers=workers_count,
         batch_size=batch_size(settings),
         batch_wait=settings.batch_wait.total_seconds(),
         preparer=preparer,

@@ -74,15 +74,14 @@ class Inbox(Generic[T]):
         return len(self._items)
 
     async def next_batch(self, *, refill_due: bool = False) -> list[T]:
+        loop = asyncio.get_running_loop()
         waits = bool(self._items)
         if not waits:
-            loop = asyncio.get_running_loop()
             asked = loop.time()
             await self._until(1, None)
             # A refill comes at once: a first delivery later than a batch's wait is a lone event.
             waits = refill_due and loop.time() - asked <= self._wait
         if waits and len(self._items) < self._size and self._wait > 0 and self._more_coming():
-            loop = asyncio.get_running_loop()
             await self._until(self._size, loop.time() + self._wait)
         items = self._items
         count = min(self._size, len(items))

@@ -45,8 +45,7 @@ SELECT count(*) FILTER (WHERE p.name <> 'receipts_legacy') AS partitions,
            CASE WHEN p.name <> 'receipts_legacy' THEN p.starts
                 WHEN p.ends > '-infinity' THEN p.ends END
        ))::float8 AS oldest_age,
-       extract(epoch FROM max(p.ends - p.starts) FILTER (WHERE p.name <> 'receipts_legacy'))::float8
-           AS widest
+       max(p.ends - p.starts) FILTER (WHERE p.name <> 'receipts_legacy') AS widest
 FROM consumer_receipt_partitions AS p
 LEFT JOIN pg_class AS c ON c.oid = to_regclass(p.name)
 """
@@ -78,8 +77,8 @@ class ReceiptStats:
     estimated_rows: int
     oldest_age: float | None
     """Seconds: no receipt kept is older (None when none is kept)."""
-    widest: float | None = None
-    """Seconds: the widest partition kept. Partitions made under another
+    widest: timedelta | None = None
+    """The widest partition kept. Partitions made under another
     ``CONSUMER_RECEIPT_PARTITION`` (the migration's are a day wide) keep their width until they
     go, and a day-wide one is rightly kept up to a day past the retention."""
 
@@ -201,8 +200,7 @@ class PeriodicPruner:
                     )
             stats = await self._pruner.stats(conn)
             metrics.observe_receipts(stats.partitions, stats.estimated_rows, stats.oldest_age)
-            widest = timedelta(seconds=stats.widest) if stats.widest is not None else None
-            metrics.describe_receipt_window(self._pruner.window, widest=widest)
+            metrics.describe_receipt_window(self._pruner.window, widest=stats.widest)
         except Exception as error:
             metrics.receipt_prune_failures.inc()
             self._logger.warning(

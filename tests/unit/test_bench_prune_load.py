@@ -7,6 +7,7 @@ import pytest
 
 from bench.measure import Measurement
 from bench.prune_load import GOAL, Round, parse_modes, retention_reaching, rounds_within, summarize
+from bench.receipts import dropped_partitions
 from consumer.durations import parse_duration
 
 
@@ -61,3 +62,15 @@ def test_the_ratio_is_of_the_medians_and_judged_against_the_goal() -> None:
     assert found["goal"] == GOAL
     assert found["goal_met"] is True
     assert summarize({"without": _runs("without", [1000.0])})["goal_met"] is None
+
+
+def test_the_partitions_a_prune_dropped_are_read_from_its_output() -> None:
+    output = (
+        "created 3 partitions ahead\n"
+        "dropped receipts_p20261124 [2026-11-24T00:00:00+00:00, 2026-11-25T00:00:00+00:00),"
+        " about 10 receipts\n"
+        "dropped receipts_legacy [-infinity, -infinity), about 0 receipts\n"
+        "kept: 9 partitions, about 0 receipts"
+    )
+    assert dropped_partitions(output) == ["receipts_p20261124", "receipts_legacy"]
+    assert dropped_partitions("would drop receipts_p20261124 [...), about 1 receipts") == []

@@ -18,7 +18,7 @@ import aiormq
 from aio_pika.abc import AbstractConnection
 from pydantic import SecretStr
 
-from consumer import wire
+from consumer import frames, wire
 from consumer.errors import BrokerRejected, BrokerUnreachable
 from consumer.redact import redact_url, scrub
 from consumer.tls import TlsFiles, amqp_ssl_context, describe_tls_error, find_tls_error
@@ -57,8 +57,10 @@ class BrokerConfig:
 async def connect(config: BrokerConfig, role: str) -> AbstractConnection:
     """A plain (not self-reconnecting) connection to the first node that takes it, trying them
     in turn: the service supervises reconnects itself. No message can break it: the frame
-    decoder is made total first (:mod:`consumer.wire`)."""
+    decoder is made total first (:mod:`consumer.wire`), and frames are read in bulk
+    (:mod:`consumer.frames`)."""
     wire.install()
+    frames.install()
     try:
         context = amqp_ssl_context(config.tls)
     except (OSError, ssl.SSLError) as error:  # checked at start-up; changed since

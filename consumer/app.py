@@ -36,7 +36,15 @@ from consumer.event_loop import run_event_loop
 from consumer.guard import Guard
 from consumer.http import HttpServer, build_app
 from consumer.judge import Judge
-from consumer.logs import Logger, TickFlushed, make_logger, route_library_logs
+from consumer.logs import (
+    Logger,
+    MessageLog,
+    StructlogMessageLog,
+    TickFlushed,
+    make_logger,
+    make_message_log,
+    route_library_logs,
+)
 from consumer.metrics import Metrics, ServiceRegistry
 from consumer.pipeline import Pipeline
 from consumer.prepare import Preparer
@@ -66,10 +74,22 @@ def run(settings: Settings, registry: HandlerRegistry) -> int:
     logger = make_logger(
         settings.name, level=settings.log_level, log_format=settings.log_format, lines=lines
     )
+    message_log = make_message_log(
+        logger, settings.name, level=settings.log_level, log_format=settings.log_format, lines=lines
+    )
     route_library_logs(logger)
     rungs = [rung_label(delay) for delay in settings.retry_delays]
     metrics = Metrics(ServiceRegistry(), registry, rungs, name=settings.name)
-    return run_event_loop(serve(settings, registry, logger, metrics, before_exit=lines.write_out))
+    return run_event_loop(
+        serve(
+            settings,
+            registry,
+            logger,
+            metrics,
+            before_exit=lines.write_out,
+            message_log=message_log,
+        )
+    )
 
 
 def build_service(
@@ -81,10 +101,12 @@ def build_service(
     calls: HandlerCalls,
     owner: UUID,
     tracing: Tracing | None = None,
+    message_log: MessageLog | None = None,
 ) -> Service:
     """The service, wired: a delivery passes the dispatcher, a worker, the pipeline (prepare,
     batch engine, handler call) and the settler, in that order; ``tracing`` follows it through
-    (off by default)."""
+    (off by default). ``message_log`` takes the line per settled delivery (through ``logger``
+    unless given)."""
     names = names_for(settings)
     database = Database(database_config(settings))
     guard = Guard(database, within=settings.db_stall_timeout.total_seconds())
@@ -145,7 +167,9 @@ def build_service(
         dispatcher=dispatcher,
         pipeline=pipeline,
         settler=settler,
-        reporter=OutcomeReporter(logger, metrics, log_payloads=settings.log_payloads),
+        reporter=OutcomeReporter(
+            message_log or StructlogMessageLog(logger), metrics, log_payloads=settings.log_payloads
+        ),
         on_pause=on_pause,
         tracing=tracing,
         queue=names.work,
@@ -186,6 +210,7 @@ async def serve(
     metrics: Metrics,
     *,
     before_exit: Callable[[], None] = lambda: None,
+    message_log: MessageLog | None = None,
 ) -> int:
     """Run the service until SIGTERM or SIGINT; a second signal exits at once. The exit code.
 
@@ -208,7 +233,14 @@ async def serve(
                 "off (pip install 'rabbit-pg-consumer[otel]')"
             )
         service = build_service(
-            settings, registry, logger, metrics, calls=calls, owner=owner, tracing=tracer
+            settings,
+            registry,
+            logger,
+            metrics,
+            calls=calls,
+            owner=owner,
+            tracing=tracer,
+            message_log=message_log,
         )
         logger.info("starting", settings=settings.describe(), handlers=list(registry))
         try:

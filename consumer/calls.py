@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
 import asyncpg
 
+from consumer.deadlines import Deadline
 from consumer.delivery import Ready
 from consumer.errors import (
     HandlerEndedTransaction,
@@ -30,6 +31,8 @@ from consumer.errors import (
 from topology.durations import format_duration
 
 __all__ = ["HandlerCall", "HandlerCaller", "HandlerCalls", "RunningCall", "connection_lost"]
+
+T = TypeVar("T")
 
 
 class RunningCall(Protocol):
@@ -111,38 +114,50 @@ class HandlerCaller:
     async def run(self, conn: asyncpg.Connection[Any], item: Ready) -> None:
         """The handler of one event; a timeout becomes :class:`HandlerTimeout`. An exception it
         returns instead of raising (as a batch handler's result says) fails the event alike."""
-        async with self._call(conn, [item]):
+
+        async def call() -> None:
             # Typed to return None, which is what this checks.
             result: object = await item.handler.func(item.event, conn)  # type: ignore[func-returns-value]
             if isinstance(result, BaseException):
                 raise result
 
+        await self._called(conn, [item], call)
+
     async def run_batch(
         self, conn: asyncpg.Connection[Any], items: list[Ready]
     ) -> list[Exception | None]:
         """A batch handler's call for ``items``, under its time limit for the call as a whole."""
-        async with self._call(conn, items):
-            return await items[0].handler.apply_many([item.event for item in items], conn)
+        handler = items[0].handler
+        events = [item.event for item in items]
+        return await self._called(conn, items, lambda: handler.apply_many(events, conn))
 
-    @asynccontextmanager
-    async def _call(self, conn: asyncpg.Connection[Any], items: list[Ready]) -> AsyncIterator[None]:
-        """The call under the handler's soft time limit, each event charged an equal share of
-        its time, registered for the watchdog; it must leave the transaction open."""
+    async def _called(
+        self, conn: asyncpg.Connection[Any], items: list[Ready], call: Callable[[], Awaitable[T]]
+    ) -> T:
+        """``call()`` under the handler's soft time limit, each event charged an equal share of
+        its time, registered for the watchdog; it must leave the transaction open.
+
+        A coroutine wrapping the call rather than a generator's context manager around it: every
+        batch makes one, and the context manager cost several times more."""
         handler = items[0].handler
         limit = handler.timeout.total_seconds() if handler.timeout else self._default_timeout
-        call = HandlerCall(
+        running = HandlerCall(
             handler=handler.qualname,
             event_type=handler.event_type,
             event_ids=tuple(item.event.event_id for item in items),
             message_id=items[0].delivery.message_id,
         )
+        calls = self._calls
         started = time.perf_counter()
-        deadline = asyncio.timeout(limit)
+        deadline = Deadline(limit)
         try:
             try:
-                with self._calls.entered(call):
+                task = calls.enter(running)
+                try:
                     async with deadline:
-                        yield
+                        result = await call()
+                finally:
+                    calls.leave(task)
             except BaseException as raised:
                 error = _as_exception(raised, handler.qualname)
                 if error is None:
@@ -160,8 +175,9 @@ class HandlerCaller:
                 raise error from raised
             if not conn.is_in_transaction():
                 raise HandlerEndedTransaction.for_handler(handler.qualname)
+            return result
         except TimeoutError as error:
-            if deadline.expired():
+            if deadline.expired:
                 shown = format_duration(timedelta(seconds=limit))
                 events = f" for {len(items)} events" if len(items) > 1 else ""
                 raise HandlerTimeout(

@@ -43,17 +43,24 @@ MAX_BATCH_SIZE = 50
 a conflict's retry (event by event) longer."""
 
 
-def worker_count(settings: Settings) -> int:
-    """``CONSUMER_WORKERS``, or one per :data:`MAX_BATCH_SIZE` of the prefetch window, at least
-    one and at most ``CONSUMER_DB_POOL_SIZE``.
+WINDOW_PER_WORKER = 4 * MAX_BATCH_SIZE
+"""Deliveries of the prefetch window per worker when ``CONSUMER_WORKERS`` is unset."""
 
-    Fewer, fuller transactions beat more, smaller ones until the batches are full: a
-    transaction's round trips cost the same for one event as for fifty, and at a small prefetch
-    they are most of the work (measured: at prefetch 10, one worker drained 1.2-1.7 times as fast
-    as four, at prefetch 50 about 1.8 times; README "Performance")."""
+
+def worker_count(settings: Settings) -> int:
+    """``CONSUMER_WORKERS``, or one per :data:`WINDOW_PER_WORKER` (200) of the prefetch window,
+    at least one and at most ``CONSUMER_DB_POOL_SIZE``: 2 at the default prefetch of 400.
+
+    Fewer, fuller transactions beat more, smaller ones: a transaction's round trips cost about
+    the same for one event as for fifty, and the process is one core's worth of CPU. Each worker
+    takes its share of the deliveries, so four workers at a prefetch of 400 made batches of
+    12-19 where two made 43 (and a ``multiple`` ack covers fewer deliveries when more workers'
+    batches interleave): two drained 1.2 times as fast as four, one as fast as two (measured;
+    README "Performance"). Two rather than one so that one worker's CPU overlaps the other's wait
+    for PostgreSQL."""
     if settings.workers is not None:
         return settings.workers
-    return min(settings.db_pool_size, max(1, settings.prefetch // MAX_BATCH_SIZE))
+    return min(settings.db_pool_size, max(1, settings.prefetch // WINDOW_PER_WORKER))
 
 
 def batch_size(settings: Settings) -> int:

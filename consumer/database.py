@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -15,6 +13,7 @@ from urllib.parse import urlsplit
 import asyncpg
 from pydantic import SecretStr
 
+from consumer.deadlines import Deadline
 from consumer.errors import ConfigError, DatabaseUnavailable
 from consumer.redact import scrub
 from consumer.tls import DatabaseConnect, database_connector, database_dsn
@@ -103,6 +102,39 @@ async def _keep_session(_: asyncpg.Connection[Any]) -> None:
     """
 
 
+class PooledConnection:
+    """One connection of the pool for the ``async with`` block, given back after it. A class,
+    not a generator's context manager: every batch takes one."""
+
+    __slots__ = ("_conn", "_pool")
+
+    def __init__(self, pool: asyncpg.Pool[Any]) -> None:
+        self._pool = pool
+
+    async def __aenter__(self) -> asyncpg.Connection[Any]:
+        try:
+            # Our own limit, not acquire's timeout=, which wraps the acquire in a task.
+            async with Deadline(ACQUIRE_TIMEOUT):
+                conn = await self._pool.acquire()
+        except _CONFIG_ERRORS as error:
+            raise ConfigError(f"CONSUMER_DATABASE_URL: {describe_database_error(error)}") from None
+        except _CONNECT_ERRORS as error:
+            raise DatabaseUnavailable(describe_database_error(error)) from error
+        self._conn = conn
+        # A pooled proxy that forwards to asyncpg.Connection; handlers see it as one.
+        return cast("asyncpg.Connection[Any]", conn)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # A broken connection makes release raise after the pool has terminated it.
+        with contextlib.suppress(Exception):
+            await self._pool.release(self._conn)
+
+
 class Database:
     """A pool of at most :attr:`DatabaseConfig.pool_size` connections, opened lazily.
 
@@ -150,22 +182,10 @@ class Database:
             raise RuntimeError("Database is not open")
         return self._pool
 
-    @asynccontextmanager
-    async def connection(self) -> AsyncIterator[asyncpg.Connection[Any]]:
-        """A pooled connection; :class:`DatabaseUnavailable` when none can be had."""
-        try:
-            conn = await self.pool.acquire(timeout=ACQUIRE_TIMEOUT)
-        except _CONFIG_ERRORS as error:
-            raise ConfigError(f"CONSUMER_DATABASE_URL: {describe_database_error(error)}") from None
-        except _CONNECT_ERRORS as error:
-            raise DatabaseUnavailable(describe_database_error(error)) from error
-        try:
-            # A pooled proxy that forwards to asyncpg.Connection; handlers see it as one.
-            yield cast("asyncpg.Connection[Any]", conn)
-        finally:
-            # A broken connection makes release raise after the pool has terminated it.
-            with contextlib.suppress(Exception):
-                await self.pool.release(conn)
+    def connection(self) -> PooledConnection:
+        """A pooled connection (``async with``); :class:`DatabaseUnavailable` when none can be
+        had."""
+        return PooledConnection(self.pool)
 
     async def probe(self) -> None:
         """Raise :class:`DatabaseUnavailable` unless the database answers on a new connection.

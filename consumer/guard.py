@@ -7,16 +7,17 @@ Internal. Handlers' statements are not guarded here: the handler's own time limi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
+from types import TracebackType
 from typing import Any, TypeVar
 
 import asyncpg
 
 from consumer.database import Database
+from consumer.deadlines import Deadline
 from consumer.errors import DatabaseStalled
 
-__all__ = ["Guard", "LockCheck", "guarded", "guarded_transaction"]
+__all__ = ["Guard", "GuardedTransaction", "LockCheck", "guarded", "guarded_transaction"]
 
 T = TypeVar("T")
 
@@ -44,12 +45,12 @@ async def guarded(
     """
     if lock_check is not None:
         return await _guarded_with_locks(conn, step, within, lock_check)
-    deadline = asyncio.timeout(within)
+    deadline = Deadline(within)
     try:
         async with deadline:
             return await step
     except TimeoutError:
-        if not deadline.expired():
+        if not deadline.expired:
             raise
         conn.terminate()
         raise DatabaseStalled(f"the database did not answer within {within:g}s") from None
@@ -60,17 +61,25 @@ async def _guarded_with_locks(
 ) -> T:
     pid = conn.get_server_pid()
     stalled = False
+    watcher: asyncio.Task[None] | None = None
 
     async def watch() -> None:
         nonlocal stalled
         while True:
-            await asyncio.sleep(within)
             if not await lock_check(pid):
                 stalled = True
                 conn.terminate()
                 return
+            await asyncio.sleep(within)
 
-    watcher = asyncio.get_running_loop().create_task(watch())
+    def start_watching() -> None:
+        # A timer first, the watching task only once the limit has passed: almost every
+        # statement answers long before, and a task for each would cost more than the timer.
+        nonlocal watcher
+        watcher = loop.create_task(watch())
+
+    loop = asyncio.get_running_loop()
+    timer = loop.call_later(within, start_watching)
     try:
         return await step
     except Exception:
@@ -78,24 +87,42 @@ async def _guarded_with_locks(
             raise DatabaseStalled(f"the database did not answer within {within:g}s") from None
         raise
     finally:
-        watcher.cancel()
+        timer.cancel()
+        if watcher is not None:
+            watcher.cancel()
 
 
-@asynccontextmanager
-async def guarded_transaction(
-    conn: asyncpg.Connection[Any], *, within: float
-) -> AsyncIterator[None]:
+def guarded_transaction(conn: asyncpg.Connection[Any], *, within: float) -> GuardedTransaction:
     """A transaction whose BEGIN, COMMIT and ROLLBACK are each :func:`guarded`. Its receipts
     commit only if it is sealed first (:meth:`consumer.receipts.Receipts.seal`)."""
-    transaction = conn.transaction()
-    await guarded(conn, transaction.start(), within=within)
-    try:
-        yield
-    except BaseException:
-        if not _closed(conn):
-            await guarded(conn, transaction.rollback(), within=within)
-        raise
-    await guarded(conn, transaction.commit(), within=within)
+    return GuardedTransaction(conn, within)
+
+
+class GuardedTransaction:
+    """What :func:`guarded_transaction` returns: ``async with`` it. A class, not a generator's
+    context manager: every batch enters one."""
+
+    __slots__ = ("_conn", "_transaction", "_within")
+
+    def __init__(self, conn: asyncpg.Connection[Any], within: float) -> None:
+        self._conn = conn
+        self._within = within
+        self._transaction = conn.transaction()
+
+    async def __aenter__(self) -> None:
+        await guarded(self._conn, self._transaction.start(), within=self._within)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        conn = self._conn
+        if exc_type is None:
+            await guarded(conn, self._transaction.commit(), within=self._within)
+        elif not _closed(conn):
+            await guarded(conn, self._transaction.rollback(), within=self._within)
 
 
 def _closed(conn: asyncpg.Connection[Any]) -> bool:

@@ -13,7 +13,8 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Generic, TypeVar
+from types import TracebackType
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -48,16 +49,19 @@ class Isolation(Generic[T]):
     async def wait_for_work(self) -> None:
         await self._until(lambda: bool(self._queue))
 
-    @asynccontextmanager
-    async def batch(self) -> AsyncIterator[None]:
-        """A worker's batch: waits while anything is in the lane or being applied alone."""
-        await self._until(lambda: not self._alone and not self._queue)
+    def batch(self) -> _Batch:
+        """A worker's batch (``async with``): waits while anything is in the lane or being
+        applied alone."""
+        return _Batch(self)
+
+    async def _enter_batch(self) -> None:
+        if self._alone or self._queue:
+            await self._until(lambda: not self._alone and not self._queue)
         self._batches += 1
-        try:
-            yield
-        finally:
-            self._batches -= 1
-            self._changed()
+
+    def _leave_batch(self) -> None:
+        self._batches -= 1
+        self._changed()
 
     @asynccontextmanager
     async def alone(self) -> AsyncIterator[None]:
@@ -82,7 +86,30 @@ class Isolation(Generic[T]):
                     self._waiters.remove(waiter)
 
     def _changed(self) -> None:
+        if not self._waiters:
+            return
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
+
+
+class _Batch:
+    """:meth:`Isolation.batch`'s context: a class, not a generator's context manager, as every
+    batch enters one."""
+
+    __slots__ = ("_isolation",)
+
+    def __init__(self, isolation: Isolation[Any]) -> None:
+        self._isolation = isolation
+
+    async def __aenter__(self) -> None:
+        await self._isolation._enter_batch()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._isolation._leave_batch()

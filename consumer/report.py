@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from consumer.error_text import error_name, message_of
 from consumer.headers import attempts_so_far, truncate
-from consumer.logs import Logger
+from consumer.logs import MessageLog
 from consumer.metrics import Metrics
 from consumer.outcome import Applied, Failed, Outcome, OutcomeKind, Rejected
 from consumer.retry import DeadLetter, Retry
@@ -24,39 +24,49 @@ __all__ = ["OutcomeReporter"]
 class OutcomeReporter:
     """Logs ``message settled`` with the fields an operator filters on, and moves the metrics."""
 
-    def __init__(self, logger: Logger, metrics: Metrics, *, log_payloads: bool = False) -> None:
-        self._logger = logger
+    def __init__(self, log: MessageLog, metrics: Metrics, *, log_payloads: bool = False) -> None:
+        self._log = log
         self._metrics = metrics
         self._log_payloads = log_payloads
 
     def report(self, outcome: Outcome, settled: Settled) -> None:
-        if settled.kind is None:
+        kind = settled.kind
+        if kind is None:
             return  # held: reported when it is settled
         delivery, verdict, event = outcome.delivery, outcome.verdict, outcome.event
         metrics = self._metrics
+        # Read straight off the frames: one line per message passes here.
+        message = delivery.message
+        properties = message.header.properties
         event_type = event.type if event is not None else None
         type_label = metrics.type_label(event_type)
-        metrics.count(event_type, settled.kind)
+        metrics.count(event_type, kind)
         fields: dict[str, Any] = {
             "event_id": str(event.event_id) if event is not None else None,
             "type": event_type,
-            "message_id": delivery.message_id,
-            "routing_key": delivery.routing_key,
-            "redelivered": delivery.redelivered,
+            "message_id": properties.message_id,
+            "routing_key": message.routing_key or "",
+            "redelivered": bool(message.redelivered),
             "attempt": attempts_so_far(delivery.headers),
-            "outcome": settled.kind.value,
+            "outcome": kind.value,
             "duration_ms": round((time.monotonic() - delivery.received_at) * 1000, 2),
         }
         if event is not None and event.correlation_id is not None:
             fields["correlation_id"] = event.correlation_id
         if delivery.span is not None:
             fields["trace_id"] = trace_id_of(delivery.span)
-        if outcome.handler_seconds is not None:
-            metrics.observe_handler(type_label, outcome.handler_seconds)
-            fields["handler_ms"] = round(outcome.handler_seconds * 1000, 2)
-        if isinstance(verdict, Applied) and not verdict.duplicate and event is not None:
-            lag = (verdict.committed_at - event.occurred_at).total_seconds()
-            metrics.observe_lag(type_label, max(lag, 0.0))
+        handler_seconds = outcome.handler_seconds
+        if handler_seconds is not None:
+            metrics.observe_handler(type_label, handler_seconds)
+            fields["handler_ms"] = round(handler_seconds * 1000, 2)
+        if type(verdict) is Applied:
+            if not verdict.duplicate and event is not None:
+                lag = (verdict.committed_at - event.occurred_at).total_seconds()
+                metrics.observe_lag(type_label, lag if lag > 0.0 else 0.0)
+            if verdict.note is None and not settled.channel_gone and not self._log_payloads:
+                # The usual line: nothing below applies to it.
+                self._log.write(logging.INFO, "message settled", fields)
+                return
         if isinstance(verdict, Applied) and verdict.note is not None:
             fields["warning"] = truncate(verdict.note, 500)
         if isinstance(verdict, Rejected):
@@ -90,4 +100,4 @@ class OutcomeReporter:
                 payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
             )
         bad = settled.kind in (OutcomeKind.DEAD_LETTERED, OutcomeKind.POISON) or "warning" in fields
-        self._logger.log(logging.WARNING if bad else logging.INFO, "message settled", **fields)
+        self._log.write(logging.WARNING if bad else logging.INFO, "message settled", fields)

@@ -10,12 +10,22 @@ from consumer.settings import Settings
 
 @pytest.mark.parametrize(
     ("prefetch", "pool", "expected"),
-    [(400, 4, 4), (200, 4, 4), (150, 4, 3), (100, 4, 2), (99, 4, 1), (50, 4, 1), (10, 4, 1)],
+    [
+        (1000, 4, 4),
+        (800, 4, 4),
+        (600, 4, 3),
+        (400, 4, 2),
+        (400, 1, 1),
+        (399, 4, 1),
+        (200, 4, 1),
+        (50, 4, 1),
+        (10, 4, 1),
+    ],
 )
 def test_the_workers_follow_from_the_prefetch_window(
     prefetch: int, pool: int, expected: int
 ) -> None:
-    # One per full batch the window holds: fewer, fuller transactions until batches are full
+    # One per four full batches the window holds, at most the pool: fewer, fuller transactions
     assert worker_count(Settings(prefetch=prefetch, db_pool_size=pool)) == expected
 
 

@@ -18,7 +18,7 @@ import aiormq
 from aio_pika.abc import AbstractConnection
 from pydantic import SecretStr
 
-from consumer import frames, wire
+from consumer import direct_consume, frames, wire
 from consumer.errors import BrokerRejected, BrokerUnreachable
 from consumer.redact import redact_url, scrub
 from consumer.tls import TlsFiles, amqp_ssl_context, describe_tls_error, find_tls_error
@@ -57,10 +57,12 @@ class BrokerConfig:
 async def connect(config: BrokerConfig, role: str) -> AbstractConnection:
     """A plain (not self-reconnecting) connection to the first node that takes it, trying them
     in turn: the service supervises reconnects itself. No message can break it: the frame
-    decoder is made total first (:mod:`consumer.wire`), and frames are read in bulk
-    (:mod:`consumer.frames`)."""
+    decoder is made total first (:mod:`consumer.wire`), frames are read in bulk
+    (:mod:`consumer.frames`) and deliveries handed over without a task each
+    (:mod:`consumer.direct_consume`)."""
     wire.install()
     frames.install()
+    direct_consume.install()
     try:
         context = amqp_ssl_context(config.tls)
     except (OSError, ssl.SSLError) as error:  # checked at start-up; changed since

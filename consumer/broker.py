@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
@@ -25,6 +25,7 @@ from aiormq.abc import DeliveredMessage
 from consumer.acker import Acker
 from consumer.amqp import BrokerConfig, connect, describe_amqp_error
 from consumer.delivery import Delivery
+from consumer.direct_consume import consume_direct
 from consumer.errors import TopologyMissing
 from consumer.headers import trusted_headers
 from consumer.publisher import Publisher
@@ -43,7 +44,7 @@ class BrokerSession:
         topology: Topology,
         work_queue: str,
         own_exchange: str,
-        on_delivery: Callable[[Delivery], Awaitable[None]],
+        on_delivery: Callable[[Delivery], None],
         on_lost_acks: Callable[[int], None],
         on_settled_twice: Callable[[], None] = lambda: None,
     ) -> None:
@@ -150,21 +151,22 @@ class BrokerSession:
         """Deliveries received on the consume channel and not yet acked or nacked."""
         return self._acker.unsettled if self._acker is not None and self.is_open else 0
 
-    async def _deliver(self, message: DeliveredMessage) -> None:
+    def _deliver(self, message: DeliveredMessage) -> None:
+        """Each delivery, as the channel reads it (:mod:`consumer.direct_consume`)."""
         assert self._acker is not None
         raw = message.header.properties.headers
         trusted = message.exchange == self._own_exchange
         delivery = Delivery(message, self._acker, trusted_headers(raw, trusted=trusted))
-        # Called in delivery order, before any await: the acker learns every tag in order.
+        # Called in delivery order: the acker learns every tag in order.
         self._acker.received(delivery.delivery_tag)
-        await self._on_delivery(delivery)
+        self._on_delivery(delivery)
 
     async def start_consuming(self) -> None:
         if self._consume_underlay is None:
             raise RuntimeError("the session is not open")
         if self._consumer_tag is None:
-            consume_ok = await self._consume_underlay.basic_consume(
-                self._work_queue, self._deliver, no_ack=False
+            consume_ok = await consume_direct(
+                self._consume_underlay, self._work_queue, self._deliver
             )
             self._consumer_tag = consume_ok.consumer_tag
 

@@ -74,6 +74,7 @@ class Dispatcher:
         ]
         self.lane: Isolation[Delivery] = Isolation()
         self._held: list[Delivery] = []
+        self._giving_back: set[asyncio.Task[object]] = set()
         self._next_inbox = 0
         self._preparer = preparer
         self._settler = settler
@@ -86,6 +87,19 @@ class Dispatcher:
     @property
     def held(self) -> int:
         return len(self._held)
+
+    def place_now(self, delivery: Delivery) -> None:
+        """:meth:`place` for a delivery as it arrives, called from the channel's reader: it
+        cannot wait, so a give-back (the service is stopping) goes out in a task of its own."""
+        phase = self.state.phase
+        if phase is Phase.ACCEPTING:
+            self._route(delivery)
+        elif phase is Phase.PAUSED:
+            self._held.append(delivery)
+        else:
+            task = asyncio.get_running_loop().create_task(self._settler.give_back(delivery))
+            self._giving_back.add(task)
+            task.add_done_callback(self._giving_back.discard)
 
     async def place(self, delivery: Delivery) -> None:
         """A delivery in hand: to a worker, held through a pause, or given back when stopping."""

@@ -16,8 +16,8 @@ import asyncio
 import atexit
 import logging
 import sys
+import time
 from collections.abc import Mapping, MutableMapping
-from datetime import UTC, datetime
 from typing import IO, Any, BinaryIO, Protocol, TextIO, cast
 
 import orjson
@@ -159,6 +159,19 @@ class JsonMessageLog:
         self._service = service
         self._threshold = _LEVELS[level]
         self._lines = lines
+        self._second = -1
+        self._prefix = ""
+
+    def _timestamp(self) -> str:
+        """Now as structlog's ``TimeStamper(fmt="iso", utc=True)`` writes it (always with its
+        microseconds): the date and time of day formatted once a second, as
+        ``datetime.now(UTC).isoformat()`` took 4 µs of the line's 9."""
+        now = time.time()
+        second = int(now)
+        if second != self._second:
+            self._second = second
+            self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        return f"{self._prefix}.{int((now - second) * 1_000_000):06d}Z"
 
     def write(self, level: int, event: str, fields: dict[str, Any]) -> None:
         if level < self._threshold:
@@ -168,7 +181,7 @@ class JsonMessageLog:
             **fields,
             "event": event,
             "level": _LEVEL_NAMES.get(level) or logging.getLevelName(level).lower(),
-            "timestamp": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+            "timestamp": self._timestamp(),
         }
         rendered = orjson.dumps(line, default=repr)
         if b"://" in rendered:

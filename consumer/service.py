@@ -259,7 +259,7 @@ class Service:
             )
         await self._liveness.stop(keep_marks=self._tasks.died_of_a_bug)
 
-    async def _on_delivery(self, delivery: Delivery) -> None:
+    def _on_delivery(self, delivery: Delivery) -> None:
         if delivery.redelivered:
             self._metrics.redeliveries.inc()
-        await self._dispatcher.place(delivery)
+        self._dispatcher.place_now(delivery)

@@ -76,23 +76,24 @@ class _Unreadable(Exception):
 def decode_frame(frame: bytes) -> Any:
     """The frame in ``frame`` (one whole frame: header, payload, frame end), as pamqp builds it.
     Raises :class:`InvalidFrameError` as aiormq does."""
-    frame_type = frame[0]
-    payload = frame[7:-1]
-    try:
-        if frame[-1] != constants.FRAME_END:
-            pass  # pamqp names the error
-        elif frame_type == constants.FRAME_BODY:
-            return body.ContentBody(payload)
-        if frame_type == constants.FRAME_HEADER:
-            return _content_header(payload)
-        if (
-            frame_type == constants.FRAME_METHOD
-            and len(payload) >= 4
-            and _METHOD_INDEX.unpack_from(payload)[0] == _DELIVER.index
-        ):
-            return _deliver(payload)
-    except (_Unreadable, struct.error, ValueError, IndexError, TypeError):
-        pass  # pamqp reads it, or says why it cannot
+    # Only a frame with a payload and its frame end in place takes the fast path; pamqp reads
+    # every other (a heartbeat), or says why it cannot (an empty body frame, a lost frame end).
+    if len(frame) > 8 and frame[-1] == constants.FRAME_END:
+        frame_type = frame[0]
+        payload = frame[7:-1]
+        try:
+            if frame_type == constants.FRAME_BODY:
+                return body.ContentBody(payload)
+            if frame_type == constants.FRAME_HEADER:
+                return _content_header(payload)
+            if (
+                frame_type == constants.FRAME_METHOD
+                and len(payload) >= 4
+                and _METHOD_INDEX.unpack_from(payload)[0] == _DELIVER.index
+            ):
+                return _deliver(payload)
+        except (_Unreadable, struct.error, ValueError, IndexError, TypeError):
+            pass  # pamqp reads it, or says why it cannot
     try:
         return pamqp.frame.unmarshal(frame)[2]
     except PAMQPException as error:

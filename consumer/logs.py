@@ -183,12 +183,20 @@ class JsonMessageLog:
             "level": _LEVEL_NAMES.get(level) or logging.getLevelName(level).lower(),
             "timestamp": self._timestamp(),
         }
-        rendered = orjson.dumps(line, default=repr)
+        rendered = orjson.dumps(line, default=_as_json)
         if b"://" in rendered:
             # A value holds a URL (JSON writes "://" as it is): scrub its password as the
             # structlog chain does, value by value. Every other line skips the walk.
-            rendered = orjson.dumps(scrub_secrets(None, event, line), default=repr)
+            rendered = orjson.dumps(scrub_secrets(None, event, line), default=_as_json)
         self._lines.write(rendered + b"\n")
+
+
+def _as_json(value: Any) -> Any:
+    """What orjson cannot write itself, as the structlog chain writes it: a mapping as an
+    object (its scrubbing made it a dict there), anything else as its repr."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    return repr(value)
 
 
 def make_message_log(

@@ -11,13 +11,13 @@ from consumer.settings import Settings
 @pytest.mark.parametrize(
     ("prefetch", "pool", "expected"),
     [
-        (1000, 4, 4),
-        (800, 4, 4),
-        (600, 4, 3),
-        (400, 4, 2),
-        (400, 1, 1),
-        (399, 4, 1),
-        (200, 4, 1),
+        (2000, 4, 4),
+        (1600, 4, 4),
+        (1200, 4, 3),
+        (800, 4, 2),
+        (800, 1, 1),
+        (799, 4, 1),
+        (400, 4, 1),
         (50, 4, 1),
         (10, 4, 1),
     ],
@@ -25,7 +25,7 @@ from consumer.settings import Settings
 def test_the_workers_follow_from_the_prefetch_window(
     prefetch: int, pool: int, expected: int
 ) -> None:
-    # One per four full batches the window holds, at most the pool: fewer, fuller transactions
+    # One per eight full batches the window holds, at most the pool: fewer, fuller transactions
     assert worker_count(Settings(prefetch=prefetch, db_pool_size=pool)) == expected
 
 

@@ -37,10 +37,13 @@ async def _applied(env: TestEnv) -> int:
 async def test_three_replicas_apply_every_event_once_while_one_stops_and_one_dies(
     env: TestEnv,
 ) -> None:
-    # Given three replicas of the service on one work queue, each with its own HTTP port
+    # Given three replicas of the service on one work queue, each with its own HTTP port and
+    # four workers (the handler waits 0.1 s an event: one worker, the default at this prefetch,
+    # would leave the survivor ten events a second)
     await env.apply_topology()
     replicas = [
-        ServiceProcess(env, f"replica-{n}", http_port=str(free_port())).start() for n in range(3)
+        ServiceProcess(env, f"replica-{n}", http_port=str(free_port()), workers="4").start()
+        for n in range(3)
     ]
     for replica in replicas:
         await replica.wait_ready()

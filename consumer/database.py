@@ -130,9 +130,12 @@ class PooledConnection:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        # A broken connection makes release raise after the pool has terminated it.
+        # A broken connection makes release raise after the pool has terminated it. The limit:
+        # a release may talk to the server (a close at max_queries, the rollback and cancel left
+        # by a cancelled statement), and asyncpg takes the acquire's timeout, which ours is not,
+        # as its budget; without one a stalled server would hold the batch's acks for good.
         with contextlib.suppress(Exception):
-            await self._pool.release(self._conn)
+            await self._pool.release(self._conn, timeout=ACQUIRE_TIMEOUT)
 
 
 class Database:

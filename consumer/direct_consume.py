@@ -8,12 +8,17 @@ delivery order, for the consumers registered through :func:`consume_direct`; eve
 and every other frame go aiormq's way. :func:`install` makes aiormq build its channels from this
 class, once per process.
 
-The callback must not raise: an exception from it ends the channel's reader, which closes the
-channel, so every delivery in hand goes back to the queue (the service opens a new session).
+The callback should not raise. If it does (a bug), the channel is closed at once, so every
+delivery in hand goes back to the queue and the service opens a new session: closed from a task,
+with the reader still alive to read the broker's reply (an exception ending the reader would leave
+the close waiting ten seconds for a reply nobody reads, while workers went on acking on a channel
+the broker had closed).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 from uuid import uuid4
@@ -28,6 +33,8 @@ __all__ = ["DirectDeliveryChannel", "consume_direct", "install"]
 
 DirectCallback = Callable[[DeliveredMessage], None]
 
+_log = logging.getLogger(__name__)
+
 
 class DirectDeliveryChannel(aiormq.Channel):
     """aiormq's channel, calling a direct consumer's callback in its reader (module docstring)."""
@@ -35,6 +42,7 @@ class DirectDeliveryChannel(aiormq.Channel):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.direct_consumers: dict[str, DirectCallback] = {}
+        self._closing_for: asyncio.Task[None] | None = None
 
     async def _on_deliver_frame(self, frame: commands.Basic.Deliver) -> None:
         tag = frame.consumer_tag
@@ -57,7 +65,13 @@ class DirectDeliveryChannel(aiormq.Channel):
                 parts.append(content.value)
                 size += len(content.value)
             body = parts[0] if len(parts) == 1 else b"".join(parts)
-        callback(DeliveredMessage(delivery=frame, header=header, body=body, channel=self))
+        try:
+            callback(DeliveredMessage(delivery=frame, header=header, body=body, channel=self))
+        except Exception as error:
+            # The module docstring: closed from a task, the reader reads the reply.
+            if self._closing_for is None:
+                _log.error("delivery callback failed; closing the channel", exc_info=error)
+                self._closing_for = asyncio.get_running_loop().create_task(self.close(error))
 
 
 async def consume_direct(

@@ -156,6 +156,10 @@ class Dispatcher:
         waiting = self.take_waiting()
         for delivery in waiting:
             await self._settler.give_back(delivery)
+        # And those that arrived meanwhile (place_now gave each a task): the drain goes on only
+        # once every nack is in the writer's hands.
+        if self._giving_back:
+            await asyncio.gather(*self._giving_back, return_exceptions=True)
         return len(waiting)
 
     def take_waiting(self) -> list[Delivery]:

@@ -81,6 +81,56 @@ async def test_deliveries_arrive_whole_in_order_with_their_properties(amqp_url: 
         await connection.close()
 
 
+async def test_a_callback_that_raises_closes_the_channel_at_once_and_nothing_is_lost(
+    amqp_url: str, caplog: Any
+) -> None:
+    queue = f"ctest_direct_raise_{uuid.uuid4().hex[:10]}"
+    config = BrokerConfig(urls=(SecretStr(amqp_url),), safe_url=amqp_url, service=queue)
+    connection = await connect(config, "consume")
+    publisher = await aio_pika.connect(amqp_url)
+    try:
+        publish_channel = await publisher.channel()
+        await publish_channel.declare_queue(queue, durable=False, auto_delete=False)
+        for number in range(5):
+            await publish_channel.default_exchange.publish(
+                aio_pika.Message(str(number).encode()), routing_key=queue
+            )
+        channel = await connection.channel(publisher_confirms=False)
+        closed = asyncio.Event()
+        channel.close_callbacks.add(lambda *_: closed.set())
+        underlay = await channel.get_underlay_channel()
+        await underlay.basic_qos(prefetch_count=5)
+        seen: list[bytes] = []
+
+        def on_message(message: DeliveredMessage) -> None:
+            seen.append(message.body)
+            if message.body == b"2":
+                raise RuntimeError("a bug in the callback")
+
+        await direct_consume.consume_direct(underlay, queue, on_message)
+        # Well before aiormq's ten seconds for a close whose reader has died.
+        await asyncio.wait_for(closed.wait(), timeout=5)
+
+        assert underlay.is_closed
+        assert not connection.is_closed
+        assert b"2" in seen
+        assert "delivery callback failed; closing the channel" in caplog.text
+        # Nothing was acked: every message comes back to the queue, ready.
+        ready = 0
+        for _ in range(50):
+            declared = await publish_channel.declare_queue(queue, passive=True)
+            ready = declared.declaration_result.message_count or 0
+            if ready == 5:
+                break
+            await asyncio.sleep(0.1)
+        assert ready == 5
+    finally:
+        cleanup = await publisher.channel()
+        await cleanup.queue_delete(queue)
+        await publisher.close()
+        await connection.close()
+
+
 def test_install_puts_the_fast_classes_in_aiormqs_place() -> None:
     import aiormq.connection
 

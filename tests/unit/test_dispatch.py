@@ -18,17 +18,21 @@ def _delivery(*, isolated: bool) -> Any:
     return SimpleNamespace(isolated=isolated, body=b"{}", prepared=None, channel_open=True)
 
 
+def _dispatcher(*, batch_wait: float, settler: Any, window_full: Any) -> Dispatcher:
+    return Dispatcher(
+        workers=1,
+        batch_size=10,
+        batch_wait=batch_wait,
+        preparer=_Keyless(),  # type: ignore[arg-type]
+        settler=settler,
+        window_full=window_full,
+    )
+
+
 async def test_an_isolated_delivery_that_fills_the_window_wakes_waiting_batches() -> None:
     # The last delivery the window lets in went to the lane: nothing more comes for the inbox
     in_hand = 0
-    dispatcher = Dispatcher(
-        workers=1,
-        batch_size=10,
-        batch_wait=30.0,
-        preparer=_Keyless(),  # type: ignore[arg-type]
-        settler=None,  # type: ignore[arg-type]
-        window_full=lambda: in_hand >= 3,
-    )
+    dispatcher = _dispatcher(batch_wait=30.0, settler=None, window_full=lambda: in_hand >= 3)
     taking = asyncio.create_task(dispatcher.inboxes[0].next_batch(refill_due=True))
     await asyncio.sleep(0.01)
     for isolated in (False, False, True):
@@ -38,3 +42,28 @@ async def test_an_isolated_delivery_that_fills_the_window_wakes_waiting_batches(
     batch = await asyncio.wait_for(taking, 10)  # not the 30 s wait
     assert len(batch) == 2
     assert dispatcher.lane.take() is not None
+
+
+class _SlowSettler:
+    def __init__(self) -> None:
+        self.given_back: list[Any] = []
+
+    async def give_back(self, delivery: Any) -> None:
+        await asyncio.sleep(delivery.settling_s)
+        self.given_back.append(delivery)
+
+
+async def test_a_delivery_arriving_while_draining_is_given_back_before_the_drain_goes_on() -> None:
+    settler = _SlowSettler()
+    dispatcher = _dispatcher(batch_wait=0.01, settler=settler, window_full=lambda: False)
+    waiting = _delivery(isolated=False)
+    waiting.settling_s = 0.01
+    dispatcher._route(waiting)
+    draining = asyncio.create_task(dispatcher.give_back_waiting())
+    await asyncio.sleep(0)
+    # From the channel's reader, after the drain began (a consumer the broker did not cancel)
+    late = _delivery(isolated=False)
+    late.settling_s = 0.2
+    dispatcher.place_now(late)
+    assert await draining == 1
+    assert settler.given_back == [waiting, late]

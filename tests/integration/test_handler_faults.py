@@ -264,19 +264,27 @@ async def _outcome_count(service: ServiceProcess, outcome: str, expected: int) -
 async def test_two_copies_in_one_batch_whose_first_fails_leave_one_retry_copy(
     env: TestEnv,
 ) -> None:
-    # Given an event that fails twice, published twice back to back, so that both copies land
-    # in one batch
+    # Given an event that fails twice, published twice back to back while the only worker is
+    # busy with a slow event, so that both copies wait for it and land in one batch (an idle
+    # worker would take the first copy alone, at once)
     settings = {"db_pool_size": "1"}
     await env.apply_topology(**settings)
+    service = await ServiceProcess(env, **settings).start().wait_ready()
+    slow = plain("slow", sleep_s=2.0)
     flaky = plain("flaky", fail_transient=2)
     async with env.producer() as sender:
-        await sender.send_many([flaky, flaky, *[plain(f"i{n}") for n in range(10)]])
+        await sender.send_many([slow])
 
-    service = await ServiceProcess(env, **settings).start().wait_ready()
+        async def slow_begun() -> bool:
+            query = "SELECT count(*) FROM handler_calls WHERE event_id = $1"
+            return bool(await fetchval(env.database_url, query, slow[2]))
+
+        await wait_until(slow_begun, what="the slow event's handler to begin")
+        await sender.send_many([flaky, flaky, *[plain(f"i{n}") for n in range(10)]])
 
     # Then one retry copy is published for it at each rung, not one per copy, and the event is
     # applied once: the second copy took the first one's fate
-    await wait_until(lambda: _effects_at_least(env, 11), what="the effects")
+    await wait_until(lambda: _effects_at_least(env, 12), what="the effects")
     await asyncio.sleep(1.5)  # a second retry copy would be back by now
     assert (await effects_by_event(env))[flaky[2]] == 1
     assert await service.metric("consumer_retries_published_total", rung="200ms") == 1

@@ -15,6 +15,7 @@ from pydantic import SecretStr
 
 from consumer import direct_consume, frames
 from consumer.amqp import BrokerConfig, connect
+from tests.support import queue_depth, wait_until
 
 # Around the broker's frame_max (128 KiB): bodies of one frame, of exactly one full frame, and of
 # several frames (the largest a valid event body may be, 256 KiB, takes three).
@@ -115,15 +116,12 @@ async def test_a_callback_that_raises_closes_the_channel_at_once_and_nothing_is_
         assert not connection.is_closed
         assert b"2" in seen
         assert "delivery callback failed; closing the channel" in caplog.text
+
         # Nothing was acked: every message comes back to the queue, ready.
-        ready = 0
-        for _ in range(50):
-            declared = await publish_channel.declare_queue(queue, passive=True)
-            ready = declared.declaration_result.message_count or 0
-            if ready == 5:
-                break
-            await asyncio.sleep(0.1)
-        assert ready == 5
+        async def all_back() -> bool:
+            return await queue_depth(amqp_url, queue) == 5
+
+        await wait_until(all_back, timeout=5, what="the 5 messages back in the queue")
     finally:
         cleanup = await publisher.channel()
         await cleanup.queue_delete(queue)

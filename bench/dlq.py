@@ -26,9 +26,9 @@ import aiormq
 from pamqp.commands import Basic
 
 from bench.infra import REPO
-from consumer.config import names_for, topology_for
+from consumer.config.settings import Settings
 from consumer.registry import HandlerRegistry
-from consumer.settings import Settings
+from consumer.service.components import names_for, topology_for
 from topology.apply import apply_topology
 from topology.model import Topology
 

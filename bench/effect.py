@@ -1,7 +1,7 @@
 """The effect Celery and Dramatiq apply, with psycopg 3: the service's receipt + reserve, one
 transaction, the same statements and round trips (BEGIN, receipt, reserve, seal, COMMIT).
 
-The SQL mirrors ``_INSERT_ONE`` in ``consumer/receipts.py`` and ``_RESERVE`` in
+The SQL mirrors ``_INSERT_ONE`` in ``consumer/db/receipts.py`` and ``_RESERVE`` in
 ``consumer/handlers/inventory.py`` (copied, not imported, so that the competitors keep doing the
 reference effect while the service is being changed). The seal: receipts commit only in a
 transaction that set ``consumer.sealed`` (``sql/004``), as the service does just before COMMIT;

@@ -12,7 +12,7 @@ turn (interleaved, run by run), each of ``--modes``:
   until they are gone;
 - ``dry-run``: the same loop with ``--dry-run``: the command's own cost (an interpreter starting
   on the same two cores, its connection, the listing) without any drop, to tell the two apart;
-- ``round``: the same rounds without the command: :class:`consumer.pruning.ReceiptPruner` (what
+- ``round``: the same rounds without the command: :class:`consumer.db.pruning.ReceiptPruner` (what
   the service runs every ``CONSUMER_RECEIPT_PRUNE_INTERVAL``) on a connection of the harness.
 
 Each loop starts a round every ``--every`` seconds (1), or at once when the one before took longer
@@ -47,10 +47,10 @@ from bench.infra import BenchError, Infra
 from bench.measure import Measurement
 from bench.receipts import dropped_partitions, generate
 from bench.run import effective_knobs, progress, server_versions, versions
+from consumer.config.settings import Settings
+from consumer.db.pruning import ReceiptPruner
+from consumer.db.retention import ReceiptWindow
 from consumer.durations import parse_duration
-from consumer.pruning import ReceiptPruner
-from consumer.retention import ReceiptWindow
-from consumer.settings import Settings
 
 __all__ = [
     "GOAL",

@@ -38,10 +38,10 @@ from typing import Any
 import asyncpg
 
 from bench.infra import REPO, dsn_for
-from consumer.migration_sets import SERVICE_SET, MigrationSet, service_set
-from consumer.migrations import migrate
-from consumer.receipts import _INSERT_MANY, _SEAL
-from consumer.settings import Settings
+from consumer.config.settings import Settings
+from consumer.db.migration_sets import SERVICE_SET, MigrationSet, service_set
+from consumer.db.migrations import migrate
+from consumer.db.receipts import _INSERT_MANY, _SEAL
 from topology.durations import format_duration
 
 __all__ = [

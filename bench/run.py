@@ -20,8 +20,8 @@ from bench import measure, report
 from bench.events import Workload
 from bench.infra import BenchError, Infra
 from bench.measure import Measurement
-from consumer.config import batch_size, worker_count
-from consumer.settings import Settings
+from consumer.config.settings import Settings
+from consumer.service.components import batch_size, worker_count
 from topology.durations import format_duration
 
 SYSTEMS = ("broker", "database", "service", "celery", "dramatiq")

@@ -1,5 +1,5 @@
-"""``python -m consumer``: the ``consumer`` command (:mod:`consumer.cli`)."""
+"""``python -m consumer``: the ``consumer`` command (:mod:`consumer.cli.main`)."""
 
-from consumer.cli import main
+from consumer.cli.main import main
 
 raise SystemExit(main())

@@ -1,6 +1,6 @@
 """The event envelope producers publish: the model handlers receive.
 
-:mod:`consumer.envelope_parser` turns a message body into one, or says why it never can.
+:mod:`consumer.pipeline.envelope_parser` turns a message body into one, or says why it never can.
 """
 
 from __future__ import annotations

@@ -193,7 +193,7 @@ class ConnectionLostRepeatedly(PermanentError):
 
 class EventExpired(PermanentError):
     """The database refused the event's receipt: its occurred_at falls in a range of receipts
-    already dropped (:mod:`consumer.retention`), so an earlier copy may have been applied."""
+    already dropped (:mod:`consumer.db.retention`), so an earlier copy may have been applied."""
 
     reason = "expired"
 
@@ -249,7 +249,7 @@ class PoisonReason(enum.StrEnum):
     HEADERS_TOO_DEEP = "headers_too_deep"
     HEADERS_UNREADABLE = "headers_unreadable"
     EXPIRED = "expired"
-    """Its occurred_at is older than the receipts kept can vouch for (:mod:`consumer.retention`):
+    """Its occurred_at is older than the receipts kept can vouch for (:mod:`consumer.db.retention`):
     applying it could apply it twice."""
 
 

@@ -127,7 +127,7 @@ def make_logger(
 
 
 class MessageLog(Protocol):
-    """Where the line of each settled delivery goes (:mod:`consumer.report`)."""
+    """Where the line of each settled delivery goes (:mod:`consumer.observe.report`)."""
 
     def write(self, level: int, event: str, fields: dict[str, Any]) -> None:
         """Log ``event`` with ``fields`` (the dict is the line's: it may be changed)."""

@@ -25,7 +25,7 @@ import aio_pika
 import asyncpg
 import pytest
 
-from consumer.migrations import migrate
+from consumer.db.migrations import migrate
 from tests.servers import ThrowawayPostgres, ThrowawayRabbit, free_port
 from tests.support import REPO, ServiceProcess, TestEnv, assert_services_settled, stop_cleanly
 from tests.wheels import Installed, install_product

@@ -26,10 +26,10 @@ import asyncpg
 from aio_pika.abc import AbstractChannel, AbstractConnection, DeliveryMode
 from prometheus_client.parser import text_string_to_metric_families
 
-from consumer.config import names_for, topology_for
-from consumer.producer import envelope_body
+from consumer.cli.producer import envelope_body
+from consumer.config.settings import Settings
 from consumer.registry import HandlerRegistry
-from consumer.settings import Settings
+from consumer.service.components import names_for, topology_for
 from topology.apply import apply_topology
 from topology.model import Topology
 from topology.names import Names

@@ -4,7 +4,7 @@ deeply nested table, a ``str`` whose ``encode()`` returns bytes that are not UTF
 sent as an AMQP double (pamqp sends floats as singles, which cannot hold 1e300).
 
 The runner reads the dead-letter queue, where some of these land, through the service's own
-hardened decoder (:func:`consumer.wire.install`), as ``dlq`` does: a header nested 3,000 deep
+hardened decoder (:func:`consumer.amqp.wire.install`), as ``dlq`` does: a header nested 3,000 deep
 would otherwise end the runner's connection as it would have ended the service's.
 """
 

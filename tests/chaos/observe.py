@@ -1,7 +1,7 @@
 """Reading a scenario's end state from the database and the broker, never from the consumers.
 
-Messages are read through the service's hardened frame decoder (:func:`consumer.wire.install`), as
-``dlq`` reads them: a hostile producer's header (nested 3,000 deep, not UTF-8) in the dead-letter
+Messages are read through the service's hardened frame decoder (:func:`consumer.amqp.wire.install`),
+as ``dlq`` reads them: a hostile producer's header (nested 3,000 deep, not UTF-8) in the dead-letter
 queue would otherwise end the runner's connection.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 import aio_pika
 import asyncpg
 
-from consumer import wire
+from consumer.amqp import wire
 from tests.support import REPO, connect_any
 
 FIRST_DEATH_REASON = "x-first-death-reason"

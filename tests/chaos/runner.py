@@ -29,7 +29,7 @@ from pathlib import Path
 
 import asyncpg
 
-from consumer.migrations import migrate
+from consumer.db.migrations import migrate
 from tests.chaos.faults import Fault
 from tests.chaos.observe import (
     EndState,

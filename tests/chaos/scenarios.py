@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from consumer.watchdog import EXIT_HARD_TIMEOUT
+from consumer.service.watchdog import EXIT_HARD_TIMEOUT
 from tests.chaos.faults import (
     BrokerAlarm,
     CloseConnections,

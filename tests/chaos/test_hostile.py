@@ -9,10 +9,10 @@ import pytest
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
-from consumer import wire
-from consumer.envelope_parser import EnvelopeLimits, EnvelopeParser
+from consumer.amqp import wire
+from consumer.amqp.headers import attempts_so_far, trusted_headers
 from consumer.errors import Poison, PoisonReason
-from consumer.headers import attempts_so_far, trusted_headers
+from consumer.pipeline.envelope_parser import EnvelopeLimits, EnvelopeParser
 from tests.chaos import hostile
 from tests.chaos.hostile import Wire
 

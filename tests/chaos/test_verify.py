@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from consumer.envelope_parser import EnvelopeLimits, EnvelopeParser
 from consumer.errors import Poison, PoisonReason
+from consumer.pipeline.envelope_parser import EnvelopeLimits, EnvelopeParser
 from tests.chaos.hostile import KEPT_HEADER, READ_TAIL, SAFE_ONCE_READ, Wire
 from tests.chaos.observe import DeadCopy, EndState
 from tests.chaos.producer import Attempt, PublishLog

@@ -90,7 +90,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from consumer.producer import envelope_body
+from consumer.cli.producer import envelope_body
 from tests.chaos.hostile import COMPLEX_ARRAYS, SAFE_ONCE_READ, Wire, sent_id
 
 BEHAVE = "test.behave"

@@ -460,10 +460,11 @@ class RabbitWithPrometheus(ThrowawayRabbit):
 
 
 def consumer_metric_names() -> set[str]:
-    """Every series name the service can export (from consumer/metrics.py, no process needed)."""
+    """Every series name the service can export (from consumer/observe/metrics.py, no process
+    needed)."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from consumer.metrics import Metrics
+    from consumer.observe.metrics import Metrics
 
     metrics = Metrics(CollectorRegistry(), ["example.type"])
     return exposed_names(generate_latest(metrics.registry).decode())

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from consumer.config.settings import Settings, split_urls
 from consumer.durations import parse_duration
-from consumer.settings import Settings, split_urls
 from tests.deploy.support import (
     COMPOSE,
     COMPOSE_CLUSTER,

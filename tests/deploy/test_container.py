@@ -25,7 +25,7 @@ from pathlib import Path
 import asyncpg
 
 import consumer
-from consumer.settings import DEFAULT_HANDLER_MODULES
+from consumer.config.settings import DEFAULT_HANDLER_MODULES
 from tests.deploy.support import DEPLOY, assert_clean, run_tool
 from tests.servers import free_port
 from tests.support import REPO, TestEnv, fetchval

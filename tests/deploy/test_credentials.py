@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from consumer.settings import Settings
+from consumer.config.settings import Settings
 from tests.deploy.support import (
     compose_model,
     env_file,

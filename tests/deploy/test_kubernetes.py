@@ -16,9 +16,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from consumer.config import names_for
+from consumer.config.settings import Settings, split_urls
 from consumer.durations import parse_duration
-from consumer.settings import Settings, split_urls
+from consumer.service.components import names_for
 from tests.deploy.support import (
     K8S,
     alert_rules,

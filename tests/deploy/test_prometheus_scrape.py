@@ -16,8 +16,8 @@ from typing import Any
 import aio_pika
 import aiohttp
 
-from consumer.config import topology_for
 from consumer.registry import HandlerRegistry
+from consumer.service.components import topology_for
 from tests.deploy.support import (
     PROMETHEUS_DIR,
     PrometheusServer,

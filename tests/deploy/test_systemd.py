@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from consumer.config.settings import Settings
 from consumer.durations import parse_duration
-from consumer.settings import Settings
 from tests.deploy.support import (
     SYSTEMD,
     assert_clean,

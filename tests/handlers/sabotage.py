@@ -21,8 +21,8 @@ import asyncpg
 from pydantic import BaseModel
 
 from consumer import Envelope, register
-from consumer.broker import BrokerSession
-from consumer.report import OutcomeReporter
+from consumer.amqp.session import BrokerSession
+from consumer.observe.report import OutcomeReporter
 
 SABOTAGE = os.environ.get("TEST_SABOTAGE", "")
 
@@ -68,7 +68,7 @@ if "span_hooks" in SABOTAGE:
     from opentelemetry.context import Context
     from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
-    from consumer.otel import OtelTracing
+    from consumer.observe.otel import OtelTracing
 
     class _Raising(SpanProcessor):
         def on_start(self, span: Span, parent_context: Context | None = None) -> None:

@@ -11,7 +11,7 @@ import asyncpg
 from pydantic import BaseModel, Field
 
 from consumer import Envelope, register
-from consumer.judge import Judge
+from consumer.pipeline.judge import Judge
 
 
 class Tripwire(Exception):

@@ -17,7 +17,7 @@ import asyncpg
 import pytest
 
 import consumer
-from consumer.settings import DEFAULT_HANDLER_MODULES
+from consumer.config.settings import DEFAULT_HANDLER_MODULES
 from tests.conftest import drop_database
 from tests.support import REPO, TestEnv, fetch, fetchval, queue_depth, wait_until
 from tests.wheels import EXAMPLE, EXAMPLE_HANDLERS, Installed, InstalledService

@@ -6,7 +6,7 @@ import random
 import uuid
 from typing import Any
 
-from consumer import headers as h
+from consumer.amqp import headers as h
 from tests.support import (
     ServiceProcess,
     TestEnv,

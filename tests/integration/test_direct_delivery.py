@@ -1,6 +1,6 @@
 """The consume path as the service opens it, on the real broker: frames read in bulk
-(:mod:`consumer.frames`) and deliveries handed over from the channel's reader
-(:mod:`consumer.direct_consume`) arrive whole, in order, with the properties published."""
+(:mod:`consumer.amqp.frames`) and deliveries handed over from the channel's reader
+(:mod:`consumer.amqp.direct_consume`) arrive whole, in order, with the properties published."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import aio_pika
 from aiormq.abc import DeliveredMessage
 from pydantic import SecretStr
 
-from consumer import direct_consume, frames
-from consumer.amqp import BrokerConfig, connect
+from consumer.amqp import direct_consume, frames
+from consumer.amqp.connect import BrokerConfig, connect
 from tests.support import queue_depth, wait_until
 
 # Around the broker's frame_max (128 KiB): bodies of one frame, of exactly one full frame, and of

@@ -15,7 +15,7 @@ from typing import Any
 
 import aio_pika
 
-from consumer.producer import envelope_body
+from consumer.cli.producer import envelope_body
 from tests.support import (
     REPO,
     ServiceProcess,

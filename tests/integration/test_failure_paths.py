@@ -14,8 +14,8 @@ import asyncpg
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
-from consumer import headers as h
-from consumer.crashes import CRASH_STRIKES
+from consumer.amqp import headers as h
+from consumer.db.crashes import CRASH_STRIKES
 from tests.support import (
     ServiceProcess,
     TestEnv,

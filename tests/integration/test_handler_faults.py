@@ -17,8 +17,8 @@ import aiohttp
 import asyncpg
 import pytest
 
-from consumer import headers as h
-from consumer.retry import MAX_CONNECTION_LOSSES
+from consumer.amqp import headers as h
+from consumer.pipeline.retry import MAX_CONNECTION_LOSSES
 from tests.conftest import make_template
 from tests.servers import ThrowawayPostgres
 from tests.support import (

@@ -17,8 +17,8 @@ import aio_pika
 from aio_pika.abc import DeliveryMode
 from pamqp import encode
 
-from consumer import headers as h
-from consumer.producer import envelope_body
+from consumer.amqp import headers as h
+from consumer.cli.producer import envelope_body
 from tests.support import (
     ServiceProcess,
     TestEnv,

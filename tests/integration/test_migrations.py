@@ -16,16 +16,16 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from consumer.errors import MigrationError
-from consumer.migration_sets import (
+from consumer.config.settings import DEFAULT_HANDLER_MODULES
+from consumer.db.migration_sets import (
     MigrationSet,
     discover,
     migration_sets,
     reference_set,
     service_set,
 )
-from consumer.migrations import MigrationReport, migrate
-from consumer.settings import DEFAULT_HANDLER_MODULES
+from consumer.db.migrations import MigrationReport, migrate
+from consumer.errors import MigrationError
 from tests.conftest import drop_database
 from tests.support import REPO, fetch, fetchval, run_cli
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from consumer.migration_sets import SERVICE_SET, MigrationSet, service_set
-from consumer.migrations import migrate
-from consumer.pruning import ReceiptPruner
-from consumer.receipts import _INSERT_MANY, _SEAL
-from consumer.retention import ReceiptWindow
+from consumer.db.migration_sets import SERVICE_SET, MigrationSet, service_set
+from consumer.db.migrations import migrate
+from consumer.db.pruning import ReceiptPruner
+from consumer.db.receipts import _INSERT_MANY, _SEAL
+from consumer.db.retention import ReceiptWindow
 from tests.support import (
     ServiceProcess,
     TestEnv,

@@ -15,7 +15,7 @@ from typing import Any
 import aio_pika
 import pytest
 
-from consumer import headers as h
+from consumer.amqp import headers as h
 from tests.support import (
     TEST_HANDLERS,
     Producer,

@@ -14,8 +14,8 @@ import pytest
 from pamqp import encode
 from pamqp.commands import Basic
 
-from consumer import headers as h
-from consumer.producer import envelope_body
+from consumer.amqp import headers as h
+from consumer.cli.producer import envelope_body
 from tests.support import ServiceProcess, TestEnv, behave, drain_queue, wait_until
 
 
@@ -83,7 +83,7 @@ async def dead_or_exited(
 async def test_a_message_id_that_is_not_utf8_does_not_stop_the_service(
     env: TestEnv, raw_short_strings: None
 ) -> None:
-    """A producer's message_id of 100 bytes that are not UTF-8 decodes (consumer/wire.py
+    """A producer's message_id of 100 bytes that are not UTF-8 decodes (consumer/amqp/wire.py
     ``_short_str``) to 100 replacement characters, 300 bytes: more than a short string holds.
     The event's handler fails for good, its dead-letter copy carries the message_id, and pamqp
     refuses to encode it (TypeError), which ``Publisher.publish`` does not catch: the worker died

@@ -1,10 +1,10 @@
 """Found in review, now a regression test. The defect was: crash-attribution marks of competing
 consumers count as deaths.
 
-``CrashLedger.begin`` (sql in consumer/crashes.py) adds a crash whenever the mark's owner differs,
-without knowing whether that owner is alive: three processes applying copies of one redelivered
-event alone at the same time (a producer's duplicate publish, returned by a reconnect) give it two
-"crashes", and the third process dead-letters its copy as ``crashed``. No process died.
+``CrashLedger.begin`` (sql in consumer/db/crashes.py) adds a crash whenever the mark's owner
+differs, without knowing whether that owner is alive: three processes applying copies of one
+redelivered event alone at the same time (a producer's duplicate publish, returned by a reconnect)
+give it two "crashes", and the third process dead-letters its copy as ``crashed``. No process died.
 """
 
 from __future__ import annotations

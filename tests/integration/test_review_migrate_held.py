@@ -1,7 +1,7 @@
 """Found in review: ``consumer topology migrate`` deleted a leaving retry rung once it held no
 ready message, whoever held its messages unacked: a reader such as ``consumer events show`` (a
-:class:`~consumer.dlq_stream.QueueScan` of each rung) gives them back when it ends, by then into a
-queue that is gone, and the retry copy is lost."""
+:class:`~consumer.cli.dlq.stream.QueueScan` of each rung) gives them back when it ends, by then into
+a queue that is gone, and the retry copy is lost."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import asyncio
 import uuid
 from datetime import UTC, datetime
 
-from consumer.dlq_stream import QueueScan
-from consumer.producer import envelope_body
-from consumer.topology_migrate import EXIT_PENDING
+from consumer.cli.dlq.stream import QueueScan
+from consumer.cli.producer import envelope_body
+from consumer.cli.topology.migrate import EXIT_PENDING
 from tests.support import (
     TestEnv,
     behave,

@@ -9,8 +9,8 @@ import asyncio
 
 from pydantic import SecretStr
 
-from consumer.database import ACQUIRE_TIMEOUT, Database, DatabaseConfig
-from consumer.guard import guarded_transaction
+from consumer.db.database import ACQUIRE_TIMEOUT, Database, DatabaseConfig
+from consumer.db.guard import guarded_transaction
 from tests.servers import ThrowawayPostgres
 
 # Far above the release's limit, far below "for good": a hang, not a speed, is what fails.

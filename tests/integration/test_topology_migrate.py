@@ -12,10 +12,10 @@ import sys
 import uuid
 from datetime import UTC, datetime
 
-from consumer.config import names_for, topology_spec
-from consumer.producer import envelope_body
+from consumer.cli.producer import envelope_body
+from consumer.cli.topology.migrate import EXIT_PENDING, moved_headers
 from consumer.registry import HandlerRegistry
-from consumer.topology_migrate import EXIT_PENDING, moved_headers
+from consumer.service.components import names_for, topology_spec
 from tests.servers import free_port
 from tests.support import (
     Event,

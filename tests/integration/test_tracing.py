@@ -22,10 +22,10 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from consumer.config import broker_config
-from consumer.otel import OtelTracing
-from consumer.producer import PublishRequest, publish_event
-from consumer.traceparent import read_traceparent
+from consumer.cli.producer import PublishRequest, publish_event
+from consumer.observe.otel import OtelTracing
+from consumer.observe.traceparent import read_traceparent
+from consumer.service.components import broker_config
 from tests.servers import free_port
 from tests.support import (
     ServiceProcess,

@@ -16,8 +16,8 @@ import aiormq
 import pytest
 from pamqp.commands import Basic
 
+from consumer.amqp.publisher import Publisher
 from consumer.errors import Unroutable
-from consumer.publisher import Publisher
 from tests.support import (
     ServiceProcess,
     TestEnv,

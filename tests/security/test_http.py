@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from consumer.http import MAX_LIFETIME
+from consumer.observe.http import MAX_LIFETIME
 from tests.servers import free_port
 from tests.support import ServiceProcess, TestEnv, wait_until
 

@@ -12,8 +12,8 @@ import aio_pika
 import aiormq
 import pytest
 
-from consumer.config import topology_for
 from consumer.registry import HandlerRegistry
+from consumer.service.components import topology_for
 from tests.security.support import (
     Broker,
     Cluster,

@@ -12,11 +12,11 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from pydantic import ValidationError
 
-from consumer.config import broker_config, database_config
+from consumer.config.setting_errors import describe_settings_error
+from consumer.config.settings import Settings
+from consumer.config.tls import amqp_ssl_context
 from consumer.redact import redact_url, scrub
-from consumer.setting_errors import describe_settings_error
-from consumer.settings import Settings
-from consumer.tls import amqp_ssl_context
+from consumer.service.components import broker_config, database_config
 from tests.security.certs import Pki, make_pki
 from tests.security.support import one_line_error, write_secret
 from tests.support import REPO, run_cli

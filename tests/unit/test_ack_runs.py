@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from consumer.ack_runs import AckPlan, AckRuns
+from consumer.amqp.ack_runs import AckPlan, AckRuns
 
 
 def test_a_run_from_the_first_delivery_is_one_multiple_ack() -> None:

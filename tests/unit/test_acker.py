@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from consumer.acker import Acker
+from consumer.amqp.acker import Acker
 from consumer.errors import ChannelGone
 
 

@@ -13,8 +13,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 import consumer
-from consumer.cli import main
-from consumer.metrics import Metrics
+from consumer.cli.main import main
+from consumer.observe.metrics import Metrics
 from tests.support import REPO
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from consumer.config import MAX_BATCH_SIZE, batch_size, worker_count
-from consumer.settings import Settings
+from consumer.config.settings import Settings
+from consumer.service.components import MAX_BATCH_SIZE, batch_size, worker_count
 
 
 @pytest.mark.parametrize(

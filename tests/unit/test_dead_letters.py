@@ -10,8 +10,8 @@ from typing import Any, cast
 
 from aio_pika.abc import AbstractIncomingMessage
 
-from consumer.dlq_letters import read_dead_letter
-from consumer.envelope_parser import EnvelopeLimits, EnvelopeParser
+from consumer.cli.dlq.letters import read_dead_letter
+from consumer.pipeline.envelope_parser import EnvelopeLimits, EnvelopeParser
 from consumer.registry import HandlerRegistry
 
 

@@ -6,7 +6,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from consumer.dispatch import Dispatcher
+from consumer.service.dispatch import Dispatcher
 
 
 class _Keyless:

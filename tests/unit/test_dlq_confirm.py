@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from consumer.dlq_cli import confirmed
+from consumer.cli.dlq.main import confirmed
 
 
 class Terminal(io.StringIO):

@@ -14,8 +14,8 @@ import pytest
 from aiormq.base import FutureStore
 from pamqp.commands import Basic
 
-from consumer.dlq_replay import ReplayOptions, Tally, _one, _Removal, replay
-from consumer.dlq_stream import Delivered, Held, QueueScan
+from consumer.cli.dlq.replay import ReplayOptions, Tally, _one, _Removal, replay
+from consumer.cli.dlq.stream import Delivered, Held, QueueScan
 from consumer.errors import Unroutable
 
 

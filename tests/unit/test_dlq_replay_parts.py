@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from consumer.dlq_cli import positive_int
-from consumer.dlq_replay import Pacer, Tally
+from consumer.cli.dlq.main import positive_int
+from consumer.cli.dlq.replay import Pacer, Tally
 
 
 def test_the_pacer_spaces_starts_evenly_and_earns_no_burst_when_late() -> None:

@@ -4,8 +4,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from consumer.envelope_parser import EnvelopeLimits, EnvelopeParser, check_content_type
 from consumer.errors import Poison, PoisonReason
+from consumer.pipeline.envelope_parser import EnvelopeLimits, EnvelopeParser, check_content_type
 
 LIMIT = 4096
 PARSER = EnvelopeParser(EnvelopeLimits(max_bytes=LIMIT, max_depth=8))

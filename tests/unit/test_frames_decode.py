@@ -1,6 +1,6 @@
 """``decode_frame`` builds what pamqp builds from the same frame, and fails where pamqp fails.
 
-pamqp (after :func:`consumer.wire.install`, whose total decoders the fast path shares) is the
+pamqp (after :func:`consumer.amqp.wire.install`, whose total decoders the fast path shares) is the
 oracle: every frame, whole or mangled, is decoded both ways and the results compared attribute by
 attribute, types included (an ``UnreadableHeader`` is a ``str`` that must stay itself).
 """
@@ -23,8 +23,8 @@ from pamqp import body, commands, encode, header, heartbeat
 from pamqp import frame as pamqp_frame
 from pamqp.exceptions import PAMQPException
 
-from consumer import wire
-from consumer.frames import decode_frame
+from consumer.amqp import wire
+from consumer.amqp.frames import decode_frame
 
 # Process-wide and idempotent; the fast path reads through these decoders, so the oracle must too.
 wire.install()

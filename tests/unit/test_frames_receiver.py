@@ -21,8 +21,8 @@ from pamqp import body, commands, header
 from pamqp import frame as pamqp_frame
 from pamqp.exceptions import PAMQPException
 
-from consumer import frames, wire
-from consumer.frames import BulkFrameReceiver
+from consumer.amqp import frames, wire
+from consumer.amqp.frames import BulkFrameReceiver
 from tests.unit.test_frames_decode import HEARTBEAT, any_frames, assert_same_frame
 
 wire.install()

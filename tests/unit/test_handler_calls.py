@@ -7,7 +7,7 @@ import threading
 import time
 import uuid
 
-from consumer.calls import HandlerCall, HandlerCalls
+from consumer.pipeline.calls import HandlerCall, HandlerCalls
 
 
 def _call(n: int, events: int = 1) -> HandlerCall:

@@ -2,7 +2,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from consumer import headers as h
+from consumer.amqp import headers as h
 from topology.names import RETRY_RUNG
 
 NOW = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)

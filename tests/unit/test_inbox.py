@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from consumer.inbox import Inbox
+from consumer.service.inbox import Inbox
 
 
 async def test_a_batch_is_what_is_ready_up_to_the_size() -> None:

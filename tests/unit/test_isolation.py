@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from consumer.isolation import Isolation
+from consumer.service.isolation import Isolation
 
 
 async def test_the_lane_waits_for_batches_in_flight_and_keeps_new_ones_out() -> None:

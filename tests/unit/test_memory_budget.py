@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from consumer.config import memory_budget
+from consumer.config.settings import Settings
 from consumer.errors import ConfigError
-from consumer.memory import check_memory_budget, container_memory_limit, worst_case
-from consumer.settings import Settings
+from consumer.service.components import memory_budget
+from consumer.service.memory import check_memory_budget, container_memory_limit, worst_case
 
 MIB = 1024 * 1024
 

@@ -1,11 +1,11 @@
-"""consumer.metrics: what the service's registry exposes, without a process running."""
+"""consumer.observe.metrics: what the service's registry exposes, without a process running."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from consumer.metrics import Metrics, ServiceRegistry
-from consumer.outcome import OutcomeKind
+from consumer.observe.metrics import Metrics, ServiceRegistry
+from consumer.pipeline.outcome import OutcomeKind
 
 
 def _exposition(registry: CollectorRegistry) -> str:

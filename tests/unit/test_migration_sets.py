@@ -7,9 +7,9 @@ from types import ModuleType
 
 import pytest
 
-from consumer.errors import ConfigError, MigrationError
-from consumer.legacy_ledger import UNCLAIMED
-from consumer.migration_sets import (
+from consumer.config.settings import DEFAULT_HANDLER_MODULES
+from consumer.db.legacy_ledger import UNCLAIMED
+from consumer.db.migration_sets import (
     Migration,
     MigrationSet,
     declared_set,
@@ -18,8 +18,8 @@ from consumer.migration_sets import (
     reference_set,
     service_set,
 )
-from consumer.migrations import Step, plan
-from consumer.settings import DEFAULT_HANDLER_MODULES
+from consumer.db.migrations import Step, plan
+from consumer.errors import ConfigError, MigrationError
 from tests.support import REPO
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from consumer import headers as h
-from consumer.topology_migrate import moved_headers
+from consumer.amqp import headers as h
+from consumer.cli.topology.migrate import moved_headers
 from topology.names import Names
 
 NAMES = Names("svc", "events")

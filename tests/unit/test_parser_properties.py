@@ -8,8 +8,8 @@ import uuid
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from consumer.envelope_parser import EnvelopeLimits, EnvelopeParser
 from consumer.errors import Poison
+from consumer.pipeline.envelope_parser import EnvelopeLimits, EnvelopeParser
 
 PARSER = EnvelopeParser(EnvelopeLimits(max_bytes=16 * 1024, max_depth=16))
 

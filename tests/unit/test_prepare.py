@@ -13,15 +13,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import RootModel
 
-from consumer import prepare
-from consumer.config import envelope_limits
-from consumer.envelope_parser import EnvelopeLimits, EnvelopeParser
+from consumer.config.settings import Settings
+from consumer.db.retention import ReceiptWindow
 from consumer.errors import Poison, PoisonReason
 from consumer.handlers.inventory import Reserve
-from consumer.prepare import Preparer
+from consumer.pipeline import prepare
+from consumer.pipeline.envelope_parser import EnvelopeLimits, EnvelopeParser
+from consumer.pipeline.prepare import Preparer
 from consumer.registry import HandlerRegistry
-from consumer.retention import ReceiptWindow
-from consumer.settings import Settings
+from consumer.service.components import envelope_limits
 
 REGISTRY = HandlerRegistry.from_modules(
     ["consumer.handlers.inventory", "consumer.handlers.notifications"]

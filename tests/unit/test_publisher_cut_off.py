@@ -10,8 +10,8 @@ import pytest
 from aiormq.base import FutureStore
 from pamqp.commands import Basic
 
+from consumer.amqp.publisher import Publisher
 from consumer.errors import PublishFailed
-from consumer.publisher import Publisher
 
 
 class ChannelOfAiormq:

@@ -16,8 +16,8 @@ from pamqp import frame as amqp_frame
 from pamqp.body import ContentBody
 from pamqp.commands import Basic
 
+from consumer.cli.dlq.replay_sender import ReplaySender
 from consumer.errors import PublishFailed
-from consumer.replay_sender import ReplaySender
 
 
 class Connection:

@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from consumer.config import envelope_limits, receipt_window
-from consumer.dlq_letters import renewed
+from consumer.cli.dlq.letters import renewed
+from consumer.config.settings import Settings
+from consumer.db.retention import EXPIRED_CLASS, ReceiptWindow
 from consumer.envelope import RawEnvelope
-from consumer.envelope_parser import EnvelopeParser
 from consumer.errors import Poison, PoisonReason
-from consumer.prepare import Preparer
+from consumer.pipeline.envelope_parser import EnvelopeParser
+from consumer.pipeline.prepare import Preparer
 from consumer.registry import HandlerRegistry
-from consumer.retention import EXPIRED_CLASS, ReceiptWindow
-from consumer.settings import Settings
+from consumer.service.components import envelope_limits, receipt_window
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 WEEK = ReceiptWindow(

@@ -14,7 +14,7 @@ from consumer.errors import (
     SwallowedDatabaseError,
     TransientError,
 )
-from consumer.retry import (
+from consumer.pipeline.retry import (
     MAX_CONNECTION_LOSSES,
     DeadLetter,
     DeadLetterReason,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pamqp import decode, encode
 
-from consumer import wire
+from consumer.amqp import wire
 
 
 @pytest.mark.parametrize(
@@ -27,8 +27,8 @@ def test_the_header_limit_counts_the_bytes_a_copy_carries() -> None:
     """Found in the second review: the limit counted characters, so 50,000 bytes that are not
     UTF-8 (150,000 bytes once decoded) passed it, and the copy of the failed event was too large
     for a frame: the broker closed the publishing connection, again at every redelivery."""
-    from consumer.envelope_parser import EnvelopeLimits, EnvelopeParser
     from consumer.errors import Poison, PoisonReason
+    from consumer.pipeline.envelope_parser import EnvelopeLimits, EnvelopeParser
 
     wire.install()
     raw = b"\xff" * 50_000

@@ -1,11 +1,12 @@
 """Found in review, now a regression test. The defect was: an undecodable top-level header table is
 not poison for a producer's message.
 
-``consumer.wire._headers_table`` replaces a table it cannot decode with
-``{"consumer-unreadable-headers": UnreadableHeader(...)}``; ``consumer.headers.trusted_headers``
-then drops every ``consumer-*`` key of a message that did not come from the service's own
-exchange, so ``EnvelopeParser.check_headers`` never sees the marker: the message is applied with
-its headers silently gone instead of being poison (``headers_unreadable``) as wire.py says.
+``consumer.amqp.wire._headers_table`` replaces a table it cannot decode with
+``{"consumer-unreadable-headers": UnreadableHeader(...)}``;
+``consumer.amqp.headers.trusted_headers`` then drops every ``consumer-*`` key of a message that did
+not come from the service's own exchange, so ``EnvelopeParser.check_headers`` never sees the marker:
+the message is applied with its headers silently gone instead of being poison
+(``headers_unreadable``) as wire.py says.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from typing import Any
 import pytest
 from pamqp import decode
 
-from consumer import wire
-from consumer.envelope_parser import EnvelopeLimits, EnvelopeParser
+from consumer.amqp import wire
+from consumer.amqp.headers import trusted_headers
 from consumer.errors import Poison
-from consumer.headers import trusted_headers
+from consumer.pipeline.envelope_parser import EnvelopeLimits, EnvelopeParser
 
 
 def test_an_unreadable_header_table_from_a_producer_is_poison() -> None:

@@ -3,10 +3,10 @@ from datetime import timedelta
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from consumer.config import broker_config
+from consumer.config.setting_errors import describe_settings_error, unknown_variables
+from consumer.config.settings import Settings
 from consumer.redact import redact_url, scrub
-from consumer.setting_errors import describe_settings_error, unknown_variables
-from consumer.settings import Settings
+from consumer.service.components import broker_config
 
 
 def settings(monkeypatch: pytest.MonkeyPatch, **env: str) -> Settings:

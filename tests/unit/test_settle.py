@@ -10,13 +10,13 @@ from typing import Any, cast
 import pytest
 from pamqp.commands import Basic
 
-from consumer import headers as h
-from consumer.acker import Acker
-from consumer.delivery import Delivery
+from consumer.amqp import headers as h
+from consumer.amqp.acker import Acker
+from consumer.amqp.delivery import Delivery
 from consumer.errors import PermanentError, Poison, PoisonReason, PublishFailed, TransientError
-from consumer.outcome import Applied, Failed, Outcome, OutcomeKind, Rejected
-from consumer.retry import DeadLetter, DeadLetterReason, Retry, Return
-from consumer.settle import Settler
+from consumer.pipeline.outcome import Applied, Failed, Outcome, OutcomeKind, Rejected
+from consumer.pipeline.retry import DeadLetter, DeadLetterReason, Retry, Return
+from consumer.service.settle import Settler
 from topology.names import RETRY_RUNG, Names
 
 NAMES = Names(service="svc", ingress="events")

@@ -1,5 +1,5 @@
-from consumer.config import topology_for
-from consumer.settings import Settings
+from consumer.config.settings import Settings
+from consumer.service.components import topology_for
 from topology.apply import _parse_value
 from topology.model import ExchangeType, QueueType, Topology
 

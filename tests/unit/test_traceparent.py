@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from consumer.traceparent import (
+from consumer.amqp.wire import HeaderTooDeep, UnreadableHeader
+from consumer.observe.traceparent import (
     MAX_TRACESTATE,
     TraceParent,
     format_traceparent,
     read_traceparent,
     read_tracestate,
 )
-from consumer.wire import HeaderTooDeep, UnreadableHeader
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 SPAN = "00f067aa0ba902b7"

@@ -17,14 +17,14 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from consumer.delivery import Ready
+from consumer.amqp.delivery import Ready
 from consumer.errors import ConfigError, TransientError
-from consumer.otel import OtelTracing
-from consumer.outcome import Applied, Failed, Outcome
-from consumer.retry import Retry
-from consumer.settle import Settled, Settler
-from consumer.traceparent import read_traceparent
-from consumer.tracing import Tracing, TracingSetup, exporters_from, trace_id_of
+from consumer.observe.otel import OtelTracing
+from consumer.observe.traceparent import read_traceparent
+from consumer.pipeline.outcome import Applied, Failed, Outcome
+from consumer.pipeline.retry import Retry
+from consumer.pipeline.tracing import Tracing, TracingSetup, exporters_from, trace_id_of
+from consumer.service.settle import Settled, Settler
 from tests.support import REPO
 from tests.unit.test_settle import NAMES, NOW, RecordingChannel, RecordingPublisher, deliveries
 
@@ -94,9 +94,9 @@ def _python(code: str, **environ: str) -> subprocess.CompletedProcess[str]:
 _OFF_PATH = """
     import sys
     {prelude}
-    from consumer.app import build_service  # the whole service's modules
-    from consumer.tracing import Tracing, TracingSetup
-    from consumer.delivery import Delivery
+    from consumer.service.app import build_service  # the whole service's modules
+    from consumer.pipeline.tracing import Tracing, TracingSetup
+    from consumer.amqp.delivery import Delivery
 
     setup = TracingSetup.from_environment("svc")
     with setup as tracing:

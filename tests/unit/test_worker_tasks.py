@@ -6,7 +6,7 @@ import asyncio
 from typing import Any, cast
 
 from consumer.errors import PipelineFault
-from consumer.worker_tasks import WorkerTasks
+from consumer.service.worker_tasks import WorkerTasks
 
 
 class Workers:

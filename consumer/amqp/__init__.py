@@ -1,0 +1,1 @@
+"""RabbitMQ: connections, channels, deliveries and acks, publishing, and the wire."""

@@ -1,0 +1,123 @@
+"""Opening connections to RabbitMQ, with errors that say where and why (and no password).
+
+Internal. ``CONSUMER_AMQP_URL`` may name several nodes of a cluster, comma-separated: each
+connection tries them in turn, starting after the one that last failed, so a dead node costs one
+attempt, not every reconnect's first.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import ssl
+from dataclasses import dataclass, field
+
+import aio_pika
+import aiormq
+from aio_pika.abc import AbstractConnection
+from pydantic import SecretStr
+
+from consumer.amqp import direct_consume, frames, wire
+from consumer.config.tls import TlsFiles, amqp_ssl_context, describe_tls_error, find_tls_error
+from consumer.errors import BrokerRejected, BrokerUnreachable
+from consumer.redact import redact_url, scrub
+
+__all__ = ["CONNECT_TIMEOUT", "BrokerConfig", "connect", "describe_amqp_error"]
+
+# aiormq logs each failed connection attempt itself, at ERROR. The service sends library records
+# to its JSON log (consumer.logs.route_library_logs, a root handler, which still gets them); a
+# one-shot command says what failed in its own single line, so without this handler the record
+# would reach stderr a second time through logging's last-resort handler.
+logging.getLogger("aiormq").addHandler(logging.NullHandler())
+
+
+CONNECT_TIMEOUT = 10.0
+"""Seconds to open a connection to one node: TCP, TLS and the AMQP handshake."""
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """Where RabbitMQ is and how to talk to it."""
+
+    urls: tuple[SecretStr, ...]
+    """Each node's URL, tried in turn."""
+    safe_url: str
+    tls: TlsFiles | None = None
+    service: str = "consumer"
+    prefetch: int = 400
+    publish_timeout: float = 10.0
+    _next: list[int] = field(default_factory=lambda: [0], compare=False, repr=False)
+
+    def connection_name(self, role: str) -> str:
+        """What ``rabbitmqctl list_connections client_properties`` shows for this process."""
+        return f"{self.service}/{role}@{socket.gethostname()}:{os.getpid()}"
+
+
+async def connect(config: BrokerConfig, role: str) -> AbstractConnection:
+    """A plain (not self-reconnecting) connection to the first node that takes it, trying them
+    in turn: the service supervises reconnects itself. No message can break it: the frame
+    decoder is made total first (:mod:`consumer.amqp.wire`), frames are read in bulk
+    (:mod:`consumer.amqp.frames`) and deliveries handed over without a task each
+    (:mod:`consumer.amqp.direct_consume`)."""
+    wire.install()
+    frames.install()
+    direct_consume.install()
+    try:
+        context = amqp_ssl_context(config.tls)
+    except (OSError, ssl.SSLError) as error:  # checked at start-up; changed since
+        raise BrokerRejected(
+            f"cannot connect to RabbitMQ at {config.safe_url}: cannot load the TLS files: "
+            f"{error.strerror or error}"
+        ) from None
+    urls = [url.get_secret_value() for url in config.urls]
+    start = config._next[0] % len(urls)
+    failure: BrokerUnreachable | None = None
+    for offset in range(len(urls)):
+        index = (start + offset) % len(urls)
+        where = f"cannot connect to RabbitMQ at {redact_url(urls[index])}"
+        try:
+            connection = await aio_pika.connect(
+                urls[index],
+                client_properties={"connection_name": config.connection_name(role)},
+                timeout=CONNECT_TIMEOUT,
+                ssl_context=context,
+            )
+        except (OSError, aiormq.exceptions.AMQPError, TimeoutError) as error:
+            if _rejected(error):
+                raise BrokerRejected(f"{where}: {describe_amqp_error(error)}") from None
+            failure = BrokerUnreachable(f"{where}: {describe_amqp_error(error)}")
+            # The next connection starts after this node.
+            config._next[0] = index + 1
+            continue
+        config._next[0] = index
+        return connection
+    assert failure is not None
+    raise failure
+
+
+def _rejected(error: BaseException) -> bool:
+    if isinstance(error, aiormq.exceptions.ProbableAuthenticationError):
+        return True
+    return isinstance(find_tls_error(error), ssl.SSLCertVerificationError)
+
+
+def describe_amqp_error(error: BaseException) -> str:
+    """A short account of a connection error that never includes the URL it came from."""
+    if isinstance(error, aiormq.exceptions.ProbableAuthenticationError):
+        return "authentication failed (check the user and password in CONSUMER_AMQP_URL)"
+    tls = find_tls_error(error)
+    if isinstance(tls, ssl.SSLCertVerificationError):
+        hint = "check CONSUMER_AMQP_CA_FILE"
+        if "mismatch" in str(tls.verify_message).lower():
+            hint = "the URL's host must be a name in the certificate"
+        return f"{describe_tls_error(tls)} ({hint})"
+    if tls is not None:
+        if "CERTIFICATE_REQUIRED" in str(tls.reason):
+            return f"{describe_tls_error(tls)} (the broker wants CONSUMER_AMQP_CERT_FILE)"
+        return describe_tls_error(tls)
+    if isinstance(error, TimeoutError):
+        return "timed out"
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return scrub(str(error) or type(error).__name__)

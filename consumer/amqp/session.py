@@ -1,0 +1,191 @@
+"""Two connections to RabbitMQ, one to consume and one to publish, for as long as both live.
+
+The consume channel carries deliveries and their acks (its prefetch bounds what is in flight); the
+publish channel is in confirm mode, for retry and dead-letter copies. They are separate
+connections, as RabbitMQ advises: during a memory or disk alarm the broker blocks every connection
+that publishes, and the acks of committed events must not wait behind a blocked retry publish. A
+:class:`BrokerSession` never reconnects by itself: when a connection or a channel closes,
+:attr:`closed` resolves and the service opens a new session. Delivery tags of the old channel die
+with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from datetime import timedelta
+from types import TracebackType
+from typing import Any
+
+import aiormq
+from aio_pika.abc import AbstractChannel, AbstractConnection
+from aiormq.abc import DeliveredMessage
+
+from consumer.amqp.acker import Acker
+from consumer.amqp.connect import BrokerConfig, connect, describe_amqp_error
+from consumer.amqp.delivery import Delivery
+from consumer.amqp.direct_consume import consume_direct
+from consumer.amqp.headers import trusted_headers
+from consumer.amqp.publisher import Publisher
+from consumer.errors import TopologyMissing
+
+__all__ = ["BrokerSession"]
+from topology.apply import missing
+from topology.model import Topology
+
+
+class BrokerSession:
+    """An open connection, a consume channel and a confirm-mode publish channel."""
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        topology: Topology,
+        work_queue: str,
+        own_exchange: str,
+        on_delivery: Callable[[Delivery], None],
+        on_lost_acks: Callable[[int], None],
+        on_settled_twice: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._config = config
+        self._topology = topology
+        self._work_queue = work_queue
+        # Only what comes back from the service's own retry ladder may carry its headers.
+        self._own_exchange = own_exchange
+        self._on_delivery = on_delivery
+        self._on_lost_acks = on_lost_acks
+        self._on_settled_twice = on_settled_twice
+        self._connection: AbstractConnection | None = None
+        self._publish_connection: AbstractConnection | None = None
+        self._consume_channel: AbstractChannel | None = None
+        self._consume_underlay: Any = None
+        self._acker: Acker | None = None
+        self._consumer_tag: str | None = None
+        self.publisher: Publisher | None = None
+        self.closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def __aenter__(self) -> BrokerSession:
+        self._connection = await connect(self._config, "consume")
+        try:
+            self._connection.close_callbacks.add(self._closed_callback("consume connection"))
+            lacking = await missing(self._connection, self._topology)
+            if lacking:
+                raise TopologyMissing(
+                    f"the broker lacks {', '.join(lacking)}: run `consumer topology apply` first"
+                )
+            self._consume_channel = await self._connection.channel(publisher_confirms=False)
+            self._consume_channel.close_callbacks.add(self._closed_callback("consume channel"))
+            await self._consume_channel.set_qos(prefetch_count=self._config.prefetch)
+            self._consume_underlay = await self._consume_channel.get_underlay_channel()
+            self._consume_underlay.on_consumer_cancel_callbacks.add(self._cancelled_by_broker)
+            self._acker = Acker(
+                self._consume_underlay,
+                window=self._config.prefetch,
+                on_lost=self._on_lost_acks,
+                on_settled_twice=self._on_settled_twice,
+            )
+            self._publish_connection = await connect(self._config, "publish")
+            self._publish_connection.close_callbacks.add(
+                self._closed_callback("publish connection")
+            )
+            publish_channel = await self._publish_connection.channel(
+                publisher_confirms=True, on_return_raises=True
+            )
+            publish_channel.close_callbacks.add(self._closed_callback("publish channel"))
+            self.publisher = await Publisher.on(
+                publish_channel, confirm_within=timedelta(seconds=self._config.publish_timeout)
+            )
+        except BaseException:
+            await self._close()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._close()
+
+    def _closed_callback(self, what: str) -> Callable[..., None]:
+        def closed(_: object, reason: BaseException | None = None, *__: object) -> None:
+            if not self.closed.done():
+                detail = describe_amqp_error(reason) if reason is not None else "closed"
+                self.closed.set_result(f"{what} closed: {detail}")
+
+        return closed
+
+    def _cancelled_by_broker(self, _: object) -> None:
+        # The work queue was deleted (or its leader moved away): start over with a new session,
+        # whose topology check says what is missing.
+        if not self.closed.done():
+            self.closed.set_result("the broker cancelled our consumer")
+
+    async def _close(self) -> None:
+        if self._acker is not None:
+            # Acks for what has committed go out before the channel closes, while the consume
+            # channel lives (whichever of the session's parts closed first).
+            if self._acker.is_open:
+                await self._acker.send_all()
+            self._acker.close()
+        connections = (self._connection, self._publish_connection)
+        self._connection = self._publish_connection = None
+        self._consumer_tag = None
+        if not self.closed.done():
+            self.closed.set_result("closed by the service")
+        for connection in connections:
+            if connection is not None and not connection.is_closed:
+                with contextlib.suppress(
+                    TimeoutError, OSError, aiormq.exceptions.AMQPError, RuntimeError
+                ):
+                    await asyncio.wait_for(connection.close(), timeout=5)
+
+    @property
+    def is_open(self) -> bool:
+        return self._connection is not None and not self.closed.done()
+
+    @property
+    def unsettled(self) -> int:
+        """Deliveries received on the consume channel and not yet acked or nacked."""
+        return self._acker.unsettled if self._acker is not None and self.is_open else 0
+
+    def _deliver(self, message: DeliveredMessage) -> None:
+        """Each delivery, as the channel reads it (:mod:`consumer.amqp.direct_consume`)."""
+        assert self._acker is not None
+        raw = message.header.properties.headers
+        trusted = message.exchange == self._own_exchange
+        delivery = Delivery(message, self._acker, trusted_headers(raw, trusted=trusted))
+        # Called in delivery order: the acker learns every tag in order.
+        self._acker.received(delivery.delivery_tag)
+        self._on_delivery(delivery)
+
+    async def start_consuming(self) -> None:
+        if self._consume_underlay is None:
+            raise RuntimeError("the session is not open")
+        if self._consumer_tag is None:
+            consume_ok = await consume_direct(
+                self._consume_underlay, self._work_queue, self._deliver
+            )
+            self._consumer_tag = consume_ok.consumer_tag
+
+    async def stop_consuming(self) -> None:
+        """Cancel the consumer: no new deliveries; those already here stay ours to settle."""
+        tag, self._consumer_tag = self._consumer_tag, None
+        if tag is None or self._consume_underlay is None or not self.is_open:
+            return
+        # If the channel is going away, it takes the consumer with it.
+        with contextlib.suppress(
+            TimeoutError, aiormq.exceptions.AMQPError, RuntimeError, ConnectionError
+        ):
+            await self._consume_underlay.basic_cancel(tag, timeout=self._config.publish_timeout)
+
+    @property
+    def is_consuming(self) -> bool:
+        """True only if the broker still has our consumer on the work queue."""
+        channel = self._consume_channel
+        if self._consumer_tag is None or channel is None or not self.is_open or channel.is_closed:
+            return False
+        # The broker cancels a consumer when its queue is deleted: aiormq then drops the tag.
+        return self._consumer_tag in self._consume_underlay.consumers

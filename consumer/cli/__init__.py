@@ -1,0 +1,1 @@
+"""The ``consumer`` command and its subcommands."""

@@ -1,0 +1,1 @@
+"""``consumer dlq``: the dead-letter queue's tools."""

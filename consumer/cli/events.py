@@ -1,0 +1,188 @@
+"""``consumer events show EVENT_ID``: where one event is: applied, dead-lettered, or waiting in
+the retry ladder.
+
+Applied is a receipt (in ``receipts`` or ``receipts_legacy``). Dead-lettered and retrying are
+found by scanning the dead-letter queue and each rung's delay queue
+(:mod:`consumer.cli.dlq.stream`): AMQP has no lookup by id, so each queue is read from its head, at
+most ``--scan`` messages, held and given back in order. A rung's messages are held for the scan's
+few seconds, which delays their retry by as much; each one given back counts as a delivery (on
+RabbitMQ 4.0 to 4.2 a rung's default delivery limit of 20 would, after 20 scans, send it on to the
+work queue early: a retry sooner, nothing lost). The work queue itself is not scanned: it is the
+service's to consume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import aiormq
+import asyncpg
+from aio_pika.abc import AbstractConnection
+
+from consumer.amqp import headers as h
+from consumer.amqp.connect import connect, describe_amqp_error
+from consumer.cli.dlq.letters import DeadMessage, event_id_from, read_dead_letter
+from consumer.cli.dlq.main import positive_int
+from consumer.cli.dlq.output import shown
+from consumer.cli.dlq.stream import Delivered, QueueScan
+from consumer.cli.receipts import connect_or_fail
+from consumer.config.settings import Settings
+from consumer.config.startup import fail, load_handlers
+from consumer.db.database import describe_database_error
+from consumer.errors import BrokerUnreachable
+from consumer.pipeline.envelope_parser import EnvelopeParser
+from consumer.service.components import broker_config, envelope_limits, names_for
+
+__all__ = ["add_events_parser", "run_events"]
+
+DEFAULT_SCAN = 10_000
+_RECEIPTS = """
+SELECT 'receipts' AS held_in, type, occurred_at, received_at FROM receipts
+WHERE consumer = $1 AND event_id = $2
+UNION ALL
+SELECT 'receipts_legacy', type, NULL, received_at FROM receipts_legacy
+WHERE consumer = $1 AND event_id = $2
+ORDER BY received_at
+"""
+
+
+def add_events_parser(commands: Any) -> None:
+    events = commands.add_parser(
+        "events", help="where one event is: applied, dead-lettered or waiting to be retried"
+    )
+    actions = events.add_subparsers(dest="events_command", required=True)
+    show = actions.add_parser(
+        "show",
+        help="its receipt, its dead letters and its copies waiting in the retry ladder",
+        description="Reads the receipts, then scans the dead-letter queue and each retry rung "
+        "from its head (at most --scan messages each, given back in order).",
+    )
+    show.add_argument("event_id", type=UUID, help="the event's event_id")
+    show.add_argument(
+        "--scan",
+        type=positive_int,
+        default=DEFAULT_SCAN,
+        help=f"at most this many messages read from each queue (default {DEFAULT_SCAN})",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    queue: str
+    messages: list[Delivered]
+    read: int
+    present: int
+
+
+def run_events(settings: Settings, arguments: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_show(settings, arguments.event_id, arguments.scan))
+    except BrokerUnreachable as error:
+        fail(str(error))
+    except aiormq.exceptions.ChannelAccessRefused as error:
+        fail(f"RabbitMQ refused: {describe_amqp_error(error)}")
+
+
+async def _show(settings: Settings, event_id: UUID, scan: int) -> int:
+    receipts = await _receipts(settings, event_id)
+    for row in receipts:
+        occurred = f" occurred_at={row['occurred_at'].isoformat()}" if row["occurred_at"] else ""
+        print(
+            f"applied:        {shown(row['type'])}{occurred}, receipt written "
+            f"{row['received_at'].isoformat()} ({row['held_in']})"
+        )
+    if not receipts:
+        print("applied:        no receipt (not applied, or older than the receipts kept)")
+    names = names_for(settings)
+    registry = load_handlers(settings)
+    parser = EnvelopeParser(envelope_limits(settings))
+    queues = [("dead-lettered", names.dead)]
+    queues += [("retrying", names.rung(delay)) for delay in settings.retry_delays]
+    connection = await connect(broker_config(settings), "events")
+    located = bool(receipts)
+    try:
+        for what, queue in queues:
+            found = await _look(connection, queue, str(event_id), scan)
+            if found is None:
+                print(f"{what + ':':<15} {queue} does not exist")
+                continue
+            for letter in (
+                read_dead_letter(m, 0, registry=registry, parser=parser) for m in found.messages
+            ):
+                located = True
+                print(_line(what, queue, letter))
+            if not found.messages:
+                print(f"{what + ':':<15} not in {_extent(found)}")
+    finally:
+        await connection.close()
+    print(
+        f"not looked for in {names.work}, the service's own queue: an event found nowhere "
+        "else may be there, waiting or being processed"
+    )
+    return 0 if located else 1
+
+
+async def _receipts(settings: Settings, event_id: UUID) -> list[asyncpg.Record]:
+    conn = await connect_or_fail(settings)
+    try:
+        return list(await conn.fetch(_RECEIPTS, settings.name, event_id))
+    except asyncpg.PostgresError as error:
+        fail(f"cannot read the receipts: {describe_database_error(error)}")
+    finally:
+        await conn.close()
+
+
+async def _look(
+    connection: AbstractConnection, queue: str, event_id: str, limit: int
+) -> Found | None:
+    """The letters of ``event_id`` among the first ``limit`` messages of ``queue``; ``None`` if
+    the queue does not exist."""
+    hits: list[Delivered] = []
+    read = 0
+    try:
+        async with QueueScan(connection, queue=queue) as scan:
+            async for held in scan.messages(limit):
+                read += 1
+                # Only the id is decoded for every message; a hit is read in full.
+                if event_id_from(held.message.body) == event_id:
+                    hits.append(held.message)
+            present = scan.present
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        return None
+    return Found(queue, hits, read, present)
+
+
+def _extent(found: Found) -> str:
+    if found.read < found.present:
+        return f"the first {found.read} of the {found.present} in {found.queue} (--scan)"
+    return f"{found.queue} ({found.read} read)"
+
+
+def _line(what: str, queue: str, letter: DeadMessage) -> str:
+    error = f"{shown(letter.error_class or '')} {shown(letter.error_message or '', 200)}".strip()
+    if what == "dead-lettered":
+        when = letter.dead_lettered_at.isoformat() if letter.dead_lettered_at else "?"
+        return (
+            f"dead-lettered:  in {queue}, reason {shown(letter.reason)}, at {when}, after "
+            f"{letter.attempts} retries; {error}"
+        )
+    last = _stamp(letter.headers.get(h.LAST_FAILURE_AT))
+    return (
+        f"retrying:       in {queue}, retry {letter.attempts} of the ladder, last failure "
+        f"{last}; {error}"
+    )
+
+
+def _stamp(value: object) -> str:
+    text = h.text(value)
+    if text is None:
+        return "?"
+    try:
+        return datetime.fromisoformat(text).isoformat()
+    except ValueError:
+        return shown(text)

@@ -1,0 +1,212 @@
+"""``consumer {run,migrate,topology,publish,dlq,events}`` and ``consumer --version``.
+
+``python -m consumer`` is the same command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from uuid import UUID
+
+import asyncpg
+
+from consumer.cli.producer import PublishRequest, publish_event
+from consumer.config.settings import Settings
+from consumer.config.startup import EXIT_CONFIG, fail, load_handlers, load_settings
+from consumer.db.database import describe_database_error
+from consumer.db.migration_sets import MigrationSet, migration_sets
+from consumer.db.migrations import create_database_if_missing, migrate
+from consumer.errors import (
+    BrokerUnreachable,
+    ConfigError,
+    MigrationError,
+    PublishFailed,
+)
+from consumer.pipeline.tracing import TracingSetup
+from consumer.service.app import run
+from consumer.service.components import broker_config, database_config, memory_budget
+from consumer.service.memory import check_memory_budget
+from consumer.version import __version__
+
+__all__ = ["EXIT_SECOND_SIGNAL", "main"]
+
+EXIT_SECOND_SIGNAL = 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="consumer",
+        description="Apply RabbitMQ events to PostgreSQL exactly once.",
+        epilog="Settings come from CONSUMER_* environment variables; see the README.",
+    )
+    parser.add_argument("--version", action="version", version=f"rabbit-pg-consumer {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("run", help="consume the work queue until SIGTERM or SIGINT")
+
+    migrate_cmd = commands.add_parser(
+        "migrate",
+        help="apply the SQL migrations: the service's, then each handler module's",
+        description="Apply the service's migrations, then those of each module in "
+        "CONSUMER_HANDLERS that declares a MIGRATIONS folder, in that order.",
+    )
+    migrate_cmd.add_argument(
+        "--create-database",
+        action="store_true",
+        help="create the database named in CONSUMER_DATABASE_URL if it does not exist",
+    )
+
+    publish_cmd = commands.add_parser("publish", help="publish one event by hand")
+    publish_cmd.add_argument("--type", required=True, help="event type, also the routing key")
+    body = publish_cmd.add_mutually_exclusive_group(required=True)
+    body.add_argument("--payload", help="the payload as a JSON object")
+    body.add_argument("--raw-body", help="send this exact body instead of an envelope")
+    publish_cmd.add_argument("--event-id", type=UUID, help="defaults to a new UUID")
+    publish_cmd.add_argument(
+        "--occurred-at",
+        type=_aware_time,
+        help="RFC 3339 with an offset; defaults to now. Publishing an event again (a retry) "
+        "needs the same --event-id and --occurred-at",
+    )
+    publish_cmd.add_argument("--correlation-id")
+
+    from consumer.cli.dlq.main import add_dlq_parser
+    from consumer.cli.events import add_events_parser
+    from consumer.cli.receipts import add_receipts_parser
+    from consumer.cli.topology.main import add_topology_parser
+
+    add_topology_parser(commands)
+    add_dlq_parser(commands)
+    add_receipts_parser(commands)
+    add_events_parser(commands)
+    return parser
+
+
+def _aware_time(text: str) -> datetime:
+    try:
+        stamp = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not an RFC 3339 time") from None
+    if stamp.tzinfo is None:
+        raise argparse.ArgumentTypeError("needs an offset (Z or +01:00)")
+    return stamp
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = _parser().parse_args(argv)
+    settings = load_settings()
+    if arguments.command == "run":
+        return _run(settings)
+    if arguments.command == "migrate":
+        return _migrate_command(settings, create_database=arguments.create_database)
+    if arguments.command == "publish":
+        return asyncio.run(_publish(settings, arguments))
+    if arguments.command == "topology":
+        from consumer.cli.topology.main import run_topology
+
+        return run_topology(settings, arguments)
+    if arguments.command == "receipts":
+        from consumer.cli.receipts import run_receipts
+
+        return run_receipts(settings, arguments)
+    if arguments.command == "events":
+        from consumer.cli.events import run_events
+
+        return run_events(settings, arguments)
+    from consumer.cli.dlq.main import run_dlq
+
+    return run_dlq(settings, arguments)
+
+
+# -- run ----------------------------------------------------------------------------------------
+
+
+def _run(settings: Settings) -> int:
+    registry = load_handlers(settings)
+    try:
+        check_memory_budget(memory_budget(settings))
+    except ConfigError as error:
+        fail(str(error), EXIT_CONFIG)
+    return run(settings, registry)
+
+
+# -- migrate ------------------------------------------------------------------------------------
+
+
+def _migrate_command(settings: Settings, *, create_database: bool) -> int:
+    try:
+        sets = migration_sets(settings.handlers)
+    except ConfigError as error:
+        fail(str(error), EXIT_CONFIG)
+    return asyncio.run(_migrate(settings, sets, create_database=create_database))
+
+
+async def _migrate(settings: Settings, sets: list[MigrationSet], *, create_database: bool) -> int:
+    database = database_config(settings)
+    dsn, connect = database.dsn, database.connector()
+    try:
+        if create_database:
+            name = database.database_name
+            admin = await connect(dsn, database="postgres")
+            try:
+                if await create_database_if_missing(admin, name):
+                    print(f"created database {name}")
+            finally:
+                await admin.close()
+        conn = await connect(dsn)
+    except ConfigError as error:
+        fail(str(error), EXIT_CONFIG)
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+        fail(f"cannot connect to {settings.safe_database_url}: {describe_database_error(error)}")
+    try:
+        report = await migrate(conn, sets)
+    except MigrationError as error:
+        fail(str(error))
+    except asyncpg.PostgresError as error:
+        fail(f"migration failed: {describe_database_error(error)}")
+    finally:
+        await conn.close()
+    for label in report.recorded:
+        print(f"recorded {label} (applied under the old ledger, schema_migrations)")
+    for label in report.applied:
+        print(f"applied {label}")
+    if not report.recorded and not report.applied:
+        print("database is up to date")
+    return 0
+
+
+# -- publish ------------------------------------------------------------------------------------
+
+
+async def _publish(settings: Settings, arguments: argparse.Namespace) -> int:
+    if arguments.payload is not None:
+        try:
+            payload = json.loads(arguments.payload)
+        except json.JSONDecodeError as error:
+            fail(f"--payload is not JSON: {error}", EXIT_CONFIG)
+        if not isinstance(payload, dict):
+            fail("--payload must be a JSON object", EXIT_CONFIG)
+    request = PublishRequest(
+        event_type=arguments.type,
+        payload=payload if arguments.payload is not None else None,
+        raw_body=arguments.raw_body.encode() if arguments.raw_body is not None else None,
+        event_id=arguments.event_id,
+        correlation_id=arguments.correlation_id,
+        occurred_at=arguments.occurred_at,
+    )
+    try:
+        tracing = TracingSetup.from_environment(settings.name)
+    except ConfigError as error:
+        fail(str(error), EXIT_CONFIG)
+    try:
+        async with tracing as tracer:
+            event_id = await publish_event(
+                broker_config(settings), settings.exchange, request, tracing=tracer
+            )
+    except (BrokerUnreachable, ConfigError, PublishFailed) as error:
+        fail(str(error))
+    print(event_id)
+    return 0

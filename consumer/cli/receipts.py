@@ -1,0 +1,88 @@
+"""``consumer receipts prune [--dry-run]``: one round of receipt partition upkeep by hand.
+
+The service runs the same round every ``CONSUMER_RECEIPT_PRUNE_INTERVAL``; this is for a cron job
+where it cannot, for a look at what would go (``--dry-run``), and for the benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+import asyncpg
+
+from consumer.config.settings import Settings
+from consumer.config.startup import EXIT_CONFIG, fail
+from consumer.db.database import describe_database_error
+from consumer.db.pruning import PruneReport, ReceiptPruner
+from consumer.errors import ConfigError
+from consumer.service.components import database_config, receipt_window
+
+__all__ = ["add_receipts_parser", "connect_or_fail", "run_receipts"]
+
+
+def add_receipts_parser(commands: Any) -> None:
+    """``receipts`` as a subcommand of ``consumer``."""
+    receipts = commands.add_parser(
+        "receipts",
+        help="drop the receipts older than CONSUMER_RECEIPT_RETENTION, whole partitions at once",
+        description="Make the receipt partitions ahead of time, then drop every partition wholly "
+        "older than CONSUMER_RECEIPT_RETENTION. One replica at a time: if another holds the "
+        "lock, nothing is done.",
+    )
+    actions = receipts.add_subparsers(dest="receipts_command", required=True)
+    prune = actions.add_parser("prune", help="one round of partition upkeep")
+    prune.add_argument(
+        "--dry-run", action="store_true", help="say what would be dropped; change nothing"
+    )
+
+
+def run_receipts(settings: Settings, arguments: argparse.Namespace) -> int:
+    return asyncio.run(_prune(settings, dry_run=arguments.dry_run))
+
+
+async def connect_or_fail(settings: Settings) -> Any:
+    """One database connection for a command, or its end with one line saying why not."""
+    database = database_config(settings)
+    try:
+        return await database.connector()(database.dsn)
+    except ConfigError as error:
+        fail(str(error), EXIT_CONFIG)
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+        fail(f"cannot connect to {settings.safe_database_url}: {describe_database_error(error)}")
+
+
+async def _prune(settings: Settings, *, dry_run: bool) -> int:
+    pruner = ReceiptPruner(
+        receipt_window(settings),
+        max_future_skew=settings.max_future_skew,
+        lock_wait=settings.receipt_prune_lock_wait,
+    )
+    conn = await connect_or_fail(settings)
+    try:
+        report = await pruner.prune(conn, dry_run=dry_run)
+        stats = await pruner.stats(conn)
+    except asyncpg.PostgresError as error:
+        fail(f"pruning failed, nothing of it kept: {describe_database_error(error)}")
+    finally:
+        await conn.close()
+    _print(report)
+    print(f"kept: {stats.partitions} partitions, about {stats.estimated_rows} receipts")
+    return 0
+
+
+def _print(report: PruneReport) -> None:
+    if not report.ran:
+        print("another replica is pruning now: nothing done")
+        return
+    verb = "would drop" if report.dry_run else "dropped"
+    if report.created:
+        print(f"created {report.created} partitions ahead")
+    for dropped in report.dropped:
+        print(
+            f"{verb} {dropped.partition} [{dropped.starts.isoformat()}, "
+            f"{dropped.ends.isoformat()}), about {dropped.estimated_rows} receipts"
+        )
+    if not report.dropped:
+        print("nothing older than the retention")

@@ -1,0 +1,1 @@
+"""``consumer topology``: the broker's plan applied, checked and migrated."""

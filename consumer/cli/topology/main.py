@@ -1,0 +1,97 @@
+"""``consumer topology apply|check|migrate`` (also ``python -m topology``): the broker bootstrap."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+import aiormq
+
+from consumer.amqp.connect import BrokerConfig, connect, describe_amqp_error
+from consumer.cli.topology.migrate import add_migrate_parser, run_migrate
+from consumer.config.settings import Settings
+from consumer.config.startup import fail, load_handlers
+from consumer.errors import BrokerUnreachable, TopologyConflict, TopologyError, TopologyMissing
+from consumer.service.components import broker_config, topology_for
+from topology.apply import apply_topology, find_conflicts, missing
+from topology.model import Topology
+
+__all__ = ["add_topology_parser", "run_topology"]
+
+_DESCRIPTION = "Declare (or check) the exchanges, queues and bindings the consumer needs."
+
+
+def add_topology_parser(commands: Any) -> None:
+    """``topology`` as a subcommand of ``consumer``."""
+    topology = commands.add_parser(
+        "topology", help="declare or check the broker topology", description=_DESCRIPTION
+    )
+    _add_actions(topology)
+
+
+def _add_actions(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="topology_command", required=True)
+    apply = actions.add_parser("apply", help="declare everything; a no-op when already there")
+    apply.add_argument(
+        "--dry-run", action="store_true", help="print the plan; do not connect to the broker"
+    )
+    actions.add_parser("check", help="report what is missing or differs; change nothing")
+    add_migrate_parser(actions)
+
+
+async def _apply(broker: BrokerConfig, topology: Topology) -> int:
+    connection = await connect(broker, "topology")
+    try:
+        report = await apply_topology(connection, topology)
+    finally:
+        await connection.close()
+    if report.conflicts:
+        raise TopologyConflict(
+            "existing topology differs from the plan, nothing was changed: "
+            + "; ".join(difference.describe() for difference in report.conflicts)
+            + " (`consumer topology migrate` moves an install to a new plan)"
+        )
+    for line in report.created:
+        print(f"created {line}")
+    for line in report.unchanged:
+        print(f"exists  {line}")
+    print(f"bound   {report.bindings} bindings")
+    return 0
+
+
+async def _check(broker: BrokerConfig, topology: Topology) -> int:
+    connection = await connect(broker, "topology")
+    try:
+        lacking = await missing(connection, topology)
+        if lacking:
+            raise TopologyMissing(
+                f"the broker lacks {', '.join(lacking)}: run `consumer topology apply` first"
+            )
+        differences = await find_conflicts(connection, topology)
+    finally:
+        await connection.close()
+    for difference in differences:
+        print(difference.describe())
+    if differences:
+        return 1
+    print("topology is in place")
+    return 0
+
+
+def run_topology(settings: Settings, arguments: argparse.Namespace) -> int:
+    if arguments.topology_command == "migrate":
+        return run_migrate(settings, arguments)
+    registry = load_handlers(settings)
+    topology = topology_for(settings, registry)
+    if arguments.topology_command == "apply" and arguments.dry_run:
+        for line in topology.describe():
+            print(line)
+        return 0
+    runner = _apply if arguments.topology_command == "apply" else _check
+    try:
+        return asyncio.run(runner(broker_config(settings), topology))
+    except (TopologyError, BrokerUnreachable) as error:
+        fail(str(error))
+    except aiormq.exceptions.ChannelAccessRefused as error:
+        fail(f"RabbitMQ refused: {describe_amqp_error(error)} (the bootstrap user needs configure)")

@@ -1,0 +1,164 @@
+"""``consumer topology migrate``: move an install from the plan its old settings gave to the one
+the environment's settings give, while the consumers keep running.
+
+The environment holds the new settings (as the new replicas will get them); ``--from-*`` say what
+the old ones were, for the settings a migration may change: the retry ladder, the delivery limit
+and the work queue's generation. ``--rollback`` migrates back, from the new plan to the old.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import aiormq
+from aio_pika.abc import AbstractIncomingMessage
+from pydantic import ValidationError
+
+from consumer.amqp import headers as h
+from consumer.amqp.connect import BrokerConfig, connect, describe_amqp_error
+from consumer.config.settings import Settings
+from consumer.config.startup import EXIT_CONFIG, fail, load_handlers
+from consumer.durations import parse_duration
+from consumer.errors import BrokerUnreachable
+from consumer.service.components import broker_config, topology_spec
+from topology.migrate import MigrationConflict, MigrationReport, StepResult, run_migration
+from topology.migration_plan import MigrationPlan, MigrationRefused, plan_migration
+from topology.mover import MoveFailed
+from topology.names import Names
+
+__all__ = ["EXIT_PENDING", "add_migrate_parser", "moved_headers", "run_migrate"]
+
+EXIT_PENDING = 75
+"""EX_TEMPFAIL: the migration went as far as it can for now; run it again later."""
+
+# Flag -> the setting it gives the old value of.
+_FROM = {
+    "from_retry_delays": "retry_delays",
+    "from_delivery_limit": "delivery_limit",
+    "from_work_queue_version": "work_queue_version",
+}
+
+
+def add_migrate_parser(actions: Any) -> None:
+    """``migrate`` as an action of ``consumer topology``."""
+    migrate = actions.add_parser(
+        "migrate",
+        help="move to the plan of the current settings from the one of the --from settings",
+        description="Move an install from the plan of its old settings (--from-*) to the plan "
+        "of the current ones, while the consumers run, losing no message.",
+    )
+    migrate.add_argument("--from-retry-delays", metavar="DELAYS", help="the old ladder")
+    migrate.add_argument("--from-delivery-limit", metavar="N", help="the old delivery limit")
+    migrate.add_argument(
+        "--from-work-queue-version", metavar="N", help="the old CONSUMER_WORK_QUEUE_VERSION"
+    )
+    migrate.add_argument(
+        "--dry-run", action="store_true", help="print the steps; do not connect to the broker"
+    )
+    migrate.add_argument(
+        "--rollback", action="store_true", help="migrate back, from the new plan to the old"
+    )
+    migrate.add_argument(
+        "--wait",
+        type=parse_duration,
+        default=parse_duration("0s"),
+        metavar="DURATION",
+        help="how long to wait for the old work queue's last consumers to go (default 0s)",
+    )
+
+
+def old_settings(settings: Settings, arguments: argparse.Namespace) -> Settings:
+    """The settings the install was set up with: the current ones, with the ``--from-*``."""
+    changes = {
+        field: getattr(arguments, flag)
+        for flag, field in _FROM.items()
+        if getattr(arguments, flag) is not None
+    }
+    try:
+        return Settings.model_validate({**settings.model_dump(), **changes})
+    except ValidationError as error:
+        problems = [
+            f"--from-{str(detail['loc'][0]).replace('_', '-')}: "
+            + detail["msg"].removeprefix("Value error, ")
+            for detail in error.errors(include_url=False)
+        ]
+        fail("invalid " + "; ".join(problems), EXIT_CONFIG)
+
+
+def moved_headers(names: Names) -> Callable[[AbstractIncomingMessage], dict[str, Any]]:
+    """The headers of a copy moved out of a work queue: it goes through the service's own
+    redeliver exchange, which the service trusts, so it keeps only what the service would have
+    trusted in the original (its own headers if the original came back from the ladder, none of
+    a producer's), and the exchange and routing key it was first published to."""
+
+    def rewrite(message: AbstractIncomingMessage) -> dict[str, Any]:
+        own = message.exchange == names.redeliver
+        copy = h.trusted_headers(dict(message.headers or {}), trusted=own)
+        if not own:
+            copy.setdefault(h.ORIGINAL_EXCHANGE, message.exchange or "")
+            copy.setdefault(h.ORIGINAL_ROUTING_KEY, message.routing_key or "")
+        return copy
+
+    return rewrite
+
+
+def _print_step(number: int, result: StepResult) -> None:
+    print(f"{number:>2}. {result.step.describe()}: {result.outcome}", flush=True)
+
+
+async def _migrate(
+    broker: BrokerConfig, plan: MigrationPlan, names: Names, wait: float
+) -> MigrationReport:
+    connection = await connect(broker, "topology")
+    try:
+        return await run_migration(
+            connection,
+            plan,
+            rewrite_work_headers=moved_headers(names),
+            confirm_timeout=broker.publish_timeout,
+            wait=wait,
+            on_step=_print_step,
+        )
+    finally:
+        await connection.close()
+
+
+def run_migrate(settings: Settings, arguments: argparse.Namespace) -> int:
+    registry = load_handlers(settings)
+    old, new = old_settings(settings, arguments), settings
+    if arguments.rollback:
+        old, new = new, old
+    try:
+        plan = plan_migration(topology_spec(old, registry), topology_spec(new, registry))
+    except MigrationRefused as error:
+        fail(str(error), EXIT_CONFIG)
+    if plan.changes_nothing:
+        print("nothing to migrate: the two plans are the same")
+        return 0
+    if arguments.dry_run:
+        for line in plan.describe():
+            print(line)
+        return 0
+    names = topology_spec(new, registry).names
+    try:
+        report = asyncio.run(
+            _migrate(broker_config(settings), plan, names, arguments.wait.total_seconds())
+        )
+    except MigrationConflict as error:
+        fail(f"{error}: nothing past this step was done")
+    except MoveFailed as error:
+        fail(f"{error}: run the migration again to resume it")
+    except BrokerUnreachable as error:
+        fail(str(error))
+    except aiormq.exceptions.ChannelAccessRefused as error:
+        fail(f"RabbitMQ refused: {describe_amqp_error(error)} (run it as the bootstrap user)")
+    except (aiormq.exceptions.AMQPError, ConnectionError, TimeoutError) as error:
+        fail(f"lost RabbitMQ: {describe_amqp_error(error)}: run the migration again to resume it")
+    if report.pending is not None:
+        print(f"pending: {report.pending}", flush=True)
+        return EXIT_PENDING
+    print(f"migrated: {names.work} is the work queue")
+    return 0

@@ -1,0 +1,1 @@
+"""The settings: read, checked, and said back in one line when bad."""

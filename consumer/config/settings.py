@@ -1,0 +1,370 @@
+"""The service's settings: one typed object, read from ``CONSUMER_*`` environment variables once in
+``main()`` and passed to whatever needs it.
+
+Durations are written with a unit (``500ms``, ``5s``, ``2m``, ``1h``, ``1d``, or compounds such as
+``1m30s``; a bare number is seconds). Choices such as the log level are case-insensitive. A bad
+value raises ``pydantic.ValidationError``;
+:func:`consumer.config.setting_errors.describe_settings_error` turns it into the one line start-up
+prints, and :func:`consumer.config.setting_errors.unknown_variables` finds the ``CONSUMER_*``
+variables that are not settings. How each value is parsed and checked is in
+:mod:`consumer.config.setting_values`.
+"""
+
+from __future__ import annotations
+
+import ssl
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import parse_qs, urlsplit
+
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ByteSize,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from consumer.config.setting_values import (
+    ENV_PREFIX,
+    NAME,
+    SECRET_FROM_FILE,
+    VERIFYING_SSLMODES,
+    WRITABLE_SESSIONS,
+    Duration,
+    LogFormat,
+    LogLevel,
+    SslMode,
+    check_one_amqp_url,
+    env_name,
+    module_name,
+    read_secret_file,
+    readable_file,
+    split_ladder,
+    split_list,
+    split_urls,
+)
+from consumer.config.tls import no_passphrase
+from consumer.durations import parse_duration
+from consumer.redact import redact_url
+from topology.durations import format_duration
+
+__all__ = [
+    "DEFAULT_HANDLER_MODULES",
+    "ENV_PREFIX",
+    "VERIFYING_SSLMODES",
+    "Duration",
+    "LogFormat",
+    "LogLevel",
+    "Settings",
+    "SslMode",
+    "split_urls",
+]
+
+DEFAULT_HANDLER_MODULES = (
+    "consumer.handlers.inventory",
+    "consumer.handlers.notifications",
+)
+
+
+class Settings(BaseSettings):
+    """Everything the service can be told. Field ``x`` is read from ``CONSUMER_X``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        case_sensitive=False,
+        frozen=True,
+        extra="ignore",
+    )
+
+    amqp_url: SecretStr = SecretStr("amqp://guest:guest@127.0.0.1:5672/")
+    database_url: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:5432/consumer")
+    name: str = "consumer"
+    exchange: str = "events"
+    prefetch: int = Field(default=400, ge=1, le=65535)
+    db_pool_size: int = Field(default=4, ge=1, le=1000)
+    workers: int | None = Field(default=None, ge=1, le=1000)
+    """Unset: follows from the prefetch (:func:`consumer.service.components.worker_count`)."""
+    batch_size: int | None = Field(default=None, ge=1, le=1000)
+    """Unset: follows from the prefetch (:func:`consumer.service.components.batch_size`)."""
+    batch_wait: Annotated[timedelta, BeforeValidator(parse_duration)] = timedelta(milliseconds=10)
+    batch_lock_timeout: Duration = timedelta(milliseconds=100)
+    db_stall_timeout: Duration = timedelta(seconds=5)
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(default=8080, ge=1, le=65535)
+    retry_delays: Annotated[tuple[Duration, ...], NoDecode, BeforeValidator(split_ladder)] = (
+        timedelta(seconds=1),
+        timedelta(seconds=5),
+        timedelta(seconds=30),
+        timedelta(minutes=2),
+        timedelta(minutes=10),
+    )
+    retry_jitter: float = Field(default=0.0, ge=0.0, le=1.0)
+    delivery_limit: int = Field(default=20, ge=1, le=1000)
+    work_queue_version: int = Field(default=1, ge=1, le=1_000_000)
+    """The work queue's generation: 1 is ``<name>.work``, n is ``<name>.work.v<n>``."""
+    quorum_initial_group_size: int | None = Field(default=None, ge=1, le=99)
+    """Replicas for each quorum queue at creation; unset, the broker's default."""
+    handlers: Annotated[
+        tuple[Annotated[str, AfterValidator(module_name)], ...],
+        NoDecode,
+        BeforeValidator(split_list),
+    ] = DEFAULT_HANDLER_MODULES
+    handler_timeout: Duration = timedelta(seconds=15)
+    hard_timeout: Duration = timedelta(seconds=20)
+    shutdown_grace: Duration = timedelta(seconds=30)
+    publish_timeout: Duration = timedelta(seconds=10)
+    reconnect_max_delay: Duration = timedelta(seconds=30)
+    max_body_bytes: int = Field(default=256 * 1024, ge=64, le=128 * 1024 * 1024)
+    max_json_depth: int = Field(default=32, ge=2, le=512)
+    max_json_containers: int = Field(default=10_000, ge=10, le=10_000_000)
+    # What the process may use, to budget prefetched bodies against (consumer.service.memory);
+    # unset: the container's limit (cgroup) if it has one.
+    memory_limit: ByteSize | None = None
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    max_future_skew: Duration = timedelta(hours=24)
+    # Receipts retention (consumer.db.retention): how long a receipt is kept, how much sooner than
+    # that an event is refused as expired, the span of one partition, and how often one replica
+    # drops the partitions past the retention.
+    receipt_retention: Duration = timedelta(days=7)
+    receipt_margin: Duration = timedelta(hours=1)
+    # An hour: the partition being written stays small, and the receipt insert costs with a week
+    # of receipts kept what it costs in an empty table (README "Performance").
+    receipt_partition: Duration = timedelta(hours=1)
+    receipt_prune_interval: Duration = timedelta(minutes=10)
+    # How long a prune waits for the receipts' lock: inserts queued behind it wait as long.
+    receipt_prune_lock_wait: Duration = timedelta(milliseconds=200)
+    allow_extra_fields: bool = False
+    log_level: LogLevel = "INFO"
+    log_format: LogFormat = "auto"
+    log_payloads: bool = False
+    # Read by _secrets_from_files before anything else; kept to show where the URL came from.
+    amqp_url_file: Path | None = None
+    database_url_file: Path | None = None
+    # TLS to RabbitMQ (amqps:// URLs): the CA to trust (default: the system's), a client
+    # certificate and key, and whether the URL's host must be named in the broker's certificate.
+    amqp_ca_file: Path | None = None
+    amqp_cert_file: Path | None = None
+    amqp_key_file: Path | None = Field(default=None, validate_default=True)
+    amqp_verify_hostname: bool = True
+    # TLS to PostgreSQL, libpq's meaning; they override sslmode= and sslrootcert= in the URL.
+    database_sslmode: SslMode | None = None
+    database_sslrootcert: Path | None = Field(default=None, validate_default=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets_from_files(cls, data: Any) -> Any:
+        """``CONSUMER_AMQP_URL_FILE`` and ``CONSUMER_DATABASE_URL_FILE``: the URL from a file."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for field in SECRET_FROM_FILE:
+            path = data.get(f"{field}_file")
+            if path is None or path == "":
+                continue
+            if data.get(field) not in (None, ""):
+                name = env_name(field)
+                raise ValueError(f"{name} and {name}_FILE are both set: set only one of them")
+            data[field] = read_secret_file(field, path)
+        return data
+
+    @field_validator("amqp_url")
+    @classmethod
+    def _check_amqp_url(cls, value: SecretStr) -> SecretStr:
+        urls = split_urls(value.get_secret_value())
+        if not urls:
+            raise ValueError("is empty")
+        schemes = set()
+        for url in urls:
+            check_one_amqp_url(url, several=len(urls) > 1)
+            schemes.add(urlsplit(url).scheme)
+        if len(schemes) > 1:
+            # One set of TLS files serves every node: a mixed list would silently drop TLS.
+            raise ValueError("mixes amqp:// and amqps:// URLs: use one scheme for every node")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, value: SecretStr) -> SecretStr:
+        parts = urlsplit(value.get_secret_value())
+        if parts.scheme not in ("postgres", "postgresql"):
+            raise ValueError("must be a postgresql:// URL")
+        if "," not in parts.netloc:  # several hosts: asyncpg parses them itself
+            try:
+                parts.port  # noqa: B018 - raises on a port that is not a number in range
+            except ValueError:
+                raise ValueError("has a port that is not a number from 0 to 65535") from None
+            return value
+        # With several hosts asyncpg takes the first that answers, a standby too: every write
+        # would then fail as if the event were at fault, and be dead-lettered.
+        wanted = parse_qs(parts.query).get("target_session_attrs", ["any"])[-1]
+        if wanted not in WRITABLE_SESSIONS:
+            raise ValueError(
+                "names several hosts: add target_session_attrs=read-write so that the service "
+                "only ever writes to the primary"
+            )
+        return value
+
+    @field_validator("http_host")
+    @classmethod
+    def _check_http_host(cls, value: str) -> str:
+        if not value.strip():
+            # aiohttp would listen on every interface: say so explicitly if that is wanted.
+            raise ValueError("is empty (to listen on every interface say 0.0.0.0 or ::)")
+        return value
+
+    @field_validator("amqp_ca_file", "amqp_cert_file")
+    @classmethod
+    def _check_amqp_tls_file(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
+        url = info.data.get("amqp_url")
+        if url is not None and urlsplit(url.get_secret_value()).scheme != "amqps":
+            raise ValueError("is set but CONSUMER_AMQP_URL is not an amqps:// (TLS) URL")
+        readable_file(value)
+        if info.field_name == "amqp_ca_file":
+            try:
+                ssl.create_default_context(cafile=str(value))
+            except ssl.SSLError:
+                raise ValueError(f"{value} holds no PEM CA certificate") from None
+        return value
+
+    @field_validator("amqp_key_file")
+    @classmethod
+    def _check_amqp_key(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        cert = info.data.get("amqp_cert_file")
+        if value is None:
+            if cert is not None:
+                raise ValueError("is needed with CONSUMER_AMQP_CERT_FILE")
+            return None
+        if cert is None:
+            if "amqp_cert_file" in info.data:  # not merely invalid: missing
+                raise ValueError("is set without CONSUMER_AMQP_CERT_FILE")
+            return value
+        readable_file(value)
+        try:
+            ssl.create_default_context().load_cert_chain(
+                str(cert), str(value), password=no_passphrase
+            )
+        except ssl.SSLError:
+            raise ValueError(
+                f"cannot load {value} with CONSUMER_AMQP_CERT_FILE (both PEM, the key "
+                "unencrypted and the certificate's own)"
+            ) from None
+        return value
+
+    @field_validator("database_sslrootcert")
+    @classmethod
+    def _check_sslrootcert(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
+        readable_file(value)
+        mode = info.data.get("database_sslmode")
+        url = info.data.get("database_url")
+        if mode is None and url is not None:
+            given = parse_qs(urlsplit(url.get_secret_value()).query).get("sslmode")
+            mode = given[-1] if given else "prefer"
+        if mode is not None and mode not in VERIFYING_SSLMODES:
+            raise ValueError(
+                f"is set but sslmode is {mode}, which never checks the server's certificate: "
+                "set CONSUMER_DATABASE_SSLMODE=verify-full"
+            )
+        return value
+
+    @field_validator("name", "exchange")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not NAME.match(value):
+            raise ValueError("is not a usable name (letters, digits, '_', '.', '-'; at most 100)")
+        return value
+
+    @field_validator("retry_delays")
+    @classmethod
+    def _check_ladder(cls, value: tuple[timedelta, ...]) -> tuple[timedelta, ...]:
+        names = [format_duration(delay) for delay in value]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"has the same delay twice ({', '.join(twice)})")
+        if any(delay.total_seconds() * 1000 % 1 for delay in value):
+            raise ValueError("delays are whole milliseconds")
+        return value
+
+    @field_validator("workers")
+    @classmethod
+    def _check_workers(cls, value: int | None, info: ValidationInfo) -> int | None:
+        pool = info.data.get("db_pool_size")
+        if value is not None and pool is not None and value > pool:
+            raise ValueError(
+                f"must be at most CONSUMER_DB_POOL_SIZE ({pool}): each worker holds a connection"
+            )
+        return value
+
+    @field_validator("handlers")
+    @classmethod
+    def _check_handlers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("name at least one handler module")
+        return value
+
+    @field_validator("hard_timeout")
+    @classmethod
+    def _check_hard_timeout(cls, value: timedelta, info: ValidationInfo) -> timedelta:
+        soft = info.data.get("handler_timeout")
+        if soft is not None and value <= soft:
+            raise ValueError(
+                f"must be longer than CONSUMER_HANDLER_TIMEOUT ({format_duration(soft)})"
+            )
+        return value
+
+    @field_validator("receipt_margin")
+    @classmethod
+    def _check_receipt_margin(cls, value: timedelta, info: ValidationInfo) -> timedelta:
+        retention = info.data.get("receipt_retention")
+        if retention is not None and value >= retention:
+            raise ValueError(
+                f"must be shorter than CONSUMER_RECEIPT_RETENTION ({format_duration(retention)})"
+            )
+        return value
+
+    @field_validator("receipt_partition")
+    @classmethod
+    def _check_receipt_partition(cls, value: timedelta, info: ValidationInfo) -> timedelta:
+        retention = info.data.get("receipt_retention")
+        if value < timedelta(seconds=1) or value.total_seconds() % 1:
+            raise ValueError("must be whole seconds, at least 1s")
+        if retention is not None and value > retention:
+            raise ValueError(
+                f"must be no longer than CONSUMER_RECEIPT_RETENTION ({format_duration(retention)})"
+            )
+        return value
+
+    @property
+    def amqp_uses_tls(self) -> bool:
+        return urlsplit(split_urls(self.amqp_url.get_secret_value())[0]).scheme == "amqps"
+
+    @property
+    def safe_amqp_url(self) -> str:
+        return ",".join(redact_url(url) for url in split_urls(self.amqp_url.get_secret_value()))
+
+    @property
+    def safe_database_url(self) -> str:
+        return redact_url(self.database_url.get_secret_value())
+
+    def describe(self) -> dict[str, Any]:
+        """The settings as plain values, fit to log: URLs keep no password."""
+        values = self.model_dump()
+        values["amqp_url"] = self.safe_amqp_url
+        values["database_url"] = self.safe_database_url
+        for key, value in values.items():
+            if isinstance(value, timedelta):
+                values[key] = format_duration(value)
+            elif isinstance(value, Path):
+                values[key] = str(value)
+            elif isinstance(value, tuple) and value and isinstance(value[0], timedelta):
+                values[key] = ",".join(format_duration(item) for item in value)
+        return values

@@ -1,0 +1,1 @@
+"""PostgreSQL: the pool, the receipts and their partitions, crash marks, migrations."""

@@ -1,0 +1,1 @@
+"""What the service tells: metrics, log lines per delivery, readiness, traces."""

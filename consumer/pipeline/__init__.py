@@ -1,0 +1,1 @@
+"""From a delivery to a verdict: prepare, apply in a transaction, judge."""

@@ -1,0 +1,153 @@
+"""Preparing a delivery: its body parsed and validated, and bound to its handler; or poison.
+
+Internal: the service's first step for every delivery (see the README's "How it works").
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+from pydantic import ValidationError
+
+from consumer.amqp.delivery import Delivery, Prepared
+from consumer.db.retention import ReceiptWindow
+from consumer.envelope import Envelope, RawEnvelope
+from consumer.error_text import error_name, message_of
+from consumer.errors import Poison, PoisonReason
+from consumer.pipeline.calls import HandlerCall, HandlerCalls
+from consumer.pipeline.envelope_parser import EnvelopeParser, check_content_type
+from consumer.registry import Handler, HandlerRegistry
+from consumer.safe_text import one_line
+
+__all__ = ["Preparer", "ValidationCall"]
+
+
+class Preparer:
+    """Parses and binds deliveries; any exception on the way is poison, never an unsettled
+    delivery (pydantic lets through what a validator raises other than ``ValueError`` and
+    ``AssertionError``). A handler's payload model is the handler's code: its validators run as
+    a registered call (:mod:`consumer.pipeline.calls`), so that the watchdog can name an event whose
+    validator blocks the event loop."""
+
+    def __init__(
+        self,
+        registry: HandlerRegistry,
+        parser: EnvelopeParser,
+        calls: HandlerCalls | None = None,
+        window: ReceiptWindow | None = None,
+    ) -> None:
+        self._registry = registry
+        self._parser = parser
+        self._window = window
+        self._calls = calls or HandlerCalls()
+        self._max_age_s = window.max_age.total_seconds() if window is not None else 0.0
+        # Per event type, the envelope model with the handler's payload model in it: a valid
+        # event is validated in one pass; any other goes the long way, which says what is wrong.
+        self._typed: dict[str, tuple[Handler, type[Envelope[Any]]]] = {}
+        for event_type, handler in registry.items():
+            typed = parser.typed(handler.payload_type)
+            if typed is not None:
+                self._typed[event_type] = (handler, typed)
+
+    def prepared(self, delivery: Delivery) -> Prepared | Poison:
+        """The delivery prepared (or why it is poison), kept on it so that it is parsed once."""
+        if delivery.prepared is None:
+            try:
+                delivery.prepared = self._prepare(delivery)
+            except Poison as poison:
+                delivery.prepared = poison
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as error:  # a validator's own BaseException too: all of it
+                delivery.prepared = Poison(
+                    PoisonReason.INVALID_PAYLOAD,
+                    one_line(f"{error_name(error)}: {message_of(error)}", 300),
+                    error_class=error_name(error),
+                )
+        return delivery.prepared
+
+    def envelope(self, delivery: Delivery) -> RawEnvelope | Poison:
+        """The delivery's envelope by the service's own model alone (no handler's code runs):
+        enough to know which event it is."""
+        try:
+            envelope = self._parser.validate(self._decoded(delivery))
+            self._check_age(envelope)
+        except Poison as poison:
+            return poison
+        return envelope
+
+    def _decoded(self, delivery: Delivery) -> dict[str, Any]:
+        check_content_type(delivery.content_type, delivery.content_encoding)
+        self._parser.check_headers(delivery.headers)
+        return self._parser.decode(delivery.body)
+
+    def _prepare(self, delivery: Delivery) -> Prepared:
+        decoded = self._decoded(delivery)
+        event_type = decoded.get("type")
+        typed = self._typed.get(event_type) if isinstance(event_type, str) else None
+        calls = self._calls
+        if typed is not None:
+            handler, model = typed
+            # Registered by hand, not with a context manager: this runs for every delivery.
+            task = calls.enter(ValidationCall(handler, decoded, delivery.message_id))
+            try:
+                event = model.model_validate(decoded)
+            except ValidationError:
+                pass
+            else:
+                self._check_times(event)
+                return Prepared(handler, event)
+            finally:
+                calls.leave(task)
+        raw = self._parser.validate(decoded)
+        self._check_age(raw)
+        handler = self._registry.handler_for(raw)
+        task = calls.enter(ValidationCall(handler, decoded, delivery.message_id))
+        try:
+            return Prepared(handler, handler.bind(raw))
+        finally:
+            calls.leave(task)
+
+    def _check_times(self, event: Envelope[Any]) -> None:
+        """Not from the future, and not too old to be applied: one clock reading for both."""
+        now = time.time()
+        occurred = event.occurred_at.timestamp()
+        self._parser.check_skew_at(event, occurred, now)
+        if self._window is not None and occurred < now - self._max_age_s:
+            self._window.check(event, datetime.now(UTC))
+
+    def _check_age(self, event: Envelope[Any]) -> None:
+        # Before any handler code runs (the payload's validators included): an event too old
+        # for its receipt to be kept is never applied.
+        if self._window is not None:
+            self._window.check(event, datetime.now(UTC))
+
+
+class ValidationCall:
+    """A payload's validation as the watchdog names it: described only if the watchdog asks,
+    which is when a validator has blocked the event loop (it costs nothing otherwise)."""
+
+    __slots__ = ("_decoded", "_handler", "_message_id")
+
+    def __init__(self, handler: Handler, decoded: dict[str, Any], message_id: str | None) -> None:
+        self._handler = handler
+        self._decoded = decoded
+        self._message_id = message_id
+
+    @property
+    def handler(self) -> str:
+        return f"{self._handler.qualname} (payload validation)"
+
+    @property
+    def event_ids(self) -> tuple[UUID, ...]:
+        try:
+            return (UUID(str(self._decoded.get("event_id"))),)
+        except ValueError:
+            return ()  # no event to name: the envelope is poison anyway
+
+    def describe(self) -> dict[str, Any]:
+        call = HandlerCall(self.handler, self._handler.event_type, self.event_ids, self._message_id)
+        return call.describe()

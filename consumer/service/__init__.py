@@ -1,0 +1,1 @@
+"""The running service: built from the settings, supervised, its workers fed."""

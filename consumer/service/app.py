@@ -1,0 +1,320 @@
+"""``consumer run``: the one place that builds the service from its settings and runs it.
+
+Internal. Every component gets its own part of the configuration
+(:mod:`consumer.service.components`) here; nothing else constructs them. :func:`serve` adds what
+only a running process has: signals, the watchdog, the HTTP endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Callable
+from uuid import UUID, uuid4
+
+from consumer.config.settings import Settings
+from consumer.config.startup import EXIT_CONFIG, EXIT_FAILURE
+from consumer.db.crashes import CrashLedger, Liveness
+from consumer.db.database import Database
+from consumer.db.guard import Guard
+from consumer.db.pruning import PeriodicPruner, ReceiptPruner
+from consumer.db.receipts import Receipts
+from consumer.errors import BrokerUnreachable, ConfigError, PipelineFault, TopologyMissing
+from consumer.event_loop import run_event_loop
+from consumer.logs import (
+    Logger,
+    MessageLog,
+    StructlogMessageLog,
+    TickFlushed,
+    make_logger,
+    make_message_log,
+    route_library_logs,
+)
+from consumer.observe.http import HttpServer, build_app
+from consumer.observe.metrics import Metrics, ServiceRegistry
+from consumer.observe.report import OutcomeReporter
+from consumer.pipeline.batch import BatchEngine
+from consumer.pipeline.calls import HandlerCaller, HandlerCalls, RunningCall
+from consumer.pipeline.envelope_parser import EnvelopeParser
+from consumer.pipeline.isolated import Alone
+from consumer.pipeline.judge import Judge
+from consumer.pipeline.pipeline import Pipeline
+from consumer.pipeline.prepare import Preparer
+from consumer.pipeline.retry import RetryPolicy
+from consumer.pipeline.tracing import Tracing, TracingSetup
+from consumer.registry import HandlerRegistry
+from consumer.service.components import (
+    batch_size,
+    broker_config,
+    database_config,
+    envelope_limits,
+    names_for,
+    receipt_window,
+    topology_for,
+    worker_count,
+)
+from consumer.service.dispatch import Dispatcher
+from consumer.service.settle import Settler
+from consumer.service.supervisor import Service, ServiceConfig
+from consumer.service.watchdog import LoopWatchdog
+from consumer.service.workers import Workers
+from topology.durations import to_milliseconds
+from topology.names import rung_label
+
+__all__ = ["build_service", "run", "serve"]
+
+EXIT_SECOND_SIGNAL = 130
+
+
+def run(settings: Settings, registry: HandlerRegistry) -> int:
+    """The service in this process until it stops: its logs, its metrics, its event loop."""
+    lines = TickFlushed(sys.stdout.buffer)
+    logger = make_logger(
+        settings.name, level=settings.log_level, log_format=settings.log_format, lines=lines
+    )
+    message_log = make_message_log(
+        logger, settings.name, level=settings.log_level, log_format=settings.log_format, lines=lines
+    )
+    route_library_logs(logger)
+    rungs = [rung_label(delay) for delay in settings.retry_delays]
+    metrics = Metrics(ServiceRegistry(), registry, rungs, name=settings.name)
+    return run_event_loop(
+        serve(
+            settings,
+            registry,
+            logger,
+            metrics,
+            before_exit=lines.write_out,
+            message_log=message_log,
+        )
+    )
+
+
+def build_service(
+    settings: Settings,
+    registry: HandlerRegistry,
+    logger: Logger,
+    metrics: Metrics,
+    *,
+    calls: HandlerCalls,
+    owner: UUID,
+    tracing: Tracing | None = None,
+    message_log: MessageLog | None = None,
+) -> Service:
+    """The service, wired: a delivery passes the dispatcher, a worker, the pipeline (prepare,
+    batch engine, handler call) and the settler, in that order; ``tracing`` follows it through
+    (off by default). ``message_log`` takes the line per settled delivery (through ``logger``
+    unless given)."""
+    names = names_for(settings)
+    database = Database(database_config(settings))
+    guard = Guard(database, within=settings.db_stall_timeout.total_seconds())
+    judge = Judge(RetryPolicy.from_delays(settings.retry_delays))
+    receipts = Receipts(consumer=settings.name, guard=guard)
+    caller = HandlerCaller(default_timeout=settings.handler_timeout.total_seconds(), calls=calls)
+    ledger = CrashLedger(consumer=settings.name, owner=owner)
+    alone = Alone(
+        database=database,
+        guard=guard,
+        receipts=receipts,
+        caller=caller,
+        judge=judge,
+        ledger=ledger,
+        tracing=tracing,
+    )
+    parser = EnvelopeParser(envelope_limits(settings))
+    preparer = Preparer(registry, parser, calls, receipt_window(settings))
+    pipeline = Pipeline(
+        preparer=preparer,
+        engine=BatchEngine(
+            database=database,
+            guard=guard,
+            receipts=receipts,
+            caller=caller,
+            judge=judge,
+            alone=alone,
+            lock_timeout_ms=to_milliseconds(settings.batch_lock_timeout),
+            on_conflict=metrics.batch_conflicts.inc,
+            tracing=tracing,
+        ),
+        alone=alone,
+        judge=judge,
+        database=database,
+    )
+    settler = Settler(names=names, jitter=settings.retry_jitter, tracing=tracing)
+    service: Service | None = None
+
+    def window_full() -> bool:
+        return service is not None and service.in_flight() >= settings.prefetch
+
+    workers_count = worker_count(settings)
+    metrics.workers.set(workers_count)
+    dispatcher = Dispatcher(
+        workers=workers_count,
+        batch_size=batch_size(settings),
+        batch_wait=settings.batch_wait.total_seconds(),
+        preparer=preparer,
+        settler=settler,
+        window_full=window_full,
+    )
+
+    def on_pause(error: BaseException) -> None:
+        logger.warning("database unreachable, pausing consumption", error=str(error))
+        metrics.paused.set(1)
+
+    workers = Workers(
+        dispatcher=dispatcher,
+        pipeline=pipeline,
+        settler=settler,
+        reporter=OutcomeReporter(
+            message_log or StructlogMessageLog(logger), metrics, log_payloads=settings.log_payloads
+        ),
+        on_pause=on_pause,
+        tracing=tracing,
+        queue=names.work,
+    )
+    service = Service(
+        config=ServiceConfig(
+            broker=broker_config(settings),
+            reconnect_max_delay=settings.reconnect_max_delay.total_seconds(),
+            shutdown_grace=settings.shutdown_grace.total_seconds(),
+        ),
+        names=names,
+        topology=topology_for(settings, registry),
+        database=database,
+        dispatcher=dispatcher,
+        workers=workers,
+        settler=settler,
+        liveness=Liveness(ledger, database.connect_one),
+        logger=logger,
+        metrics=metrics,
+        pruner=PeriodicPruner(
+            ReceiptPruner(
+                receipt_window(settings),
+                max_future_skew=settings.max_future_skew,
+                lock_wait=settings.receipt_prune_lock_wait,
+            ),
+            connect=database.connect_one,
+            logger=logger,
+            metrics=metrics,
+        ),
+    )
+    return service
+
+
+async def serve(
+    settings: Settings,
+    registry: HandlerRegistry,
+    logger: Logger,
+    metrics: Metrics,
+    *,
+    before_exit: Callable[[], None] = lambda: None,
+    message_log: MessageLog | None = None,
+) -> int:
+    """Run the service until SIGTERM or SIGINT; a second signal exits at once. The exit code.
+
+    ``before_exit`` writes out the log lines still held for the end of the loop's turn: the
+    immediate exits (second signal, hard time limit) skip the interpreter's clean-up.
+    """
+    stop = asyncio.Event()
+    _on_signals(stop, logger, before_exit)
+    calls = HandlerCalls()
+    owner = uuid4()
+    try:
+        tracing = TracingSetup.from_environment(settings.name)
+    except ConfigError as error:
+        return _fatal(logger, str(error), EXIT_CONFIG)
+    # Spans still buffered go out after the service has stopped (a thread waits for them).
+    async with tracing as tracer:
+        if tracing.missing_extra:
+            logger.warning(
+                "tracing is configured (OTEL_*) but the otel extra is not installed: tracing is "
+                "off (pip install 'rabbit-pg-consumer[otel]')"
+            )
+        service = build_service(
+            settings,
+            registry,
+            logger,
+            metrics,
+            calls=calls,
+            owner=owner,
+            tracing=tracer,
+            message_log=message_log,
+        )
+        logger.info("starting", settings=settings.describe(), handlers=list(registry))
+        try:
+            async with (
+                LoopWatchdog(
+                    limit=settings.hard_timeout.total_seconds(),
+                    logger=logger,
+                    calls=calls,
+                    convict=_convicting(settings, owner),
+                    before_exit=before_exit,
+                ),
+                HttpServer(
+                    build_app(metrics.registry, service.readiness),
+                    host=settings.http_host,
+                    port=settings.http_port,
+                ),
+            ):
+                logger.info("serving HTTP", host=settings.http_host, port=settings.http_port)
+                await service.run(stop)
+        except OSError as error:
+            return _fatal(
+                logger,
+                f"CONSUMER_HTTP_HOST/CONSUMER_HTTP_PORT: cannot listen on "
+                f"{settings.http_host}:{settings.http_port}: {error.strerror or error}",
+                EXIT_CONFIG,
+            )
+        except ConfigError as error:
+            return _fatal(logger, str(error), EXIT_CONFIG)
+        except (TopologyMissing, PipelineFault, BrokerUnreachable) as error:
+            return _fatal(logger, str(error), EXIT_FAILURE)
+    logger.info("stopped")
+    return 0
+
+
+def _on_signals(stop: asyncio.Event, logger: Logger, before_exit: Callable[[], None]) -> None:
+    """The first SIGTERM or SIGINT stops gracefully; a second exits at once."""
+    seen = 0
+
+    def on_signal(received: signal.Signals) -> None:
+        nonlocal seen
+        seen += 1
+        if seen == 1:
+            logger.info("stopping: finishing in-flight messages", signal=received.name)
+            stop.set()
+            return
+        logger.warning("second signal: exiting now", signal=received.name)
+        before_exit()
+        sys.stdout.flush()
+        os._exit(EXIT_SECOND_SIGNAL)
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+
+
+def _convicting(settings: Settings, owner: UUID) -> Callable[[RunningCall, float], bool]:
+    """What the watchdog calls, from its own thread, to record the event that blocked the loop."""
+    ledger = CrashLedger(consumer=settings.name, owner=owner)
+    limit = settings.hard_timeout.total_seconds()
+
+    def convict(call: RunningCall, blocked: float) -> bool:
+        detail = (
+            f"{call.handler} blocked the event loop for {blocked:.1f}s, past the hard time limit "
+            f"of {limit:g}s (CONSUMER_HARD_TIMEOUT); the process exited"
+        )
+        database = database_config(settings)
+        return ledger.convict_blocking(
+            database.connector(), database.dsn, call.event_ids[0], detail
+        )
+
+    return convict
+
+
+def _fatal(logger: Logger, message: str, code: int) -> int:
+    logger.error("cannot run", error=message)
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return code

@@ -1,0 +1,115 @@
+"""The lane of deliveries applied alone: each with nothing else of this process in flight.
+
+A delivery that comes back after its process died, or after its database connection broke, may
+be the one that kills processes or connections; applied alone, a second death names it
+(:mod:`consumer.db.crashes`). Workers enter each batch through :meth:`Isolation.batch`; the lane's
+runner takes its deliveries one at a time under :meth:`Isolation.alone`, which waits until no batch
+is in flight and keeps new batches out until the lane is empty. Deliveries in the lane go first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+__all__ = ["Isolation"]
+
+
+class Isolation(Generic[T]):
+    """A FIFO of deliveries to apply alone, and the gate between it and the workers' batches."""
+
+    def __init__(self) -> None:
+        self._queue: deque[T] = deque()
+        self._batches = 0
+        self._alone = False
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def put(self, item: T) -> None:
+        self._queue.append(item)
+        self._changed()
+
+    def take(self) -> T | None:
+        return self._queue.popleft() if self._queue else None
+
+    def take_all(self) -> list[T]:
+        """Everything queued, taken out at once."""
+        taken = list(self._queue)
+        self._queue.clear()
+        return taken
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    async def wait_for_work(self) -> None:
+        await self._until(lambda: bool(self._queue))
+
+    def batch(self) -> _Batch:
+        """A worker's batch (``async with``): waits while anything is in the lane or being
+        applied alone."""
+        return _Batch(self)
+
+    async def _enter_batch(self) -> None:
+        if self._alone or self._queue:
+            await self._until(lambda: not self._alone and not self._queue)
+        self._batches += 1
+
+    def _leave_batch(self) -> None:
+        self._batches -= 1
+        self._changed()
+
+    @asynccontextmanager
+    async def alone(self) -> AsyncIterator[None]:
+        """The lane's turn: no batch starts, and the ones in flight have ended."""
+        self._alone = True
+        try:
+            await self._until(lambda: self._batches == 0)
+            yield
+        finally:
+            self._alone = False
+            self._changed()
+
+    async def _until(self, condition: Callable[[], bool]) -> None:
+        loop = asyncio.get_running_loop()
+        while not condition():
+            waiter = loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+
+    def _changed(self) -> None:
+        if not self._waiters:
+            return
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+class _Batch:
+    """:meth:`Isolation.batch`'s context: a class, not a generator's context manager, as every
+    batch enters one."""
+
+    __slots__ = ("_isolation",)
+
+    def __init__(self, isolation: Isolation[Any]) -> None:
+        self._isolation = isolation
+
+    async def __aenter__(self) -> None:
+        await self._isolation._enter_batch()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._isolation._leave_batch()

@@ -1,0 +1,234 @@
+"""The one door to the broker: every verdict becomes exactly one action here, and nowhere else.
+
+Internal.
+
+============  ===============================================================================
+APPLIED,      ack (the commit has returned); it joins the channel's next flush
+DUPLICATE
+POISON        nack without requeue (the work queue dead-letters it through the DLX); poison from
+              an exception a validator raised is published to the DLX with the exception's
+              class in its headers instead (a nack cannot carry it), then acked
+RETRY         a copy to the rung, confirmed, then ack
+DEAD_LETTER   a copy to the DLX with the reason headers, confirmed, then ack
+HOLD          nothing: the delivery waits for the database (the dispatcher keeps it)
+============  ===============================================================================
+
+A copy the broker does not confirm: wait a second, then nack with requeue; never lost. Handing
+back a delivery that never started (a shutdown) is a nack with requeue too: :meth:`give_back`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from consumer.amqp.delivery import Delivery
+from consumer.amqp.headers import dead_letter_headers, retry_headers
+from consumer.amqp.publisher import Publisher, copy_properties
+from consumer.error_text import error_name, message_of
+from consumer.errors import ChannelGone, PublishFailed
+from consumer.pipeline.outcome import (
+    Failed,
+    Outcome,
+    OutcomeKind,
+    Rejected,
+    Verdict,
+    VerdictKind,
+)
+from consumer.pipeline.retry import DeadLetter, Retry, jittered_expiration
+from consumer.pipeline.tracing import Tracing
+from topology.names import Names, rung_label
+
+__all__ = ["Settled", "Settler"]
+
+_LABELS = {
+    VerdictKind.APPLIED: OutcomeKind.PROCESSED,
+    VerdictKind.DUPLICATE: OutcomeKind.DUPLICATE,
+    VerdictKind.POISON: OutcomeKind.POISON,
+    VerdictKind.RETRY: OutcomeKind.RETRIED,
+    VerdictKind.DEAD_LETTER: OutcomeKind.DEAD_LETTERED,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """What the settler did: the label the delivery ends with (None: held, not settled), and
+    whether its ack or nack reached the broker."""
+
+    kind: OutcomeKind | None
+    channel_gone: bool = False
+    publish_error: PublishFailed | None = None
+
+    @property
+    def held(self) -> bool:
+        return self.kind is None
+
+
+class Settler:
+    """Settles outcomes on the broker; :attr:`publisher` is the current session's (None while
+    disconnected, when every settle finds its channel gone)."""
+
+    def __init__(
+        self,
+        *,
+        names: Names,
+        jitter: float = 0.0,
+        rng: random.Random | None = None,
+        publish_failure_pause: float = 1.0,
+        tracing: Tracing | None = None,
+    ) -> None:
+        self._names = names
+        self._tracing = tracing or Tracing()
+        self._jitter = jitter
+        self._publish_failure_pause = publish_failure_pause
+        self._rng = rng or random.Random()
+        self.publisher: Publisher | None = None
+
+    async def settle(self, outcomes: Sequence[Outcome]) -> list[Settled]:
+        """One action per outcome, in their order. Acks go first, at once; copies are published
+        concurrently; held ones are left alone."""
+        settled: list[Settled | None] = [None] * len(outcomes)
+        pending: list[int] = []
+        for index, outcome in enumerate(outcomes):
+            kind = outcome.verdict.kind
+            if kind is VerdictKind.HOLD:
+                settled[index] = Settled(None)
+            elif kind in (VerdictKind.APPLIED, VerdictKind.DUPLICATE):
+                settled[index] = _ack(outcome.delivery, _LABELS[kind])
+            else:
+                pending.append(index)
+        if pending:
+            done = await asyncio.gather(*(self._settle_one(outcomes[i]) for i in pending))
+            for index, result in zip(pending, done, strict=True):
+                settled[index] = result
+        return [result for result in settled if result is not None]
+
+    async def give_back(self, delivery: Delivery) -> Settled:
+        """Return a delivery that never started to the queue (a shutdown)."""
+        try:
+            await delivery.nack(requeue=True)
+        except ChannelGone:
+            return Settled(OutcomeKind.RETURNED, channel_gone=True)
+        return Settled(OutcomeKind.RETURNED)
+
+    async def _settle_one(self, outcome: Outcome) -> Settled:
+        delivery, verdict = outcome.delivery, outcome.verdict
+        label = _LABELS[verdict.kind]
+        try:
+            if isinstance(verdict, Rejected) and verdict.poison.error_class is None:
+                await delivery.nack(requeue=False)
+                return Settled(label)
+            return await self._republished(delivery, self._copy(delivery, verdict), label)
+        except ChannelGone:
+            return Settled(label, channel_gone=True)
+
+    def _copy(self, delivery: Delivery, verdict: Verdict) -> Coroutine[Any, Any, None]:
+        if isinstance(verdict, Rejected):
+            return self._publish_poison(delivery, verdict)
+        assert isinstance(verdict, Failed)
+        if isinstance(verdict.decision, Retry):
+            return self._publish_retry(delivery, verdict, verdict.decision)
+        assert isinstance(verdict.decision, DeadLetter)
+        return self._publish_dead_letter(delivery, verdict, verdict.decision)
+
+    async def _republished(
+        self, delivery: Delivery, publish: Coroutine[Any, Any, None], kind: OutcomeKind
+    ) -> Settled:
+        """Publish a copy (``publish``), wait for its confirm, then ack the original."""
+        if not delivery.channel_open or self.publisher is None:
+            publish.close()
+            # The broker has the original back already; a copy now would be a second one.
+            raise ChannelGone("the delivery's channel closed before its failure was settled")
+        try:
+            await publish
+        except PublishFailed as error:
+            # Holding the original a moment keeps a broker that refuses publishes from turning
+            # the redelivery into a hot loop that burns through the delivery limit.
+            await asyncio.sleep(self._publish_failure_pause)
+            await delivery.nack(requeue=True)
+            return Settled(OutcomeKind.RETURNED, publish_error=error)
+        try:
+            delivery.ack()
+        except ChannelGone:
+            # The copy is out; the original comes back and will be copied again (a second copy,
+            # no second effect). Count what happened to this one.
+            return Settled(kind, channel_gone=True)
+        return Settled(kind)
+
+    async def _publish(self, delivery: Delivery, headers: dict[str, Any], exchange: str) -> None:
+        await self._published(
+            delivery, copy_properties(delivery.properties, headers=headers), exchange
+        )
+
+    async def _published(self, delivery: Delivery, properties: Any, exchange: str) -> None:
+        assert self.publisher is not None
+        # The copy carries on the trace from this delivery's span (its traceparent replaced).
+        with self._tracing.sending(
+            properties.headers,
+            exchange=exchange,
+            routing_key=delivery.routing_key,
+            message_id=delivery.message_id,
+            parent=delivery.span,
+        ):
+            await self.publisher.publish(
+                delivery.body, properties, exchange=exchange, routing_key=delivery.routing_key
+            )
+
+    async def _publish_poison(self, delivery: Delivery, rejected: Rejected) -> None:
+        poison = rejected.poison
+        headers = dead_letter_headers(
+            delivery.headers,
+            reason=poison.reason.value,
+            attempts=0,
+            error_class=poison.error_class or poison.reason.value,
+            error_message=poison.detail,
+            original_exchange=delivery.exchange,
+            original_routing_key=delivery.routing_key,
+            service=self._names.service,
+            now=datetime.now(UTC),
+        )
+        await self._publish(delivery, headers, self._names.dlx)
+
+    async def _publish_retry(self, delivery: Delivery, failed: Failed, retry: Retry) -> None:
+        headers = retry_headers(
+            delivery.headers,
+            attempt=retry.attempt,
+            rung=rung_label(retry.delay),
+            error_class=error_name(failed.error),
+            error_message=message_of(failed.error),
+            original_exchange=delivery.exchange,
+            original_routing_key=delivery.routing_key,
+            now=datetime.now(UTC),
+        )
+        expiration = jittered_expiration(retry.delay, self._jitter, self._rng)
+        properties = copy_properties(delivery.properties, headers=headers, expiration=expiration)
+        await self._published(delivery, properties, self._names.retry)
+
+    async def _publish_dead_letter(
+        self, delivery: Delivery, failed: Failed, dead: DeadLetter
+    ) -> None:
+        headers = dead_letter_headers(
+            delivery.headers,
+            reason=dead.reason.value,
+            attempts=failed.attempts_so_far,
+            error_class=error_name(failed.error),
+            error_message=message_of(failed.error),
+            original_exchange=delivery.exchange,
+            original_routing_key=delivery.routing_key,
+            service=self._names.service,
+            now=datetime.now(UTC),
+        )
+        await self._publish(delivery, headers, self._names.dlx)
+
+
+def _ack(delivery: Delivery, kind: OutcomeKind) -> Settled:
+    """Ack a committed delivery. Synchronous: the ack joins the channel's next flush."""
+    try:
+        delivery.ack()
+    except ChannelGone:
+        return Settled(kind, channel_gone=True)
+    return Settled(kind)

@@ -63,9 +63,11 @@ lock:
 	    --custom-compile-command 'make lock' --quiet --output-file $(LOCK)
 	@grep -c '^[a-z]' $(LOCK) | xargs printf '%s: %s packages pinned\n' $(LOCK)
 
+# lint-imports: the layers and the no-circle rule of pyproject's [tool.importlinter].
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 
 typecheck: install
 	$(VENV)/bin/mypy

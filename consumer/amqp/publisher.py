@@ -13,9 +13,7 @@ from consumer.amqp.publishing import (
     OnePerMessageId,
     acked,
     connection_blocked,
-    publish_span,
 )
-from consumer.pipeline.tracing import Tracing
 from topology.durations import to_milliseconds
 
 __all__ = ["PERSISTENT", "Publisher", "copy_properties"]
@@ -59,12 +57,9 @@ class Publisher:
     would land after a timeout anyway, beside the original it was meant to replace.
     """
 
-    def __init__(self, channel: Any, *, timeout: timedelta, tracing: Tracing | None = None) -> None:
-        """``tracing``: each publish in a span of its own, its context in the message (the
-        tools: ``consumer publish`` starts a trace, ``dlq replay`` carries the letter's on)."""
+    def __init__(self, channel: Any, *, timeout: timedelta) -> None:
         self._channel = channel
         self._timeout = timeout.total_seconds()
-        self._tracing = tracing or Tracing()
         self._one_per_message_id = OnePerMessageId()
 
     @classmethod
@@ -73,10 +68,9 @@ class Publisher:
         channel: AbstractChannel,
         *,
         confirm_within: timedelta,
-        tracing: Tracing | None = None,
     ) -> Publisher:
         """A publisher on an aio-pika channel opened with ``publisher_confirms=True``."""
-        return cls(await channel.get_underlay_channel(), timeout=confirm_within, tracing=tracing)
+        return cls(await channel.get_underlay_channel(), timeout=confirm_within)
 
     @property
     def is_open(self) -> bool:
@@ -85,12 +79,12 @@ class Publisher:
     async def publish(
         self, body: bytes, properties: Basic.Properties, *, exchange: str, routing_key: str
     ) -> None:
-        """Publish and wait for the confirm; raise :class:`PublishFailed` otherwise."""
-        with publish_span(self._tracing, properties, exchange=exchange, routing_key=routing_key):
-            message_id = await self._one_per_message_id.turn(properties)
-            await self._publish(
-                body, properties, message_id, exchange=exchange, routing_key=routing_key
-            )
+        """Publish and wait for the confirm; raise :class:`PublishFailed` otherwise. A span
+        around it is the caller's (:func:`consumer.pipeline.tracing.publish_span`)."""
+        message_id = await self._one_per_message_id.turn(properties)
+        await self._publish(
+            body, properties, message_id, exchange=exchange, routing_key=routing_key
+        )
 
     async def _publish(
         self,

@@ -1,14 +1,12 @@
-"""What the service's publisher and the replay's sender share: the span a publish runs in, one
-publish per message id in flight, and aiormq's publish errors translated into ours
+"""What the service's publisher and the replay's sender share: one publish per message id in
+flight, and aiormq's publish errors translated into ours
 (:mod:`consumer.errors`)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from collections.abc import Awaitable
-from contextlib import AbstractContextManager
 from typing import Any
 
 import aiormq
@@ -16,7 +14,6 @@ from pamqp.commands import Basic
 
 from consumer.amqp.connect import describe_amqp_error
 from consumer.errors import PublishFailed, Unroutable
-from consumer.pipeline.tracing import Tracing
 
 __all__ = [
     "PUBLISH_ERRORS",
@@ -25,7 +22,6 @@ __all__ = [
     "closed_without_reason",
     "connection_blocked",
     "cut_off",
-    "publish_span",
     "translated",
 ]
 
@@ -62,23 +58,6 @@ class OnePerMessageId:
                 del self._in_flight[message_id]
 
         settled.add_done_callback(leave)
-
-
-def publish_span(
-    tracing: Tracing, properties: Basic.Properties, *, exchange: str, routing_key: str
-) -> AbstractContextManager[None]:
-    """The span around one publish, its context carried in the headers; nothing when tracing is
-    off (no headers table is added then)."""
-    if not tracing.enabled:
-        return contextlib.nullcontext()
-    if properties.headers is None:
-        properties.headers = {}
-    return tracing.sending(
-        properties.headers,
-        exchange=exchange,
-        routing_key=routing_key,
-        message_id=properties.message_id,
-    )
 
 
 def translated(error: BaseException, *, exchange: str, routing_key: str) -> PublishFailed:

@@ -26,11 +26,10 @@ from aio_pika.abc import AbstractConnection
 
 from consumer.amqp import headers as h
 from consumer.amqp.connect import connect, describe_amqp_error
+from consumer.cli.common import connect_or_fail, positive_int
 from consumer.cli.dlq.letters import DeadMessage, event_id_from, read_dead_letter
-from consumer.cli.dlq.main import positive_int
 from consumer.cli.dlq.output import shown
 from consumer.cli.dlq.stream import Delivered, QueueScan
-from consumer.cli.receipts import connect_or_fail
 from consumer.config.settings import Settings
 from consumer.config.startup import fail, load_handlers
 from consumer.db.database import describe_database_error

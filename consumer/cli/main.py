@@ -26,7 +26,7 @@ from consumer.errors import (
     MigrationError,
     PublishFailed,
 )
-from consumer.pipeline.tracing import TracingSetup
+from consumer.observe.tracing_setup import TracingSetup
 from consumer.service.app import run
 from consumer.service.components import broker_config, database_config, memory_budget
 from consumer.service.memory import check_memory_budget

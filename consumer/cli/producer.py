@@ -13,7 +13,7 @@ from pamqp.commands import Basic
 from consumer.amqp.connect import BrokerConfig, connect
 from consumer.amqp.publisher import PERSISTENT, Publisher
 from consumer.errors import ConfigError, Unroutable
-from consumer.pipeline.tracing import Tracing
+from consumer.pipeline.tracing import Tracing, publish_span
 
 __all__ = ["PublishRequest", "envelope_body", "event_properties", "publish_event"]
 
@@ -82,15 +82,19 @@ async def publish_event(
     try:
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         publisher = await Publisher.on(
-            channel, confirm_within=timedelta(seconds=broker.publish_timeout), tracing=tracing
+            channel, confirm_within=timedelta(seconds=broker.publish_timeout)
         )
+        properties = event_properties(message_id=str(event_id))
         try:
-            await publisher.publish(
-                body,
-                event_properties(message_id=str(event_id)),
+            with publish_span(
+                tracing or Tracing(),
+                properties,
                 exchange=exchange,
                 routing_key=request.event_type,
-            )
+            ):
+                await publisher.publish(
+                    body, properties, exchange=exchange, routing_key=request.event_type
+                )
         except Unroutable as error:
             raise ConfigError(
                 f"{error}: is the topology applied (`consumer topology apply`) and a handler "

@@ -12,14 +12,14 @@ from typing import Any
 
 import asyncpg
 
+from consumer.cli.common import connect_or_fail
 from consumer.config.settings import Settings
-from consumer.config.startup import EXIT_CONFIG, fail
+from consumer.config.startup import fail
 from consumer.db.database import describe_database_error
 from consumer.db.pruning import PruneReport, ReceiptPruner
-from consumer.errors import ConfigError
-from consumer.service.components import database_config, receipt_window
+from consumer.service.components import receipt_window
 
-__all__ = ["add_receipts_parser", "connect_or_fail", "run_receipts"]
+__all__ = ["add_receipts_parser", "run_receipts"]
 
 
 def add_receipts_parser(commands: Any) -> None:
@@ -40,17 +40,6 @@ def add_receipts_parser(commands: Any) -> None:
 
 def run_receipts(settings: Settings, arguments: argparse.Namespace) -> int:
     return asyncio.run(_prune(settings, dry_run=arguments.dry_run))
-
-
-async def connect_or_fail(settings: Settings) -> Any:
-    """One database connection for a command, or its end with one line saying why not."""
-    database = database_config(settings)
-    try:
-        return await database.connector()(database.dsn)
-    except ConfigError as error:
-        fail(str(error), EXIT_CONFIG)
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
-        fail(f"cannot connect to {settings.safe_database_url}: {describe_database_error(error)}")
 
 
 async def _prune(settings: Settings, *, dry_run: bool) -> int:

@@ -6,28 +6,22 @@ either, whoever takes the advisory lock first; the others find it taken and skip
 statement waits at most ``lock_wait`` for a table lock, so inserts queued behind it wait no longer
 than that; a refused lock fails the round, tried again at the next.
 
-:class:`ReceiptPruner` runs one round (``consumer receipts prune``); :class:`PeriodicPruner` runs
-one every ``CONSUMER_RECEIPT_PRUNE_INTERVAL`` inside the service, and the first before it
-consumes, so the partitions its receipts need exist.
+:class:`ReceiptPruner` runs one round (``consumer receipts prune``);
+:class:`consumer.service.pruner.PeriodicPruner` runs one every ``CONSUMER_RECEIPT_PRUNE_INTERVAL``
+inside the service.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from types import TracebackType
 from typing import Any
 
 import asyncpg
 
 from consumer.db.retention import ReceiptWindow
-from consumer.error_text import error_name
-from consumer.logs import Logger
-from consumer.observe.metrics import Metrics
 
-__all__ = ["Dropped", "PeriodicPruner", "PruneReport", "ReceiptPruner", "ReceiptStats"]
+__all__ = ["Dropped", "PruneReport", "ReceiptPruner", "ReceiptStats"]
 
 # Any constant works as long as every replica uses the same one ("receipts" in ASCII).
 _LOCK_KEY = 0x7265636569707473
@@ -131,82 +125,3 @@ class ReceiptPruner:
         return ReceiptStats(
             int(row["partitions"]), int(row["estimated_rows"]), row["oldest_age"], row["widest"]
         )
-
-
-class PeriodicPruner:
-    """Runs a round every prune interval on a connection of its own, for the life of the
-    ``async with`` block, and keeps the receipts' metrics. :meth:`first` runs the first round
-    (start-up: the partitions must exist before anything is consumed)."""
-
-    def __init__(
-        self,
-        pruner: ReceiptPruner,
-        *,
-        connect: Callable[[], Awaitable[asyncpg.Connection[Any]]],
-        logger: Logger,
-        metrics: Metrics,
-    ) -> None:
-        self._pruner = pruner
-        self._connect = connect
-        self._logger = logger
-        self._metrics = metrics
-        self._task: asyncio.Task[None] | None = None
-        metrics.describe_receipt_window(pruner.window)
-
-    async def __aenter__(self) -> PeriodicPruner:
-        self._task = asyncio.create_task(self._keep(), name="receipt-pruner")
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-    async def first(self) -> None:
-        await self._round(wait=True)
-
-    async def _keep(self) -> None:
-        interval = self._pruner.window.prune_interval.total_seconds()
-        while True:
-            await asyncio.sleep(interval)
-            await self._round()
-
-    async def _round(self, *, wait: bool = False) -> None:
-        """One round; a failure is logged and counted, never raised: receipts are kept a little
-        longer, and the alert on their age says so if it goes on."""
-        metrics = self._metrics
-        try:
-            conn = await self._connect()
-        except Exception as error:
-            metrics.receipt_prune_failures.inc()
-            self._logger.warning("receipt pruning: no database connection", error=str(error))
-            return
-        try:
-            report = await self._pruner.prune(conn, wait=wait)
-            if report.ran:
-                metrics.receipt_prunes.inc()
-                if report.dropped or report.created:
-                    self._logger.info(
-                        "receipt partitions pruned",
-                        created=report.created,
-                        dropped=[dropped.partition for dropped in report.dropped],
-                        estimated_rows=sum(dropped.estimated_rows for dropped in report.dropped),
-                    )
-            stats = await self._pruner.stats(conn)
-            metrics.observe_receipts(stats.partitions, stats.estimated_rows, stats.oldest_age)
-            metrics.describe_receipt_window(self._pruner.window, widest=stats.widest)
-        except Exception as error:
-            metrics.receipt_prune_failures.inc()
-            self._logger.warning(
-                "receipt pruning failed; tried again at the next interval",
-                error_class=error_name(error),
-                error=str(error),
-            )
-        finally:
-            conn.terminate()

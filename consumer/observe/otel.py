@@ -56,8 +56,7 @@ from consumer.version import __version__
 
 if TYPE_CHECKING:
     from consumer.amqp.delivery import Delivery, Ready
-    from consumer.pipeline.outcome import Outcome
-    from consumer.service.settle import Settled
+    from consumer.pipeline.outcome import Outcome, Settled
 
 __all__ = ["OtelTracing"]
 

@@ -31,8 +31,7 @@ from consumer.observe.traceparent import (
 from consumer.pipeline.outcome import Applied, Failed, Rejected
 
 if TYPE_CHECKING:
-    from consumer.pipeline.outcome import Outcome
-    from consumer.service.settle import Settled
+    from consumer.pipeline.outcome import Outcome, Settled
 
 __all__ = ["end_abandoned", "end_settled", "inject", "mark_failed", "remote_parent"]
 

@@ -12,10 +12,9 @@ from consumer.amqp.headers import attempts_so_far, truncate
 from consumer.error_text import error_name, message_of
 from consumer.logs import MessageLog
 from consumer.observe.metrics import Metrics
-from consumer.pipeline.outcome import Applied, Failed, Outcome, OutcomeKind, Rejected
+from consumer.pipeline.outcome import Applied, Failed, Outcome, OutcomeKind, Rejected, Settled
 from consumer.pipeline.retry import DeadLetter, Retry
 from consumer.pipeline.tracing import trace_id_of
-from consumer.service.settle import Settled
 from topology.names import rung_label
 
 __all__ = ["OutcomeReporter"]

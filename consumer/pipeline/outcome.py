@@ -12,7 +12,7 @@ from typing import Any
 
 from consumer.amqp.delivery import Delivery
 from consumer.envelope import Envelope
-from consumer.errors import Poison
+from consumer.errors import Poison, PublishFailed
 from consumer.pipeline.retry import DeadLetter, Decision, Retry
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "Outcome",
     "OutcomeKind",
     "Rejected",
+    "Settled",
     "Verdict",
     "VerdictKind",
 ]
@@ -107,3 +108,17 @@ class Outcome:
     verdict: Verdict
     event: Envelope[Any] | None = None
     handler_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """What the settler did: the label the delivery ends with (None: held, not settled), and
+    whether its ack or nack reached the broker."""
+
+    kind: OutcomeKind | None
+    channel_gone: bool = False
+    publish_error: PublishFailed | None = None
+
+    @property
+    def held(self) -> bool:
+        return self.kind is None

@@ -19,7 +19,7 @@ from consumer.config.startup import EXIT_CONFIG, EXIT_FAILURE
 from consumer.db.crashes import CrashLedger, Liveness
 from consumer.db.database import Database
 from consumer.db.guard import Guard
-from consumer.db.pruning import PeriodicPruner, ReceiptPruner
+from consumer.db.pruning import ReceiptPruner
 from consumer.db.receipts import Receipts
 from consumer.errors import BrokerUnreachable, ConfigError, PipelineFault, TopologyMissing
 from consumer.event_loop import run_event_loop
@@ -35,6 +35,7 @@ from consumer.logs import (
 from consumer.observe.http import HttpServer, build_app
 from consumer.observe.metrics import Metrics, ServiceRegistry
 from consumer.observe.report import OutcomeReporter
+from consumer.observe.tracing_setup import TracingSetup
 from consumer.pipeline.batch import BatchEngine
 from consumer.pipeline.calls import HandlerCaller, HandlerCalls, RunningCall
 from consumer.pipeline.envelope_parser import EnvelopeParser
@@ -43,7 +44,7 @@ from consumer.pipeline.judge import Judge
 from consumer.pipeline.pipeline import Pipeline
 from consumer.pipeline.prepare import Preparer
 from consumer.pipeline.retry import RetryPolicy
-from consumer.pipeline.tracing import Tracing, TracingSetup
+from consumer.pipeline.tracing import Tracing
 from consumer.registry import HandlerRegistry
 from consumer.service.components import (
     batch_size,
@@ -56,6 +57,7 @@ from consumer.service.components import (
     worker_count,
 )
 from consumer.service.dispatch import Dispatcher
+from consumer.service.pruner import PeriodicPruner
 from consumer.service.settle import Settler
 from consumer.service.supervisor import Service, ServiceConfig
 from consumer.service.watchdog import LoopWatchdog

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,14 +35,15 @@ from consumer.pipeline.outcome import (
     Outcome,
     OutcomeKind,
     Rejected,
+    Settled,
     Verdict,
     VerdictKind,
 )
 from consumer.pipeline.retry import DeadLetter, Retry, jittered_expiration
-from consumer.pipeline.tracing import Tracing
+from consumer.pipeline.tracing import Tracing, publish_span
 from topology.names import Names, rung_label
 
-__all__ = ["Settled", "Settler"]
+__all__ = ["Settler"]
 
 _LABELS = {
     VerdictKind.APPLIED: OutcomeKind.PROCESSED,
@@ -52,20 +52,6 @@ _LABELS = {
     VerdictKind.RETRY: OutcomeKind.RETRIED,
     VerdictKind.DEAD_LETTER: OutcomeKind.DEAD_LETTERED,
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Settled:
-    """What the settler did: the label the delivery ends with (None: held, not settled), and
-    whether its ack or nack reached the broker."""
-
-    kind: OutcomeKind | None
-    channel_gone: bool = False
-    publish_error: PublishFailed | None = None
-
-    @property
-    def held(self) -> bool:
-        return self.kind is None
 
 
 class Settler:
@@ -167,11 +153,11 @@ class Settler:
     async def _published(self, delivery: Delivery, properties: Any, exchange: str) -> None:
         assert self.publisher is not None
         # The copy carries on the trace from this delivery's span (its traceparent replaced).
-        with self._tracing.sending(
-            properties.headers,
+        with publish_span(
+            self._tracing,
+            properties,
             exchange=exchange,
             routing_key=delivery.routing_key,
-            message_id=delivery.message_id,
             parent=delivery.span,
         ):
             await self.publisher.publish(

@@ -25,7 +25,6 @@ from consumer.amqp.delivery import Delivery
 from consumer.amqp.session import BrokerSession
 from consumer.db.crashes import Liveness
 from consumer.db.database import Database
-from consumer.db.pruning import PeriodicPruner
 from consumer.errors import (
     BrokerRejected,
     BrokerUnreachable,
@@ -39,6 +38,7 @@ from consumer.observe.metrics import Metrics
 from consumer.observe.readiness import DatabaseAnswer, Readiness
 from consumer.service.backoff import Backoff
 from consumer.service.dispatch import Dispatcher, Phase
+from consumer.service.pruner import PeriodicPruner
 from consumer.service.settle import Settler
 from consumer.service.waiting import database_ready, wait_any
 from consumer.service.worker_tasks import WorkerTasks

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from consumer.cli.dlq.main import positive_int
+from consumer.cli.common import positive_int
 from consumer.cli.dlq.replay import Pacer, Tally
 
 

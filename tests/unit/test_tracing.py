@@ -21,10 +21,11 @@ from consumer.amqp.delivery import Ready
 from consumer.errors import ConfigError, TransientError
 from consumer.observe.otel import OtelTracing
 from consumer.observe.traceparent import read_traceparent
-from consumer.pipeline.outcome import Applied, Failed, Outcome
+from consumer.observe.tracing_setup import TracingSetup, exporters_from
+from consumer.pipeline.outcome import Applied, Failed, Outcome, Settled
 from consumer.pipeline.retry import Retry
-from consumer.pipeline.tracing import Tracing, TracingSetup, exporters_from, trace_id_of
-from consumer.service.settle import Settled, Settler
+from consumer.pipeline.tracing import Tracing, trace_id_of
+from consumer.service.settle import Settler
 from tests.support import REPO
 from tests.unit.test_settle import NAMES, NOW, RecordingChannel, RecordingPublisher, deliveries
 
@@ -95,7 +96,8 @@ _OFF_PATH = """
     import sys
     {prelude}
     from consumer.service.app import build_service  # the whole service's modules
-    from consumer.pipeline.tracing import Tracing, TracingSetup
+    from consumer.observe.tracing_setup import TracingSetup
+    from consumer.pipeline.tracing import Tracing
     from consumer.amqp.delivery import Delivery
 
     setup = TracingSetup.from_environment("svc")

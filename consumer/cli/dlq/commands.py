@@ -22,8 +22,8 @@ from consumer.cli.dlq.replay_sender import ReplaySender
 from consumer.cli.dlq.stream import Held, QueueScan
 from consumer.config.settings import Settings
 from consumer.config.startup import load_handlers
+from consumer.observe.tracing_setup import TracingSetup
 from consumer.pipeline.envelope_parser import EnvelopeParser
-from consumer.pipeline.tracing import TracingSetup
 from consumer.service.components import broker_config, envelope_limits, names_for
 
 __all__ = ["DlqCommands"]

@@ -16,6 +16,7 @@ from typing import Any
 import aiormq
 
 from consumer.amqp.connect import connect, describe_amqp_error
+from consumer.cli.common import positive_int
 from consumer.cli.dlq.commands import DlqCommands
 from consumer.cli.dlq.letters import Selection
 from consumer.config.settings import Settings
@@ -25,7 +26,7 @@ from consumer.errors import BrokerUnreachable, ConfigError
 from consumer.event_loop import run_event_loop
 from consumer.service.components import broker_config, names_for
 
-__all__ = ["add_dlq_parser", "confirmed", "positive_int", "run_dlq", "since"]
+__all__ = ["add_dlq_parser", "confirmed", "run_dlq", "since"]
 
 EXIT_INTERRUPTED = 130
 
@@ -43,16 +44,6 @@ def since(value: str) -> datetime:
             f"{value!r} is neither a duration (2h) nor a timestamp"
         ) from None
     return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
-
-
-def positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number above 0")
-    return number
 
 
 def _rate(value: str) -> float:

@@ -28,13 +28,8 @@ from aiormq.abc import ChannelFrame
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
-from consumer.amqp.publishing import (
-    OnePerMessageId,
-    acked,
-    connection_blocked,
-    publish_span,
-)
-from consumer.pipeline.tracing import Tracing
+from consumer.amqp.publishing import OnePerMessageId, acked, connection_blocked
+from consumer.pipeline.tracing import Tracing, publish_span
 
 __all__ = ["ReplaySender"]
 

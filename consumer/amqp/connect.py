@@ -18,7 +18,7 @@ import aiormq
 from aio_pika.abc import AbstractConnection
 from pydantic import SecretStr
 
-from consumer.amqp import direct_consume, frames, wire
+from consumer.amqp import fast_paths
 from consumer.config.tls import TlsFiles, amqp_ssl_context, describe_tls_error, find_tls_error
 from consumer.errors import BrokerRejected, BrokerUnreachable
 from consumer.redact import redact_url, scrub
@@ -47,6 +47,8 @@ class BrokerConfig:
     service: str = "consumer"
     prefetch: int = 400
     publish_timeout: float = 10.0
+    fast_path: bool = True
+    """aiormq with the service's fast paths (:mod:`consumer.amqp.fast_paths`), else its own code."""
     _next: list[int] = field(default_factory=lambda: [0], compare=False, repr=False)
 
     def connection_name(self, role: str) -> str:
@@ -57,12 +59,10 @@ class BrokerConfig:
 async def connect(config: BrokerConfig, role: str) -> AbstractConnection:
     """A plain (not self-reconnecting) connection to the first node that takes it, trying them
     in turn: the service supervises reconnects itself. No message can break it: the frame
-    decoder is made total first (:mod:`consumer.amqp.wire`), frames are read in bulk
-    (:mod:`consumer.amqp.frames`) and deliveries handed over without a task each
-    (:mod:`consumer.amqp.direct_consume`)."""
-    wire.install()
-    frames.install()
-    direct_consume.install()
+    decoder is made total first (:mod:`consumer.amqp.wire`); with ``config.fast_path`` frames
+    are read in bulk and deliveries handed over without a task each
+    (:mod:`consumer.amqp.fast_paths`)."""
+    fast_paths.install(fast_path=config.fast_path)
     try:
         context = amqp_ssl_context(config.tls)
     except (OSError, ssl.SSLError) as error:  # checked at start-up; changed since

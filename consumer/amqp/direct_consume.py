@@ -6,7 +6,7 @@ rate, for a callback that only files the delivery with a worker (:mod:`consumer.
 :class:`DirectDeliveryChannel` calls such a callback straight from the channel's reader, in
 delivery order, for the consumers registered through :func:`consume_direct`; every other consumer
 and every other frame go aiormq's way. :func:`install` makes aiormq build its channels from this
-class, once per process.
+class (:mod:`consumer.amqp.fast_paths`).
 
 The callback should not raise. If it does (a bug), the channel is closed at once, so every
 delivery in hand goes back to the queue and the service opens a new session: closed from a task,
@@ -29,7 +29,7 @@ from pamqp import commands
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
-__all__ = ["DirectDeliveryChannel", "consume_direct", "install"]
+__all__ = ["DirectDeliveryChannel", "consume_direct", "install", "uninstall"]
 
 DirectCallback = Callable[[DeliveredMessage], None]
 
@@ -106,5 +106,11 @@ def _in_a_task(callback: DirectCallback) -> Callable[[DeliveredMessage], Any]:
 
 def install() -> None:
     """Build every aiormq channel opened after this from :class:`DirectDeliveryChannel` (aiormq
-    builds them by this module-level name)."""
+    builds them by this module-level name). Through :func:`consumer.amqp.fast_paths.install`,
+    which checks aiormq first."""
     aiormq.connection.Channel = DirectDeliveryChannel  # type: ignore[attr-defined]
+
+
+def uninstall() -> None:
+    """aiormq's own channel again, for the channels opened after this."""
+    aiormq.connection.Channel = DirectDeliveryChannel.__mro__[1]  # type: ignore[attr-defined,assignment]

@@ -11,7 +11,7 @@ pamqp would have built, errors included. The property decoders are pamqp's own, 
 :func:`consumer.amqp.wire.install` made them total: a hostile header costs only its message here
 too.
 
-:func:`install` puts the receiver in aiormq's place, once per process.
+:func:`install` puts the receiver in aiormq's place (:mod:`consumer.amqp.fast_paths`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from aiormq.exceptions import AMQPConnectionError, InvalidFrameError, ProtocolSy
 from pamqp import body, commands, constants, decode, header
 from pamqp.exceptions import PAMQPException
 
-__all__ = ["BulkFrameReceiver", "decode_frame", "install"]
+__all__ = ["PROPERTY_NAMES", "BulkFrameReceiver", "decode_frame", "install", "uninstall"]
 
 ReceivedFrame = tuple[int, int, Any]
 """What aiormq's frame receiver yields: the bytes the frame took, its channel, the frame."""
@@ -41,7 +41,7 @@ _OCTET = struct.Struct("B")
 
 _DELIVER = commands.Basic.Deliver
 _PROPERTIES = commands.Basic.Properties
-_PROPERTY_NAMES = (
+PROPERTY_NAMES = (
     "content_type",
     "content_encoding",
     "headers",
@@ -58,16 +58,17 @@ _PROPERTY_NAMES = (
     "cluster_id",
 )
 """Basic's properties in the order a content header lists them (AMQP 0-9-1), which is the
-order of the assignment in :func:`_content_header`; a pamqp that differed is refused at
-import."""
-if tuple(_PROPERTIES.__slots__) != _PROPERTY_NAMES:  # pragma: no cover
-    raise ImportError("pamqp's Basic.Properties differ from AMQP 0-9-1's: consumer.amqp.frames")
-_DEFAULTS = tuple(getattr(_PROPERTIES(), name) for name in _PROPERTY_NAMES)
-# Each property's place, flag bit and AMQP type.
-_PROPERTY_TYPES = tuple(
-    (index, _PROPERTIES.flags[name], getattr(_PROPERTIES, "_" + name))
-    for index, name in enumerate(_PROPERTY_NAMES)
-)
+order of the assignment in :func:`_content_header`; a pamqp that differed is refused by
+:func:`consumer.amqp.fast_paths.problems`, and this receiver is then not installed."""
+try:
+    _DEFAULTS = tuple(getattr(_PROPERTIES(), name) for name in PROPERTY_NAMES)
+    # Each property's place, flag bit and AMQP type.
+    _PROPERTY_TYPES = tuple(
+        (index, _PROPERTIES.flags[name], getattr(_PROPERTIES, "_" + name))
+        for index, name in enumerate(PROPERTY_NAMES)
+    )
+except (AttributeError, KeyError, TypeError):  # pragma: no cover - refused at install
+    _DEFAULTS, _PROPERTY_TYPES = (), ()
 
 
 class _Unreadable(Exception):
@@ -232,5 +233,11 @@ class BulkFrameReceiver(aiormq.connection.FrameReceiver):
 
 def install() -> None:
     """Read frames with :class:`BulkFrameReceiver` in every aiormq connection opened after this
-    (aiormq builds its receiver by this module-level name when it connects)."""
+    (aiormq builds its receiver by this module-level name when it connects). Through
+    :func:`consumer.amqp.fast_paths.install`, which checks aiormq first."""
     aiormq.connection.FrameReceiver = BulkFrameReceiver  # type: ignore[misc]
+
+
+def uninstall() -> None:
+    """aiormq's own receiver again, for the connections opened after this."""
+    aiormq.connection.FrameReceiver = BulkFrameReceiver.__mro__[1]  # type: ignore[misc,assignment]

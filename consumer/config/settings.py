@@ -152,6 +152,9 @@ class Settings(BaseSettings):
     amqp_cert_file: Path | None = None
     amqp_key_file: Path | None = Field(default=None, validate_default=True)
     amqp_verify_hostname: bool = True
+    # aiormq's frame receiver and channel replaced by faster ones (consumer.amqp.fast_paths);
+    # false runs on aiormq's own code: slower, otherwise the same.
+    amqp_fast_path: bool = True
     # TLS to PostgreSQL, libpq's meaning; they override sslmode= and sslrootcert= in the URL.
     database_sslmode: SslMode | None = None
     database_sslrootcert: Path | None = Field(default=None, validate_default=True)

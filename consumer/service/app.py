@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 from uuid import UUID, uuid4
 
+from consumer.amqp import fast_paths
 from consumer.config.settings import Settings
 from consumer.config.startup import EXIT_CONFIG, EXIT_FAILURE
 from consumer.db.crashes import CrashLedger, Liveness
@@ -245,6 +246,7 @@ async def serve(
             message_log=message_log,
         )
         logger.info("starting", settings=settings.describe(), handlers=list(registry))
+        _warn_of_refused_hooks(logger, fast_path=settings.amqp_fast_path)
         try:
             async with (
                 LoopWatchdog(
@@ -275,6 +277,21 @@ async def serve(
             return _fatal(logger, str(error), EXIT_FAILURE)
     logger.info("stopped")
     return 0
+
+
+def _warn_of_refused_hooks(logger: Logger, *, fast_path: bool) -> None:
+    """One line if aiormq's or pamqp's private code is not what a hook replaces: that part runs
+    on the library's own code (:mod:`consumer.amqp.fast_paths`)."""
+    refused = fast_paths.refused(fast_path=fast_path)
+    if refused:
+        logger.warning(
+            "aiormq's or pamqp's private code differs from what the service replaces: those "
+            "parts run on the library's own code",
+            hooks=sorted(refused),
+            differences=[
+                f"{hook}: {problem}" for hook, found in refused.items() for problem in found
+            ],
+        )
 
 
 def _on_signals(stop: asyncio.Event, logger: Logger, before_exit: Callable[[], None]) -> None:

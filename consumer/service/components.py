@@ -110,6 +110,7 @@ def broker_config(settings: Settings) -> BrokerConfig:
         service=settings.name,
         prefetch=settings.prefetch,
         publish_timeout=settings.publish_timeout.total_seconds(),
+        fast_path=settings.amqp_fast_path,
     )
 
 

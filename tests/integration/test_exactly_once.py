@@ -19,14 +19,19 @@ from tests.support import (
 )
 
 
+@pytest.mark.parametrize("fast_path", ["true", "false"])
 @pytest.mark.parametrize("batch_size", ["1", "25"])
 async def test_a_thousand_reserves_with_duplicates_apply_exactly_once(
-    env: TestEnv, batch_size: str
+    env: TestEnv, batch_size: str, fast_path: str
 ) -> None:
-    # Given a running service and a restocked SKU
+    # Given a running service, on aiormq's fast paths or its own code, and a restocked SKU
     await env.apply_topology()
-    service = ServiceProcess(env, batch_size=batch_size, prefetch="100").start()
+    service = ServiceProcess(
+        env, batch_size=batch_size, prefetch="100", amqp_fast_path=fast_path
+    ).start()
     await service.wait_ready()
+    (starting,) = [line for line in service.log_lines() if line.get("event") == "starting"]
+    assert starting["settings"]["amqp_fast_path"] is (fast_path == "true")
     async with env.producer() as producer:
         restock = await producer.send("inventory.restock", {"sku": "SKU-1", "qty": 1500})
         await wait_until(

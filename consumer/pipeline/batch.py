@@ -33,13 +33,12 @@ from consumer.db.guard import Guard, guarded_transaction
 from consumer.db.receipts import Receipts
 from consumer.envelope import Envelope
 from consumer.error_text import message_of
-from consumer.errors import ConfigError, PipelineFault
 from consumer.pipeline.calls import HandlerCaller
 from consumer.pipeline.isolated import EPOCH, Alone
 from consumer.pipeline.judge import (
     Judge,
     aborted_before,
-    raise_if_connection_lost,
+    on_a_connection,
     raise_unless_the_events_fault,
 )
 from consumer.pipeline.outcome import Applied, Failed, Verdict
@@ -131,25 +130,22 @@ class BatchEngine:
         failed. A lock conflict that batching itself causes (``_CONTENTION``) is no failure of
         the event: what is done commits, releasing its locks, and the rest goes round again."""
         deferred: list[int] = []
-        try:
-            async with self._database.connection() as conn:
-                try:
-                    found: list[Verdict | None]
-                    try:
-                        with self._tracing.transaction(items):
-                            found = list(await self._optimistically(conn, items))
-                    except _HandlerFailed as failure:
-                        with self._tracing.transaction(items):
-                            found = await self._in_savepoints(conn, items, failure, deferred)
-                except Exception as error:
-                    raise_if_connection_lost(conn, error)
-                    raise
-        except (ConfigError, PipelineFault):
-            raise
-        except Exception as error:
+
+        async def applied(conn: asyncpg.Connection[Any]) -> list[Verdict | None]:
+            try:
+                with self._tracing.transaction(items):
+                    return list(await self._optimistically(conn, items))
+            except _HandlerFailed as failure:
+                with self._tracing.transaction(items):
+                    return await self._in_savepoints(conn, items, failure, deferred)
+
+        def failed(error: Exception) -> list[Verdict | None]:
             if classify(error) is ErrorKind.UNAVAILABLE:
+                deferred.clear()  # nothing committed: every event waits for the database
                 return [self._judge.failed(item.delivery, error) for item in items]
             raise _ApplyAlone from error
+
+        found = await on_a_connection(self._database, applied, failed=failed)
         committed_at = datetime.now(UTC)
         verdicts = [
             Applied(v.duplicate, committed_at) if isinstance(v, Applied) else v for v in found

@@ -21,12 +21,12 @@ from consumer.db.crashes import CrashLedger, Mark
 from consumer.db.database import Database
 from consumer.db.guard import Guard, guarded_transaction
 from consumer.db.receipts import Receipts, TransactionLost
-from consumer.errors import ConfigError, HandlerEndedTransaction, PipelineFault
+from consumer.errors import HandlerEndedTransaction
 from consumer.pipeline.calls import HandlerCaller
 from consumer.pipeline.judge import (
     Judge,
+    on_a_connection,
     own_fault,
-    raise_if_connection_lost,
     raise_unless_the_events_fault,
 )
 from consumer.pipeline.outcome import Applied, Failed, Verdict
@@ -66,42 +66,41 @@ class Alone:
 
     async def apply(self, item: Ready) -> Verdict:
         """``item`` in a transaction of its own."""
-        try:
-            async with self._database.connection() as conn:
-                try:
-                    with self._tracing.transaction([item]):
-                        async with guarded_transaction(conn, within=self._guard.within):
-                            fresh = await self._receipts.insert(conn, item.event)
-                            if fresh:
-                                await self._caller.run(conn, item)
-                            await self._receipts.seal(conn, [item.event] if fresh else [])
-                except (HandlerEndedTransaction, TransactionLost) as ended:
-                    return await self._after_ended_transaction(conn, item, ended)
-                except Exception as error:
-                    raise_if_connection_lost(conn, error)
-                    raise
-        except (ConfigError, PipelineFault):
-            raise
-        except Exception as error:
-            return self._judge.failed(item.delivery, own_fault(error, item), alone=True)
-        return Applied(duplicate=not fresh, committed_at=datetime.now(UTC))
+
+        async def applied(conn: asyncpg.Connection[Any]) -> Verdict:
+            try:
+                with self._tracing.transaction([item]):
+                    async with guarded_transaction(conn, within=self._guard.within):
+                        fresh = await self._receipts.insert(conn, item.event)
+                        if fresh:
+                            await self._caller.run(conn, item)
+                        await self._receipts.seal(conn, [item.event] if fresh else [])
+            except (HandlerEndedTransaction, TransactionLost) as ended:
+                return await self._after_ended_transaction(conn, item, ended)
+            return Applied(duplicate=not fresh, committed_at=datetime.now(UTC))
+
+        return await on_a_connection(
+            self._database,
+            applied,
+            failed=lambda error: self._judge.failed(
+                item.delivery, own_fault(error, item), alone=True
+            ),
+        )
 
     async def mark(self, delivery: Delivery, event_id: UUID) -> Mark | Failed:
         """Mark the event in progress, committed before any of its handler's code runs (its
         payload's validators included); the mark says if it is known to kill processes. A
         verdict instead if the database cannot take the mark."""
-        try:
-            async with self._database.connection() as conn:
-                try:
-                    begin = self._ledger.begin(conn, event_id)
-                    return self._ledger.mark_of(await self._guard.run(conn, begin, locks=True))
-                except Exception as error:
-                    raise_if_connection_lost(conn, error)
-                    raise
-        except (ConfigError, PipelineFault):
-            raise
-        except Exception as error:
-            return self._judge.failed(delivery, error, alone=True)
+
+        async def marked(conn: asyncpg.Connection[Any]) -> Mark | Failed:
+            begin = self._ledger.begin(conn, event_id)
+            return self._ledger.mark_of(await self._guard.run(conn, begin, locks=True))
+
+        return await on_a_connection(
+            self._database,
+            marked,
+            failed=lambda error: self._judge.failed(delivery, error, alone=True),
+        )
 
     async def clear(self, event_id: UUID) -> None:
         """Remove the event's mark (its fate is settled); best effort: a mark left behind by a
@@ -117,29 +116,28 @@ class Alone:
         whatever the handler does (a handler's failure rolls back only its savepoint)."""
         event_id = item.event.event_id
         guard = self._guard
-        try:
-            async with self._database.connection() as conn:
-                try:
-                    with self._tracing.transaction([item]):
-                        async with guarded_transaction(conn, within=guard.within):
-                            verdict = await self.in_savepoint(conn, item)
-                            await guard.run(conn, self._ledger.clear(conn, event_id))
-                            fresh = [item.event] if _fresh(verdict) else []
-                            await self._receipts.seal(conn, fresh)
-                except (HandlerEndedTransaction, TransactionLost) as ended:
-                    verdict = await self._after_ended_transaction(conn, item, ended)
-                    await guard.run(conn, self._ledger.clear(conn, event_id))
-                    return verdict
-                except Exception as error:
-                    raise_if_connection_lost(conn, error)
-                    raise
-        except (ConfigError, PipelineFault):
-            raise
-        except Exception as error:
-            return self._judge.failed(item.delivery, error, alone=True)
-        if isinstance(verdict, Applied):
-            return Applied(verdict.duplicate, datetime.now(UTC))
-        return verdict
+
+        async def applied(conn: asyncpg.Connection[Any]) -> Verdict:
+            try:
+                with self._tracing.transaction([item]):
+                    async with guarded_transaction(conn, within=guard.within):
+                        verdict = await self.in_savepoint(conn, item)
+                        await guard.run(conn, self._ledger.clear(conn, event_id))
+                        fresh = [item.event] if _fresh(verdict) else []
+                        await self._receipts.seal(conn, fresh)
+            except (HandlerEndedTransaction, TransactionLost) as ended:
+                verdict = await self._after_ended_transaction(conn, item, ended)
+                await guard.run(conn, self._ledger.clear(conn, event_id))
+                return verdict
+            if isinstance(verdict, Applied):
+                return Applied(verdict.duplicate, datetime.now(UTC))
+            return verdict
+
+        return await on_a_connection(
+            self._database,
+            applied,
+            failed=lambda error: self._judge.failed(item.delivery, error, alone=True),
+        )
 
     async def in_savepoint(self, conn: asyncpg.Connection[Any], item: Ready) -> Verdict:
         """``item`` in a savepoint of the open transaction: its failure rolls back only itself.

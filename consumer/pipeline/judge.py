@@ -7,13 +7,15 @@ a handler ended the transaction) is raised past the event, for the batch engine 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import asyncpg
 
 from consumer.amqp.delivery import Delivery, Ready
 from consumer.amqp.headers import attempts_so_far
 from consumer.classification import ErrorKind, classify
+from consumer.db.database import Database
 from consumer.error_text import message_of
 from consumer.errors import (
     ConfigError,
@@ -31,6 +33,7 @@ from consumer.pipeline.retry import DeadLetter, DeadLetterReason, RetryPolicy
 __all__ = [
     "Judge",
     "aborted_before",
+    "on_a_connection",
     "own_fault",
     "raise_if_connection_lost",
     "raise_unless_the_events_fault",
@@ -69,6 +72,32 @@ class Judge:
             timeout, attempts, delivery.connection_losses, database_answers=False
         )
         return Failed(down, decision, attempts)
+
+
+T = TypeVar("T")
+
+
+async def on_a_connection(
+    database: Database,
+    work: Callable[[asyncpg.Connection[Any]], Awaitable[T]],
+    *,
+    failed: Callable[[Exception], T],
+) -> T:
+    """``work`` on a pooled connection of its own, what it raises sorted three ways: a lost
+    connection is :class:`DatabaseUnavailable` whatever the handler made of it; what no event can
+    be blamed for (:class:`ConfigError`, :class:`PipelineFault`) goes on up; anything else, the
+    pool's own refusal included, is this work's failure, and ``failed(error)`` its verdict."""
+    try:
+        async with database.connection() as conn:
+            try:
+                return await work(conn)
+            except Exception as error:
+                raise_if_connection_lost(conn, error)
+                raise
+    except (ConfigError, PipelineFault):
+        raise
+    except Exception as error:
+        return failed(error)
 
 
 def own_fault(error: Exception, item: Ready) -> Exception:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -108,29 +108,19 @@ class Settler:
             if isinstance(verdict, Rejected) and verdict.poison.error_class is None:
                 await delivery.nack(requeue=False)
                 return Settled(label)
-            return await self._republished(delivery, self._copy(delivery, verdict), label)
+            return await self._republished(delivery, verdict, label)
         except ChannelGone:
             return Settled(label, channel_gone=True)
 
-    def _copy(self, delivery: Delivery, verdict: Verdict) -> Coroutine[Any, Any, None]:
-        if isinstance(verdict, Rejected):
-            return self._publish_poison(delivery, verdict)
-        assert isinstance(verdict, Failed)
-        if isinstance(verdict.decision, Retry):
-            return self._publish_retry(delivery, verdict, verdict.decision)
-        assert isinstance(verdict.decision, DeadLetter)
-        return self._publish_dead_letter(delivery, verdict, verdict.decision)
-
     async def _republished(
-        self, delivery: Delivery, publish: Coroutine[Any, Any, None], kind: OutcomeKind
+        self, delivery: Delivery, verdict: Verdict, kind: OutcomeKind
     ) -> Settled:
-        """Publish a copy (``publish``), wait for its confirm, then ack the original."""
+        """Publish the copy ``verdict`` asks for, wait for its confirm, then ack the original."""
         if not delivery.channel_open or self.publisher is None:
-            publish.close()
             # The broker has the original back already; a copy now would be a second one.
             raise ChannelGone("the delivery's channel closed before its failure was settled")
         try:
-            await publish
+            await self._publish_copy(delivery, verdict)
         except PublishFailed as error:
             # Holding the original a moment keeps a broker that refuses publishes from turning
             # the redelivery into a hot loop that burns through the delivery limit.
@@ -144,6 +134,17 @@ class Settler:
             # no second effect). Count what happened to this one.
             return Settled(kind, channel_gone=True)
         return Settled(kind)
+
+    async def _publish_copy(self, delivery: Delivery, verdict: Verdict) -> None:
+        if isinstance(verdict, Rejected):
+            await self._publish_poison(delivery, verdict)
+            return
+        assert isinstance(verdict, Failed)
+        if isinstance(verdict.decision, Retry):
+            await self._publish_retry(delivery, verdict, verdict.decision)
+            return
+        assert isinstance(verdict.decision, DeadLetter)
+        await self._publish_dead_letter(delivery, verdict, verdict.decision)
 
     async def _publish(self, delivery: Delivery, headers: dict[str, Any], exchange: str) -> None:
         await self._published(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import warnings
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any, cast
@@ -170,11 +172,16 @@ async def test_a_closed_channel_settles_nothing_and_copies_nothing(
     channel.is_closed = True
     failed = Failed(TransientError("t"), Retry(0, timedelta(seconds=1), 1), 0)
 
-    [settled] = await settler(publisher).settle([Outcome(delivery, failed)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        [settled] = await settler(publisher).settle([Outcome(delivery, failed)])
+        gc.collect()
 
     assert settled.channel_gone
     assert channel.frames == []
     assert publisher is None or publisher.published == []
+    # No copy was begun: not even a coroutine left unawaited.
+    assert not [w for w in caught if issubclass(w.category, RuntimeWarning)]
 
 
 async def test_giving_back_is_a_single_nack_with_requeue() -> None:

@@ -91,25 +91,27 @@ class Dispatcher:
     def place_now(self, delivery: Delivery) -> None:
         """:meth:`place` for a delivery as it arrives, called from the channel's reader: it
         cannot wait, so a give-back (the service is stopping) goes out in a task of its own."""
-        phase = self.state.phase
-        if phase is Phase.ACCEPTING:
-            self._route(delivery)
-        elif phase is Phase.PAUSED:
-            self._held.append(delivery)
-        else:
+        if not self._kept(delivery):
             task = asyncio.get_running_loop().create_task(self._settler.give_back(delivery))
             self._giving_back.add(task)
             task.add_done_callback(self._giving_back.discard)
 
     async def place(self, delivery: Delivery) -> None:
         """A delivery in hand: to a worker, held through a pause, or given back when stopping."""
+        if not self._kept(delivery):
+            await self._settler.give_back(delivery)
+
+    def _kept(self, delivery: Delivery) -> bool:
+        """Routed to a worker while accepting, held while paused; False while stopping, when
+        the caller gives it back."""
         phase = self.state.phase
         if phase is Phase.ACCEPTING:
             self._route(delivery)
         elif phase is Phase.PAUSED:
             self._held.append(delivery)
         else:
-            await self._settler.give_back(delivery)
+            return False
+        return True
 
     async def admit(self, deliveries: list[Delivery]) -> list[Delivery]:
         """Of the deliveries a worker took, the ones to apply now; the others are placed again,

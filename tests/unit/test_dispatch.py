@@ -6,7 +6,9 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from consumer.service.dispatch import Dispatcher
+import pytest
+
+from consumer.service.dispatch import Dispatcher, Phase
 
 
 class _Keyless:
@@ -67,3 +69,41 @@ async def test_a_delivery_arriving_while_draining_is_given_back_before_the_drain
     dispatcher.place_now(late)
     assert await draining == 1
     assert settler.given_back == [waiting, late]
+
+
+class _Settler:
+    def __init__(self) -> None:
+        self.given_back: list[Any] = []
+
+    async def give_back(self, delivery: Any) -> None:
+        self.given_back.append(delivery)
+
+
+def _where(dispatcher: Dispatcher, settler: _Settler, delivery: Any) -> str:
+    if delivery in dispatcher.inboxes[0].take_all():
+        return "inbox"
+    if delivery in dispatcher.take_waiting():
+        return "held"
+    return "given back" if delivery in settler.given_back else "lost"
+
+
+@pytest.mark.parametrize(
+    ("phase", "place"),
+    [(Phase.ACCEPTING, "inbox"), (Phase.PAUSED, "held"), (Phase.DRAINING, "given back")],
+)
+async def test_placing_as_it_arrives_or_later_ends_in_the_same_place(
+    phase: Phase, place: str
+) -> None:
+    for placing_now in (True, False):
+        settler = _Settler()
+        dispatcher = _dispatcher(batch_wait=0.01, settler=settler, window_full=lambda: False)
+        dispatcher.state.phase = phase
+        delivery = _delivery(isolated=False)
+
+        if placing_now:
+            dispatcher.place_now(delivery)
+            await asyncio.gather(*dispatcher._giving_back)
+        else:
+            await dispatcher.place(delivery)
+
+        assert _where(dispatcher, settler, delivery) == place

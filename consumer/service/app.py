@@ -62,6 +62,7 @@ from consumer.service.pruner import PeriodicPruner
 from consumer.service.settle import Settler
 from consumer.service.supervisor import Service, ServiceConfig
 from consumer.service.watchdog import LoopWatchdog
+from consumer.service.window import PrefetchWindow
 from consumer.service.workers import Workers
 from topology.durations import to_milliseconds
 from topology.names import rung_label
@@ -146,11 +147,7 @@ def build_service(
         database=database,
     )
     settler = Settler(names=names, jitter=settings.retry_jitter, tracing=tracing)
-    service: Service | None = None
-
-    def window_full() -> bool:
-        return service is not None and service.in_flight() >= settings.prefetch
-
+    window = PrefetchWindow(settings.prefetch)
     workers_count = worker_count(settings)
     metrics.workers.set(workers_count)
     dispatcher = Dispatcher(
@@ -159,7 +156,7 @@ def build_service(
         batch_wait=settings.batch_wait.total_seconds(),
         preparer=preparer,
         settler=settler,
-        window_full=window_full,
+        window_full=window.full,
     )
 
     def on_pause(error: BaseException) -> None:
@@ -177,7 +174,7 @@ def build_service(
         tracing=tracing,
         queue=names.work,
     )
-    service = Service(
+    return Service(
         config=ServiceConfig(
             broker=broker_config(settings),
             reconnect_max_delay=settings.reconnect_max_delay.total_seconds(),
@@ -189,6 +186,7 @@ def build_service(
         dispatcher=dispatcher,
         workers=workers,
         settler=settler,
+        window=window,
         liveness=Liveness(ledger, database.connect_one),
         logger=logger,
         metrics=metrics,
@@ -203,7 +201,6 @@ def build_service(
             metrics=metrics,
         ),
     )
-    return service
 
 
 async def serve(

@@ -41,6 +41,7 @@ from consumer.service.dispatch import Dispatcher, Phase
 from consumer.service.pruner import PeriodicPruner
 from consumer.service.settle import Settler
 from consumer.service.waiting import database_ready, wait_any
+from consumer.service.window import PrefetchWindow
 from consumer.service.worker_tasks import WorkerTasks
 from consumer.service.workers import Workers
 from topology.model import Topology
@@ -80,6 +81,7 @@ class Service:
         dispatcher: Dispatcher,
         workers: Workers,
         settler: Settler,
+        window: PrefetchWindow,
         liveness: Liveness,
         logger: Logger,
         metrics: Metrics,
@@ -93,6 +95,7 @@ class Service:
         self._dispatcher = dispatcher
         self._workers = workers
         self._settler = settler
+        self._window = window
         self._liveness = liveness
         self._logger = logger
         self._metrics = metrics
@@ -101,7 +104,7 @@ class Service:
             workers=workers, inboxes=dispatcher.inboxes, liveness=liveness, logger=logger
         )
         self._database_answer = DatabaseAnswer()
-        metrics.in_flight.set_function(self.in_flight)
+        metrics.in_flight.set_function(window.in_flight)
 
     # -- the whole life ---------------------------------------------------------------------
 
@@ -135,11 +138,6 @@ class Service:
             paused=self._dispatcher.state.phase is Phase.PAUSED,
             workers=self._tasks.running,
         )
-
-    def in_flight(self) -> int:
-        """Deliveries received on the current channel and not yet settled."""
-        session = self._session
-        return session.unsettled if session is not None else 0
 
     # -- database -----------------------------------------------------------------------------
 
@@ -189,7 +187,7 @@ class Service:
                     self._metrics.settle_lost.inc,
                     self._metrics.settled_twice.inc,
                 ) as session:
-                    self._session = session
+                    self._session = self._window.session = session
                     self._settler.publisher = session.publisher
                     self._metrics.broker_connected.set(1)
                     self._logger.info(
@@ -215,7 +213,7 @@ class Service:
             except _BROKER_ERRORS as error:
                 self._logger.warning("lost RabbitMQ", error=str(error) or type(error).__name__)
             finally:
-                self._session = None
+                self._session = self._window.session = None
                 self._settler.publisher = None
                 self._metrics.broker_connected.set(0)
                 self._metrics.consuming.set(0)

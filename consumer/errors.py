@@ -16,7 +16,7 @@
     │       ├── HandlerEndedTransaction  the handler committed or rolled back the transaction
     │       ├── BatchResultError         a batch handler's answer did not fit its events
     │       ├── HardTimeLimitExceeded    it blocked the event loop past the hard time limit
-    │       ├── CrashedRepeatedly        processes died while it was being applied alone
+    │       ├── CrashedRepeatedly        processes died while it was being applied isolated
     │       ├── ConnectionLostRepeatedly its database connection broke each time it was applied
     │       └── EventExpired             its receipts' range was dropped: too old to apply
     ├── DatabaseUnavailable    the database cannot be reached: pause, count no attempt
@@ -179,13 +179,13 @@ class HardTimeLimitExceeded(PermanentError):
 
 
 class CrashedRepeatedly(PermanentError):
-    """Processes died while applying this event alone, with nothing else in flight."""
+    """Processes died while applying this event isolated, with nothing else in flight."""
 
     reason = "crashed"
 
 
 class ConnectionLostRepeatedly(PermanentError):
-    """The event's database connection broke every time it was applied alone, while the database
+    """The event's database connection broke every time it was applied isolated, while the database
     answered in between (a backend crash on its payload, a server-side session timeout)."""
 
     reason = "connection_lost"

@@ -62,6 +62,18 @@ async def wait_until(
         await asyncio.sleep(interval)
 
 
+class FakeDelivery:
+    """A stand-in for a delivery in unit tests: any attributes, compared by identity and weakly
+    referenced as a real :class:`~consumer.amqp.delivery.Delivery` is (what the service learns of
+    a delivery is kept keyed by it)."""
+
+    def __init__(self, **attributes: Any) -> None:
+        self.__dict__.update(attributes)
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(name)
+
+
 @dataclass
 class TestEnv:
     """One test's world: its own name prefix, database, HTTP port and settings."""

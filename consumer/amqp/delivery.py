@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,16 +10,18 @@ from aiormq.abc import DeliveredMessage
 from pamqp.commands import Basic
 
 from consumer.amqp.acker import Acker
-from consumer.envelope import Envelope
-from consumer.errors import ChannelGone, Poison
-from consumer.registry import Handler
+from consumer.errors import ChannelGone
 
-__all__ = ["ChannelGone", "Delivery", "Prepared", "Ready"]
+__all__ = ["ChannelGone", "Delivery"]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False, weakref_slot=True)
 class Delivery:
-    """A delivered message and the :class:`Acker` of the channel it came on.
+    """A delivered message and the :class:`Acker` of the channel it came on: what the broker
+    said, nothing the service made of it. What the service learns of a delivery is kept by whom
+    it concerns, keyed by the delivery itself (compared by identity): its parse by the
+    :class:`~consumer.pipeline.prepare.Preparer`, its span by the tracer, whether it goes the
+    isolated way next by the :class:`~consumer.service.dispatch.Dispatcher`.
 
     ``headers`` are the message's headers as the service may trust them: ``consumer-*`` headers
     only from the service's own retry ladder (:func:`consumer.amqp.headers.trusted_headers`).
@@ -30,17 +31,6 @@ class Delivery:
     acker: Acker
     headers: dict[str, Any] = field(default_factory=dict)
     received_at: float = field(default_factory=time.monotonic)
-    prepared: Prepared | Poison | None = None
-    """What :class:`~consumer.pipeline.prepare.Preparer` made of the body, kept so that it is parsed
-    once (a large body's is dropped while it waits: :mod:`consumer.service.memory`)."""
-    alone: bool = False
-    """Apply it alone, with nothing else in flight: it came back after its database connection
-    broke (see :mod:`consumer.db.crashes`; redelivered ones are applied alone too)."""
-    connection_losses: int = 0
-    """Times its database connection broke while it was applied alone, in a row."""
-    span: Any = None
-    """Its processing span while a worker has it, when tracing is on
-    (:mod:`consumer.pipeline.tracing`)."""
 
     @property
     def body(self) -> bytes:
@@ -75,11 +65,6 @@ class Delivery:
         return bool(self.message.redelivered)
 
     @property
-    def isolated(self) -> bool:
-        """Whether it must be applied alone: it came back after a death or a broken connection."""
-        return self.alone or self.redelivered
-
-    @property
     def delivery_tag(self) -> int:
         tag = self.message.delivery_tag
         assert tag is not None
@@ -97,36 +82,3 @@ class Delivery:
     async def nack(self, *, requeue: bool) -> None:
         """Reject this one message; never ``multiple=True``, which takes innocent ones along."""
         await self.acker.nack(self.delivery_tag, requeue=requeue)
-
-
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """A delivery's event, validated by its handler's payload model, and that handler."""
-
-    handler: Handler
-    event: Envelope[Any]
-
-    def key(self) -> Hashable | None:
-        """What the handler locks (its ``key``), None without one or when the function fails:
-        a failing key function only costs the routing; the handler still meets the event."""
-        key = self.handler.key
-        if key is None:
-            return None
-        try:
-            value = key(self.event.payload)
-            hash(value)  # routed by its hash: an unhashable key (a list) fails here, not there
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException:
-            return None
-        return value
-
-
-@dataclass(slots=True)
-class Ready:
-    """A prepared delivery on its way through a transaction, and the time its handler took."""
-
-    delivery: Delivery
-    handler: Handler
-    event: Envelope[Any]
-    handler_seconds: float | None = None

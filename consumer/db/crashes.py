@@ -5,11 +5,11 @@ raised. Without attribution the culprit comes back in the same company and kills
 too, until the broker's delivery limit dead-letters it and every innocent neighbour alike.
 
 So a delivery that comes back (redelivered, or held back after its database connection broke) is
-applied *alone*, with nothing else in flight in its process, and before its handler runs a mark is
-committed in ``consumer_in_progress``; the event's own transaction deletes the mark. A mark left by
-another process says that process died while applying this event and nothing else. After
+applied *isolated*, with nothing else in flight in its process, and before its handler runs a mark
+is committed in ``consumer_in_progress``; the event's own transaction deletes the mark. A mark left
+by another process says that process died while applying this event and nothing else. After
 :data:`CRASH_STRIKES` such deaths the event is dead-lettered (reason ``crashed``). Two, not one: an
-operator's SIGKILL that happens to land while one event is applied alone must not condemn it.
+operator's SIGKILL that happens to land while one event is applied isolated must not condemn it.
 
 The watchdog, which knows exactly which handler blocked the loop, writes a verdict instead
 (``hard_time_limit``) from its own thread before the process exits: that event is dead-lettered at
@@ -38,7 +38,7 @@ from consumer.errors import CrashedRepeatedly, HardTimeLimitExceeded, PermanentE
 __all__ = ["CRASH_STRIKES", "CrashLedger", "Mark", "owner_key"]
 
 CRASH_STRIKES = 2
-"""Deaths of other processes while the event was applied alone before it is dead-lettered."""
+"""Deaths of other processes while the event was applied isolated before it is dead-lettered."""
 
 HARD_TIME_LIMIT = "hard_time_limit"
 
@@ -82,7 +82,7 @@ Connector = Callable[..., Awaitable[Any]]
 
 @dataclass(frozen=True, slots=True)
 class Mark:
-    """What the ledger knew of an event when this process began to apply it alone."""
+    """What the ledger knew of an event when this process began to apply it isolated."""
 
     crashes: int
     verdict: str | None

@@ -28,6 +28,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
 
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -55,8 +56,9 @@ from consumer.pipeline.tracing import Started, Tracing
 from consumer.version import __version__
 
 if TYPE_CHECKING:
-    from consumer.amqp.delivery import Delivery, Ready
+    from consumer.amqp.delivery import Delivery
     from consumer.pipeline.outcome import Outcome, Settled
+    from consumer.pipeline.ready import Ready
 
 __all__ = ["OtelTracing"]
 
@@ -74,6 +76,8 @@ class OtelTracing(Tracing):
         self._tracer = tracer
         self._provider = provider
         self._failed: set[tuple[str, str]] = set()
+        # Each delivery's processing span while a worker has it (gone with the delivery).
+        self._spans: WeakKeyDictionary[Delivery, Span] = WeakKeyDictionary()
 
     def _safely(self, hook: str, step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``step(*args, **kwargs)``, or None if it raised: logged once per hook and error type."""
@@ -153,21 +157,24 @@ class OtelTracing(Tracing):
                 attributes=attributes,
             )
             if span is not None:
-                delivery.span = span
+                self._spans[delivery] = span
                 started.append((delivery, span))
         return started
 
+    def span_of(self, delivery: Delivery) -> Any:
+        return self._spans.get(delivery)
+
     def settled(self, outcome: Outcome, settled: Settled) -> None:
-        span = outcome.delivery.span
+        span = self._spans.pop(outcome.delivery, None)
         if span is None:
             return
-        outcome.delivery.span = None
         self._safely("ending a delivery's span", end_settled, span, outcome, settled)
 
     def abandoned(self, started: Started) -> None:
+        spans = self._spans
         for delivery, span in started or ():
-            if delivery.span is span:  # not ended by settled(), nor another worker's since
-                delivery.span = None
+            if spans.get(delivery) is span:  # not ended by settled(), nor another worker's since
+                del spans[delivery]
                 self._safely("ending an abandoned span", end_abandoned, span)
 
     # -- inside a delivery's span -------------------------------------------------------------
@@ -177,7 +184,7 @@ class OtelTracing(Tracing):
 
     @contextmanager
     def _transaction(self, items: Sequence[Ready]) -> Iterator[None]:
-        spans = [item.delivery.span for item in items if item.delivery.span is not None]
+        spans = [span for item in items if (span := self._spans.get(item.delivery)) is not None]
         attributes: dict[str, Any] = {"db.system.name": "postgresql"}
         if len(items) > 1:
             attributes["messaging.batch.message_count"] = len(items)

@@ -14,7 +14,7 @@ from consumer.logs import MessageLog
 from consumer.observe.metrics import Metrics
 from consumer.pipeline.outcome import Applied, Failed, Outcome, OutcomeKind, Rejected, Settled
 from consumer.pipeline.retry import DeadLetter, Retry
-from consumer.pipeline.tracing import trace_id_of
+from consumer.pipeline.tracing import Tracing, trace_id_of
 from topology.names import rung_label
 
 __all__ = ["OutcomeReporter"]
@@ -23,10 +23,19 @@ __all__ = ["OutcomeReporter"]
 class OutcomeReporter:
     """Logs ``message settled`` with the fields an operator filters on, and moves the metrics."""
 
-    def __init__(self, log: MessageLog, metrics: Metrics, *, log_payloads: bool = False) -> None:
+    def __init__(
+        self,
+        log: MessageLog,
+        metrics: Metrics,
+        *,
+        log_payloads: bool = False,
+        tracing: Tracing | None = None,
+    ) -> None:
+        """``tracing``: the line names the trace of the delivery's span, when there is one."""
         self._log = log
         self._metrics = metrics
         self._log_payloads = log_payloads
+        self._tracing = tracing or Tracing()
 
     def report(self, outcome: Outcome, settled: Settled) -> None:
         kind = settled.kind
@@ -52,8 +61,9 @@ class OutcomeReporter:
         }
         if event is not None and event.correlation_id is not None:
             fields["correlation_id"] = event.correlation_id
-        if delivery.span is not None:
-            fields["trace_id"] = trace_id_of(delivery.span)
+        span = self._tracing.span_of(delivery)
+        if span is not None:
+            fields["trace_id"] = trace_id_of(span)
         handler_seconds = outcome.handler_seconds
         if handler_seconds is not None:
             metrics.observe_handler(type_label, handler_seconds)

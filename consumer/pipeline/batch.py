@@ -9,7 +9,7 @@ Internal.
       a handler failed       -> ROLLBACK, again without it, each event in a savepoint
       another batch's locks  -> commit what is done, the rest in a further round (after three,
                                 one by one)
-      anything else          -> each event alone, in a transaction of its own
+      anything else          -> each event isolated, in a transaction of its own
 
 A handler can therefore run more than once for one event, but only its last, committed run has
 any effect. A transaction a handler left aborted (it swallowed a database error) fails its seal
@@ -26,7 +26,6 @@ from typing import Any
 
 import asyncpg
 
-from consumer.amqp.delivery import Ready
 from consumer.classification import ErrorKind, classify
 from consumer.db.database import Database
 from consumer.db.guard import Guard, guarded_transaction
@@ -34,7 +33,7 @@ from consumer.db.receipts import Receipts
 from consumer.envelope import Envelope
 from consumer.error_text import message_of
 from consumer.pipeline.calls import HandlerCaller
-from consumer.pipeline.isolated import EPOCH, Alone
+from consumer.pipeline.isolated import EPOCH, Isolated
 from consumer.pipeline.judge import (
     Judge,
     aborted_before,
@@ -42,6 +41,7 @@ from consumer.pipeline.judge import (
     raise_unless_the_events_fault,
 )
 from consumer.pipeline.outcome import Applied, Failed, Verdict
+from consumer.pipeline.ready import Ready
 from consumer.pipeline.retry import Return
 from consumer.pipeline.tracing import Tracing
 
@@ -59,7 +59,7 @@ _CONTENTION = (
 )
 
 
-class _ApplyAlone(Exception):
+class _ApplyIsolated(Exception):
     """The batch's transaction failed as a whole; apply each event in its own."""
 
 
@@ -87,7 +87,7 @@ class BatchEngine:
         receipts: Receipts,
         caller: HandlerCaller,
         judge: Judge,
-        alone: Alone,
+        isolated: Isolated,
         lock_timeout_ms: int,
         on_conflict: Callable[[], object] = lambda: None,
         tracing: Tracing | None = None,
@@ -98,31 +98,35 @@ class BatchEngine:
         self._receipts = receipts
         self._caller = caller
         self._judge = judge
-        self._alone = alone
+        self._isolated = isolated
         self._lock_timeout_value = f"{lock_timeout_ms}ms"
         self._lock_timeout = f"SET LOCAL lock_timeout = '{lock_timeout_ms}ms'"
         self._on_conflict = on_conflict
 
     async def apply(self, items: list[Ready], rounds: int = 0) -> list[Verdict]:
         if len(items) == 1:
-            return [await self._alone.apply(items[0])]
+            return [await self._isolated.apply(items[0])]
         if rounds >= MAX_ROUNDS:
             # Still colliding with other batches: wait for locks like any single transaction.
-            return await self._each_alone(items)
+            return await self._each_isolated(items)
         try:
             return await self._together(items, rounds)
-        except _ApplyAlone:
-            return await self._each_alone(items)
+        except _ApplyIsolated:
+            return await self._each_isolated(items)
 
-    async def _each_alone(self, items: list[Ready]) -> list[Verdict]:
+    async def _each_isolated(self, items: list[Ready]) -> list[Verdict]:
         verdicts: list[Verdict] = []
         for item in items:
             previous = verdicts[-1] if verdicts else None
             if isinstance(previous, Failed) and isinstance(previous.decision, Return):
                 # The database went away: give the rest back without knocking for each.
-                verdicts.append(self._judge.failed(item.delivery, previous.error))
+                verdicts.append(
+                    self._judge.failed(
+                        item.delivery, previous.error, connection_losses=item.connection_losses
+                    )
+                )
                 continue
-            verdicts.append(await self._alone.apply(item))
+            verdicts.append(await self._isolated.apply(item))
         return verdicts
 
     async def _together(self, items: list[Ready], rounds: int) -> list[Verdict]:
@@ -142,8 +146,13 @@ class BatchEngine:
         def failed(error: Exception) -> list[Verdict | None]:
             if classify(error) is ErrorKind.UNAVAILABLE:
                 deferred.clear()  # nothing committed: every event waits for the database
-                return [self._judge.failed(item.delivery, error) for item in items]
-            raise _ApplyAlone from error
+                return [
+                    self._judge.failed(
+                        item.delivery, error, connection_losses=item.connection_losses
+                    )
+                    for item in items
+                ]
+            raise _ApplyIsolated from error
 
         found = await on_a_connection(self._database, applied, failed=failed)
         committed_at = datetime.now(UTC)
@@ -227,12 +236,14 @@ class BatchEngine:
                 deferred.append(failure.index)
         elif failure.index is not None:
             failed = items[failure.index]
-            verdicts[failure.index] = self._judge.failed(failed.delivery, failure.error)
+            verdicts[failure.index] = self._judge.failed(
+                failed.delivery, failure.error, connection_losses=failed.connection_losses
+            )
         kept = [index for index in range(len(items)) if index != failure.index]
         async with guarded_transaction(conn, within=self._guard.within):
             await self._guard.run(conn, conn.execute(self._lock_timeout))
             for number, index in enumerate(kept):
-                verdict = await self._alone.in_savepoint(conn, items[index])
+                verdict = await self._isolated.in_savepoint(conn, items[index])
                 if isinstance(verdict, Failed) and isinstance(verdict.error, _CONTENTION):
                     self._on_conflict()
                     # Commit what is done, so our locks go; the rest goes round again.

@@ -20,7 +20,6 @@ from uuid import UUID
 
 import asyncpg
 
-from consumer.amqp.delivery import Ready
 from consumer.deadlines import Deadline
 from consumer.errors import (
     HandlerEndedTransaction,
@@ -28,6 +27,7 @@ from consumer.errors import (
     HandlerTimeout,
     PipelineFault,
 )
+from consumer.pipeline.ready import Ready
 from topology.durations import format_duration
 
 __all__ = ["HandlerCall", "HandlerCaller", "HandlerCalls", "RunningCall", "connection_lost"]

@@ -1,10 +1,10 @@
-"""One event in a transaction of its own, or in a savepoint of the batch's.
+"""One event isolated: in a transaction of its own, or in a savepoint of the batch's.
 
-Internal. :meth:`Alone.apply` runs an event in its own transaction (when a batch cannot be applied
-together); :meth:`Alone.mark` and :meth:`Alone.apply_marked` do the same for a delivery that came
-back after a process died, marked in progress first (:mod:`consumer.db.crashes`);
-:meth:`Alone.in_savepoint` runs it in a savepoint of an open transaction, whose failure rolls back
-only itself. Each savepoint is taken and released inside the event's own failure handling: the
+Internal. :meth:`Isolated.apply` runs an event in its own transaction (when a batch cannot be
+applied together); :meth:`Isolated.mark` and :meth:`Isolated.apply_marked` do the same for a
+delivery that came back after a process died, marked in progress first (:mod:`consumer.db.crashes`);
+:meth:`Isolated.in_savepoint` runs it in a savepoint of an open transaction, whose failure rolls
+back only itself. Each savepoint is taken and released inside the event's own failure handling: the
 release fails if its handler swallowed a database error, which then blames it and no other.
 """
 
@@ -16,7 +16,7 @@ from uuid import UUID
 
 import asyncpg
 
-from consumer.amqp.delivery import Delivery, Ready
+from consumer.amqp.delivery import Delivery
 from consumer.db.crashes import CrashLedger, Mark
 from consumer.db.database import Database
 from consumer.db.guard import Guard, guarded_transaction
@@ -30,9 +30,10 @@ from consumer.pipeline.judge import (
     raise_unless_the_events_fault,
 )
 from consumer.pipeline.outcome import Applied, Failed, Verdict
+from consumer.pipeline.ready import Ready
 from consumer.pipeline.tracing import Tracing
 
-__all__ = ["EPOCH", "Alone"]
+__all__ = ["EPOCH", "Isolated"]
 
 EPOCH = datetime.fromtimestamp(0, UTC)
 """The commit time of a verdict reached before its transaction committed (set after)."""
@@ -42,7 +43,7 @@ _RELEASE_SAVEPOINT = "RELEASE SAVEPOINT consumer_event"
 _ROLLBACK_TO_SAVEPOINT = "ROLLBACK TO SAVEPOINT consumer_event; RELEASE SAVEPOINT consumer_event"
 
 
-class Alone:
+class Isolated:
     """Applies one event at a time."""
 
     def __init__(
@@ -83,11 +84,16 @@ class Alone:
             self._database,
             applied,
             failed=lambda error: self._judge.failed(
-                item.delivery, own_fault(error, item), alone=True
+                item.delivery,
+                own_fault(error, item),
+                isolated=True,
+                connection_losses=item.connection_losses,
             ),
         )
 
-    async def mark(self, delivery: Delivery, event_id: UUID) -> Mark | Failed:
+    async def mark(
+        self, delivery: Delivery, event_id: UUID, connection_losses: int = 0
+    ) -> Mark | Failed:
         """Mark the event in progress, committed before any of its handler's code runs (its
         payload's validators included); the mark says if it is known to kill processes. A
         verdict instead if the database cannot take the mark."""
@@ -99,7 +105,9 @@ class Alone:
         return await on_a_connection(
             self._database,
             marked,
-            failed=lambda error: self._judge.failed(delivery, error, alone=True),
+            failed=lambda error: self._judge.failed(
+                delivery, error, isolated=True, connection_losses=connection_losses
+            ),
         )
 
     async def clear(self, event_id: UUID) -> None:
@@ -136,7 +144,9 @@ class Alone:
         return await on_a_connection(
             self._database,
             applied,
-            failed=lambda error: self._judge.failed(item.delivery, error, alone=True),
+            failed=lambda error: self._judge.failed(
+                item.delivery, error, isolated=True, connection_losses=item.connection_losses
+            ),
         )
 
     async def in_savepoint(self, conn: asyncpg.Connection[Any], item: Ready) -> Verdict:
@@ -152,7 +162,9 @@ class Alone:
         except Exception as error:
             raise_unless_the_events_fault(conn, error)
             await guard.run(conn, conn.execute(_ROLLBACK_TO_SAVEPOINT))
-            return self._judge.failed(item.delivery, own_fault(error, item))
+            return self._judge.failed(
+                item.delivery, own_fault(error, item), connection_losses=item.connection_losses
+            )
         return Applied(not fresh, EPOCH)
 
     async def _after_ended_transaction(
@@ -165,7 +177,7 @@ class Alone:
             ended = HandlerEndedTransaction.for_handler(item.handler.qualname)
         if await self._receipts.exists(conn, item.event):
             return Applied(False, datetime.now(UTC), note=str(ended))
-        return self._judge.failed(item.delivery, ended)
+        return self._judge.failed(item.delivery, ended, connection_losses=item.connection_losses)
 
 
 def _fresh(verdict: Verdict) -> bool:

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from consumer.amqp.delivery import Delivery, Ready
+from consumer.amqp.delivery import Delivery
 from consumer.amqp.headers import attempts_so_far
 from consumer.classification import ErrorKind, classify
 from consumer.db.database import Database
@@ -28,6 +28,7 @@ from consumer.errors import (
 )
 from consumer.pipeline.calls import connection_lost
 from consumer.pipeline.outcome import Failed
+from consumer.pipeline.ready import Ready
 from consumer.pipeline.retry import DeadLetter, DeadLetterReason, RetryPolicy
 
 __all__ = [
@@ -46,32 +47,51 @@ class Judge:
     def __init__(self, policy: RetryPolicy) -> None:
         self._policy = policy
 
-    def failed(self, delivery: Delivery, error: BaseException, *, alone: bool = False) -> Failed:
-        """The verdict on ``delivery`` failing with ``error``. ``alone``: it was applied on its
+    def failed(
+        self,
+        delivery: Delivery,
+        error: BaseException,
+        *,
+        isolated: bool = False,
+        connection_losses: int = 0,
+    ) -> Failed:
+        """The verdict on ``delivery`` failing with ``error``, its database connection having
+        broken ``connection_losses`` times in a row before. ``isolated``: it was applied on its
         own, so a connection that broke under it counts against it
         (:data:`~consumer.pipeline.retry.MAX_CONNECTION_LOSSES`; a stalled server does not, and a
-        restart is forgiven at the resume)."""
-        if classify(error) is ErrorKind.UNAVAILABLE:
-            delivery.alone = True  # which of its batch broke it is not known: each alone next
-            if alone and not isinstance(error, DatabaseStalled):
-                delivery.connection_losses += 1
+        restart is forgiven at the resume). Nothing of ``delivery`` changes: the verdict says
+        whether it goes the isolated way next and the losses so far, for the dispatcher."""
+        unavailable = classify(error) is ErrorKind.UNAVAILABLE
+        if unavailable and isolated and not isinstance(error, DatabaseStalled):
+            connection_losses += 1
         attempts = attempts_so_far(delivery.headers)
-        decision = self._policy.decide(error, attempts, delivery.connection_losses)
+        decision = self._policy.decide(error, attempts, connection_losses)
         if isinstance(decision, DeadLetter) and decision.reason is DeadLetterReason.CONNECTION_LOST:
             error = ConnectionLostRepeatedly(
-                f"its database connection broke {delivery.connection_losses} times in a row while "
+                f"its database connection broke {connection_losses} times in a row while "
                 f"it was applied alone, the database answering in between (last: {error})"
             )
-        return Failed(error, decision, attempts)
+        # Which event of a batch broke the connection is not known: each goes isolated next.
+        return Failed(
+            error,
+            decision,
+            attempts,
+            isolated_next=unavailable,
+            connection_losses=connection_losses,
+        )
 
-    def stalled(self, delivery: Delivery, timeout: BaseException, down: BaseException) -> Failed:
+    def stalled(
+        self,
+        delivery: Delivery,
+        timeout: BaseException,
+        down: BaseException,
+        connection_losses: int = 0,
+    ) -> Failed:
         """The verdict on ``delivery`` whose time limit ran out while, a probe says, the database
         does not answer (``down``): the policy's decision with that knowledge."""
         attempts = attempts_so_far(delivery.headers)
-        decision = self._policy.decide(
-            timeout, attempts, delivery.connection_losses, database_answers=False
-        )
-        return Failed(down, decision, attempts)
+        decision = self._policy.decide(timeout, attempts, connection_losses, database_answers=False)
+        return Failed(down, decision, attempts, connection_losses=connection_losses)
 
 
 T = TypeVar("T")
@@ -125,7 +145,7 @@ def aborted_before(error: BaseException) -> bool:
 def raise_unless_the_events_fault(conn: asyncpg.Connection[Any], error: Exception) -> None:
     """Raise ``error`` again if no event can be blamed for it: the service cannot work, the
     connection was lost, the database is unavailable, or a handler ended the transaction (then
-    every event is applied again alone). Return for the event's own failure."""
+    every event is applied again isolated). Return for the event's own failure."""
     if isinstance(error, ConfigError | PipelineFault | HandlerEndedTransaction):
         raise error
     raise_if_connection_lost(conn, error)

@@ -87,6 +87,10 @@ class Failed:
     error: BaseException
     decision: Decision
     attempts_so_far: int
+    isolated_next: bool = False
+    """The database went away under it: applied again (after the pause), it goes isolated."""
+    connection_losses: int = 0
+    """Times in a row its connection broke while it was applied isolated, this time included."""
 
     @property
     def kind(self) -> VerdictKind:

@@ -9,8 +9,8 @@ Internal.
                                                          a handler failed --> Failed (the policy)
 
 Two copies of one event in a batch are applied once: the later copy takes the first one's
-verdict. A delivery that came back after a process died or its connection broke is applied alone,
-marked in progress (:meth:`Pipeline.process_alone`). Nothing here talks to the broker:
+verdict. A delivery that came back after a process died or its connection broke is applied isolated,
+marked in progress (:meth:`Pipeline.process_isolated`). Nothing here talks to the broker:
 :mod:`consumer.service.settle` turns verdicts into acks and publishes.
 """
 
@@ -20,16 +20,17 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from uuid import UUID
 
-from consumer.amqp.delivery import Delivery, Ready
+from consumer.amqp.delivery import Delivery
 from consumer.amqp.headers import attempts_so_far
 from consumer.classification import timed_out
 from consumer.db.database import Database
 from consumer.errors import CrashedRepeatedly, DatabaseUnavailable, HardTimeLimitExceeded, Poison
 from consumer.pipeline.batch import BatchEngine
-from consumer.pipeline.isolated import Alone
+from consumer.pipeline.isolated import Isolated
 from consumer.pipeline.judge import Judge
 from consumer.pipeline.outcome import Applied, Failed, Outcome, Rejected, Verdict
 from consumer.pipeline.prepare import Preparer
+from consumer.pipeline.ready import Ready
 from consumer.pipeline.retry import Retry
 
 __all__ = ["Pipeline"]
@@ -43,13 +44,13 @@ class Pipeline:
         *,
         preparer: Preparer,
         engine: BatchEngine,
-        alone: Alone,
+        isolated: Isolated,
         judge: Judge,
         database: Database,
     ) -> None:
         self._preparer = preparer
         self._engine = engine
-        self._alone = alone
+        self._isolated = isolated
         self._judge = judge
         self._database = database
 
@@ -81,32 +82,36 @@ class Pipeline:
                 outcomes[index] = Outcome(item.delivery, verdict, item.event)
         return [outcomes[index] for index in range(len(deliveries))]
 
-    async def process_alone(self, delivery: Delivery) -> Outcome:
-        """The verdict for a delivery applied alone, marked in progress
+    async def process_isolated(self, delivery: Delivery, *, connection_losses: int = 0) -> Outcome:
+        """The verdict for a delivery applied isolated, marked in progress
         (:mod:`consumer.db.crashes`): it came back after a process died or its database connection
-        broke. The mark is taken before any of the handler's code runs, its payload model's
-        validators included."""
-        envelope = self._preparer.envelope(delivery)
-        if isinstance(envelope, Poison):
-            return Outcome(delivery, Rejected(envelope))
-        mark = await self._alone.mark(delivery, envelope.event_id)
+        broke (``connection_losses`` times in a row so far). The mark is taken before any of the
+        handler's code runs, its payload model's validators included; the body is decoded once."""
+        identified = self._preparer.identified(delivery)
+        if isinstance(identified, Poison):
+            return Outcome(delivery, Rejected(identified))
+        envelope = identified.envelope
+        mark = await self._isolated.mark(delivery, envelope.event_id, connection_losses)
         if isinstance(mark, Failed):
             return Outcome(delivery, mark, envelope)
         conviction = mark.conviction()
         if conviction is not None:
             # Dead-lettered without running again; the mark goes once the copy is confirmed.
-            return Outcome(delivery, self._judge.failed(delivery, conviction), envelope)
-        prepared = self._preparer.prepared(delivery)
+            failed = self._judge.failed(delivery, conviction, connection_losses=connection_losses)
+            return Outcome(delivery, failed, envelope)
+        prepared = self._preparer.prepared(delivery, identified)
         if isinstance(prepared, Poison):
-            await self._alone.clear(envelope.event_id)
+            await self._isolated.clear(envelope.event_id)
             return Outcome(delivery, Rejected(prepared))
-        item = Ready(delivery, prepared.handler, prepared.event)
-        (verdict,) = await self._unless_stalled([item], [await self._alone.apply_marked(item)])
+        item = Ready(
+            delivery, prepared.handler, prepared.event, connection_losses=connection_losses
+        )
+        (verdict,) = await self._unless_stalled([item], [await self._isolated.apply_marked(item)])
         if isinstance(verdict, Failed):
             # Its transaction, which deletes the mark, may not have committed (a broken
             # connection). This process lived: a mark left now would count its later death,
             # of anything, against this event.
-            await self._alone.clear(envelope.event_id)
+            await self._isolated.clear(envelope.event_id)
         return Outcome(delivery, verdict, item.event, item.handler_seconds)
 
     async def dead_lettered(self, outcome: Outcome) -> None:
@@ -114,7 +119,7 @@ class Pipeline:
         mark can go now (before, a refused copy would have let the culprit run again)."""
         verdict = outcome.verdict
         if isinstance(verdict, Failed) and _convicted(verdict.error) and outcome.event is not None:
-            await self._alone.clear(outcome.event.event_id)
+            await self._isolated.clear(outcome.event.event_id)
 
     async def _unless_stalled(self, items: list[Ready], verdicts: list[Verdict]) -> list[Verdict]:
         """A handler that timed out may have waited on a database that stopped answering (a
@@ -125,7 +130,7 @@ class Pipeline:
             await self._database.probe()
         except DatabaseUnavailable as down:
             return [
-                self._judge.stalled(item.delivery, verdict.error, down)
+                self._judge.stalled(item.delivery, verdict.error, down, item.connection_losses)
                 if isinstance(verdict, Failed) and timed_out(verdict.error)
                 else verdict
                 for item, verdict in zip(items, verdicts, strict=True)

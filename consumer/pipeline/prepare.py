@@ -7,22 +7,31 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
+from weakref import WeakKeyDictionary
 
 from pydantic import ValidationError
 
-from consumer.amqp.delivery import Delivery, Prepared
+from consumer.amqp.delivery import Delivery
 from consumer.db.retention import ReceiptWindow
 from consumer.envelope import Envelope, RawEnvelope
 from consumer.error_text import error_name, message_of
 from consumer.errors import Poison, PoisonReason
 from consumer.pipeline.calls import HandlerCall, HandlerCalls
 from consumer.pipeline.envelope_parser import EnvelopeParser, check_content_type
+from consumer.pipeline.ready import Prepared
 from consumer.registry import Handler, HandlerRegistry
 from consumer.safe_text import one_line
 
-__all__ = ["Preparer", "ValidationCall"]
+__all__ = ["Identified", "Preparer", "ValidationCall"]
+
+
+class Identified(NamedTuple):
+    """A delivery's envelope by the service's own model, and the body decoded for it."""
+
+    envelope: RawEnvelope
+    decoded: dict[str, Any]
 
 
 class Preparer:
@@ -47,45 +56,62 @@ class Preparer:
         # Per event type, the envelope model with the handler's payload model in it: a valid
         # event is validated in one pass; any other goes the long way, which says what is wrong.
         self._typed: dict[str, tuple[Handler, type[Envelope[Any]]]] = {}
+        self._prepared: WeakKeyDictionary[Delivery, Prepared | Poison] = WeakKeyDictionary()
         for event_type, handler in registry.items():
             typed = parser.typed(handler.payload_type)
             if typed is not None:
                 self._typed[event_type] = (handler, typed)
 
-    def prepared(self, delivery: Delivery) -> Prepared | Poison:
-        """The delivery prepared (or why it is poison), kept on it so that it is parsed once."""
-        if delivery.prepared is None:
-            try:
-                delivery.prepared = self._prepare(delivery)
-            except Poison as poison:
-                delivery.prepared = poison
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except BaseException as error:  # a validator's own BaseException too: all of it
-                delivery.prepared = Poison(
-                    PoisonReason.INVALID_PAYLOAD,
-                    one_line(f"{error_name(error)}: {message_of(error)}", 300),
-                    error_class=error_name(error),
-                )
-        return delivery.prepared
+    def prepared(
+        self, delivery: Delivery, identified: Identified | None = None
+    ) -> Prepared | Poison:
+        """The delivery prepared (or why it is poison), kept so that it is parsed once; from the
+        body :meth:`identified` decoded already, when given."""
+        prepared = self._prepared.get(delivery)
+        if prepared is None:
+            prepared = self._prepared[delivery] = self._prepare_or_poison(delivery, identified)
+        return prepared
 
-    def envelope(self, delivery: Delivery) -> RawEnvelope | Poison:
-        """The delivery's envelope by the service's own model alone (no handler's code runs):
-        enough to know which event it is."""
+    def forget(self, delivery: Delivery) -> None:
+        """Drop what was made of ``delivery``'s body: it is parsed again when it is applied, so
+        that the prefetch holds bodies, not their many times larger objects
+        (:mod:`consumer.service.memory`)."""
+        self._prepared.pop(delivery, None)
+
+    def identified(self, delivery: Delivery) -> Identified | Poison:
+        """The delivery's envelope by the service's own model only (no handler's code runs):
+        enough to know which event it is. The body it decoded goes on to :meth:`prepared`."""
         try:
-            envelope = self._parser.validate(self._decoded(delivery))
+            decoded = self._decoded(delivery)
+            envelope = self._parser.validate(decoded)
             self._check_age(envelope)
         except Poison as poison:
             return poison
-        return envelope
+        return Identified(envelope, decoded)
+
+    def _prepare_or_poison(
+        self, delivery: Delivery, identified: Identified | None
+    ) -> Prepared | Poison:
+        try:
+            decoded = identified.decoded if identified is not None else self._decoded(delivery)
+            return self._prepare(delivery, decoded)
+        except Poison as poison:
+            return poison
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as error:  # a validator's own BaseException too: all of it
+            return Poison(
+                PoisonReason.INVALID_PAYLOAD,
+                one_line(f"{error_name(error)}: {message_of(error)}", 300),
+                error_class=error_name(error),
+            )
 
     def _decoded(self, delivery: Delivery) -> dict[str, Any]:
         check_content_type(delivery.content_type, delivery.content_encoding)
         self._parser.check_headers(delivery.headers)
         return self._parser.decode(delivery.body)
 
-    def _prepare(self, delivery: Delivery) -> Prepared:
-        decoded = self._decoded(delivery)
+    def _prepare(self, delivery: Delivery, decoded: dict[str, Any]) -> Prepared:
         event_type = decoded.get("type")
         typed = self._typed.get(event_type) if isinstance(event_type, str) else None
         calls = self._calls

@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 MAX_CONNECTION_LOSSES = 3
-"""An event applied alone whose database connection breaks this many times in a row (with the
+"""An event applied isolated whose database connection breaks this many times in a row (with the
 database answering in between) is dead-lettered instead of being held for ever."""
 
 

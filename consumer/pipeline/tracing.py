@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from pamqp.commands import Basic
 
 if TYPE_CHECKING:
-    from consumer.amqp.delivery import Delivery, Ready
+    from consumer.amqp.delivery import Delivery
     from consumer.pipeline.outcome import Outcome, Settled
+    from consumer.pipeline.ready import Ready
 
 __all__ = ["Started", "Tracing", "publish_span", "trace_id_of"]
 
@@ -40,8 +41,12 @@ class Tracing:
         self._nothing: AbstractContextManager[None] = nullcontext()
 
     def processing(self, deliveries: Iterable[Delivery], queue: str) -> Started:
-        """A span for each of ``deliveries`` taken from ``queue``, kept on ``delivery.span``;
-        what was started, for :meth:`abandoned`."""
+        """A span for each of ``deliveries`` taken from ``queue``, kept by the tracer until the
+        delivery is settled (:meth:`span_of`); what was started, for :meth:`abandoned`."""
+        return None
+
+    def span_of(self, delivery: Delivery) -> Any:
+        """``delivery``'s processing span while a worker has it; None when tracing is off."""
         return None
 
     def settled(self, outcome: Outcome, settled: Settled) -> None:

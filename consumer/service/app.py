@@ -40,7 +40,7 @@ from consumer.observe.tracing_setup import TracingSetup
 from consumer.pipeline.batch import BatchEngine
 from consumer.pipeline.calls import HandlerCaller, HandlerCalls, RunningCall
 from consumer.pipeline.envelope_parser import EnvelopeParser
-from consumer.pipeline.isolated import Alone
+from consumer.pipeline.isolated import Isolated
 from consumer.pipeline.judge import Judge
 from consumer.pipeline.pipeline import Pipeline
 from consumer.pipeline.prepare import Preparer
@@ -118,7 +118,7 @@ def build_service(
     receipts = Receipts(consumer=settings.name, guard=guard)
     caller = HandlerCaller(default_timeout=settings.handler_timeout.total_seconds(), calls=calls)
     ledger = CrashLedger(consumer=settings.name, owner=owner)
-    alone = Alone(
+    isolated = Isolated(
         database=database,
         guard=guard,
         receipts=receipts,
@@ -137,12 +137,12 @@ def build_service(
             receipts=receipts,
             caller=caller,
             judge=judge,
-            alone=alone,
+            isolated=isolated,
             lock_timeout_ms=to_milliseconds(settings.batch_lock_timeout),
             on_conflict=metrics.batch_conflicts.inc,
             tracing=tracing,
         ),
-        alone=alone,
+        isolated=isolated,
         judge=judge,
         database=database,
     )
@@ -168,7 +168,10 @@ def build_service(
         pipeline=pipeline,
         settler=settler,
         reporter=OutcomeReporter(
-            message_log or StructlogMessageLog(logger), metrics, log_payloads=settings.log_payloads
+            message_log or StructlogMessageLog(logger),
+            metrics,
+            log_payloads=settings.log_payloads,
+            tracing=tracing,
         ),
         on_pause=on_pause,
         tracing=tracing,

@@ -1,10 +1,11 @@
 """Where each delivery in hand waits, and the state that decides it.
 
-Internal. A delivery arriving while the service accepts goes to the lane if it must be applied
-alone (it came back after a death or a broken connection: :mod:`consumer.service.isolation`), else
+Internal. A delivery arriving while the service accepts goes to the isolated queue if it must be
+applied isolated (it came back after a death or a broken connection:
+:mod:`consumer.service.isolated`), else
 to the inbox of the worker that owns its handler's key (keyless ones in turn). While the database is
 away it is held; while the service stops it is handed back. Exactly one owner at a time: an inbox,
-the lane, the held list, or a worker that took it.
+the isolated queue, the held list, or a worker that took it.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ import asyncio
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
+from weakref import WeakKeyDictionary
 
-from consumer.amqp.delivery import Delivery, Prepared
+from consumer.amqp.delivery import Delivery
+from consumer.pipeline.outcome import Failed, Outcome
 from consumer.pipeline.prepare import Preparer
+from consumer.pipeline.ready import Prepared
 from consumer.service.inbox import Inbox
-from consumer.service.isolation import Isolation
+from consumer.service.isolated import IsolatedQueue
 from consumer.service.memory import BATCH_BYTES, KEEP_PARSED_BYTES
 from consumer.service.settle import Settler
 
@@ -45,7 +49,8 @@ class State:
 
 
 class Dispatcher:
-    """Owns the inboxes, the lane and the held deliveries, and moves deliveries between them."""
+    """Owns the inboxes, the isolated queue and the held deliveries, and moves deliveries between
+    them."""
 
     def __init__(
         self,
@@ -72,8 +77,11 @@ class Dispatcher:
             )
             for _ in range(workers)
         ]
-        self.lane: Isolation[Delivery] = Isolation()
+        self.isolated: IsolatedQueue[Delivery] = IsolatedQueue()
         self._held: list[Delivery] = []
+        # What earlier verdicts taught of a delivery in hand: it goes isolated from now on, with
+        # its connection's breaks in a row so far (forgotten with the delivery).
+        self._isolated_next: WeakKeyDictionary[Delivery, int] = WeakKeyDictionary()
         self._giving_back: set[asyncio.Task[object]] = set()
         self._next_inbox = 0
         self._preparer = preparer
@@ -128,7 +136,8 @@ class Dispatcher:
 
     def pause(self, generation: int) -> bool:
         """The database went away, as work begun in ``generation`` found: hold from now on, and
-        what waits in the inboxes and the lane too. False if that news is stale or known."""
+        what waits in the inboxes and the isolated queue too. False if that news is stale or
+        known."""
         state = self.state
         if generation != state.generation or state.phase is not Phase.ACCEPTING:
             return False
@@ -146,8 +155,8 @@ class Dispatcher:
         self.database_down.clear()
         held, self._held = self._held, []
         for delivery in held:
-            if restarted:
-                delivery.connection_losses = 0
+            if restarted and delivery in self._isolated_next:
+                self._isolated_next[delivery] = 0
             if delivery.channel_open:
                 self._route(delivery)
         return len(held)
@@ -165,16 +174,29 @@ class Dispatcher:
         return len(waiting)
 
     def take_waiting(self) -> list[Delivery]:
-        """Every delivery in hand that no worker has started: held, in the lane, in the inboxes
+        """Every delivery in hand that no worker has started: held, isolated, in the inboxes
         (taken out; when their channel is gone, the broker has them back already)."""
-        waiting = [*self._held, *self.lane.take_all()]
+        waiting = [*self._held, *self.isolated.take_all()]
         waiting += [delivery for inbox in self.inboxes for delivery in inbox.take_all()]
         self._held.clear()
         return waiting
 
+    async def place_held(self, outcome: Outcome) -> None:
+        """A delivery a worker holds for the database (its verdict held it): placed again, and
+        isolated from now on if its verdict says so."""
+        verdict = outcome.verdict
+        if isinstance(verdict, Failed) and verdict.isolated_next:
+            self._isolated_next[outcome.delivery] = verdict.connection_losses
+        await self.place(outcome.delivery)
+
+    def connection_losses(self, delivery: Delivery) -> int:
+        """Times in a row ``delivery``'s connection broke while it was applied isolated."""
+        return self._isolated_next.get(delivery, 0)
+
     def _route(self, delivery: Delivery) -> None:
-        if delivery.isolated:
-            self.lane.put(delivery)
+        # Isolated: it came back after a death (redelivered) or a broken connection.
+        if delivery.redelivered or delivery in self._isolated_next:
+            self.isolated.put(delivery)
         else:
             self._to_inbox(delivery)
         if self._window_full():
@@ -194,7 +216,7 @@ class Dispatcher:
         if isinstance(prepared, Prepared) and len(delivery.body) > KEEP_PARSED_BYTES:
             # Parsed for its key only: the worker that applies it parses it again, so that the
             # prefetch holds bodies, not their many times larger objects (consumer.service.memory).
-            delivery.prepared = None
+            self._preparer.forget(delivery)
         self.inboxes[index].put(delivery)
 
 

@@ -159,7 +159,7 @@ class Settler:
             properties,
             exchange=exchange,
             routing_key=delivery.routing_key,
-            parent=delivery.span,
+            parent=self._tracing.span_of(delivery),
         ):
             await self.publisher.publish(
                 delivery.body, properties, exchange=exchange, routing_key=delivery.routing_key

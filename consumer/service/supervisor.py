@@ -3,7 +3,7 @@ the graceful stop. Internal; :mod:`consumer.service.app` builds one.
 
 ::
 
-    BrokerSession --delivery--> Dispatcher (inboxes, lane, held) --> Workers --> Pipeline
+    BrokerSession --delivery--> Dispatcher (inboxes, isolated, held) --> Workers --> Pipeline
           ^                                                               |
           |  reconnect with backoff                                 Settler (ack, publish, nack)
           +-- connection or channel lost        database away: pause (hold, probe, resume)

@@ -1,7 +1,7 @@
-"""The workers' and the lane's tasks, watched for the whole life of the service, and the liveness
-beat beside them. Internal; :class:`consumer.service.supervisor.Service` runs them.
+"""The workers' tasks (the isolated one's too), watched for the whole life of the service, and the
+liveness beat beside them. Internal; :class:`consumer.service.supervisor.Service` runs them.
 
-A worker or the lane that ends by itself leaves its deliveries with nothing to serve them, so it
+A worker that ends by itself leaves its deliveries with nothing to serve them, so it
 ends the service: :attr:`WorkerTasks.fatal` is set, and the service stops (exit non-zero) for
 its supervisor to start a new one.
 """
@@ -24,7 +24,8 @@ __all__ = ["WorkerTasks"]
 
 
 class WorkerTasks:
-    """A task per inbox and one for the lane, watched; cancelled, with the beat, on exit."""
+    """A task per inbox and one for the isolated deliveries, watched; cancelled, with the beat, on
+    exit."""
 
     def __init__(
         self,
@@ -52,7 +53,7 @@ class WorkerTasks:
             asyncio.create_task(self._workers.worker(inbox), name=f"worker-{index}")
             for index, inbox in enumerate(self._inboxes)
         ]
-        self._tasks.append(asyncio.create_task(self._workers.lane(), name="lane"))
+        self._tasks.append(asyncio.create_task(self._workers.isolated(), name="isolated"))
         for task in self._tasks:
             task.add_done_callback(self._task_ended)
         # Not watched like the workers: it ends by design at a graceful stop, before them.
@@ -72,11 +73,11 @@ class WorkerTasks:
 
     @property
     def running(self) -> bool:
-        """Every worker and the lane started and still running (``/readyz``)."""
+        """Every worker started and still running (``/readyz``)."""
         return bool(self._tasks) and not any(task.done() for task in self._tasks)
 
     def _task_ended(self, task: asyncio.Task[None]) -> None:
-        """A worker or the lane ended by itself: nothing would serve its deliveries any more, so
+        """A worker ended by itself: nothing would serve its deliveries any more, so
         the service stops (exit non-zero) and the supervisor starts a new one."""
         if task.cancelled():
             # Never this class's own cancel (__aexit__ drops this callback first): a library's

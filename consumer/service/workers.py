@@ -1,5 +1,5 @@
 """The workers: each takes batches from its inbox, applies them and settles them; one more takes
-the lane's deliveries one at a time, with nothing else in flight.
+the isolated deliveries one at a time, with nothing else in flight.
 
 Internal. A verdict that holds (the database went away) pauses the dispatcher, which keeps the
 delivery; every other verdict goes through the settler (:mod:`consumer.service.settle`), shielded
@@ -59,7 +59,7 @@ class Workers:
 
     async def worker(self, inbox: Inbox[Delivery]) -> None:
         """Batches from one inbox, for ever."""
-        lane = self._dispatcher.lane
+        isolated = self._dispatcher.isolated
         refill_due = False
         while True:
             batch = await inbox.next_batch(refill_due=refill_due)
@@ -67,13 +67,13 @@ class Workers:
             self._enter()
             started: Started = None
             try:
-                async with lane.batch():
+                async with isolated.batch():
                     live = await self._dispatcher.admit(batch)
                     started = self._tracing.processing(live, self._queue)
                     generation = self._dispatcher.state.generation
                     outcomes = await self._pipeline.process(live) if live else []
-                # Settling runs no handler's code: the lane need not wait for it (a copy can wait
-                # long for its confirm, while the broker blocks publishing).
+                # Settling runs no handler's code: isolated ones need not wait for it (a copy can
+                # wait long for its confirm, while the broker blocks publishing).
                 if outcomes:
                     # Settled with the window full: the broker refills it now
                     # (consumer.service.inbox).
@@ -83,20 +83,23 @@ class Workers:
                 self._tracing.abandoned(started)
                 self._leave()
 
-    async def lane(self) -> None:
-        """The lane's deliveries, each alone, with no batch in flight."""
-        lane = self._dispatcher.lane
+    async def isolated(self) -> None:
+        """The isolated deliveries, one at a time, with no batch in flight."""
+        isolated = self._dispatcher.isolated
         while True:
-            await lane.wait_for_work()
+            await isolated.wait_for_work()
             self._enter()
             try:
-                async with lane.alone():
-                    while (delivery := lane.take()) is not None:
+                async with isolated.turn():
+                    while (delivery := isolated.take()) is not None:
                         for live in await self._dispatcher.admit([delivery]):
                             started = self._tracing.processing([live], self._queue)
                             try:
                                 generation = self._dispatcher.state.generation
-                                outcome = await self._pipeline.process_alone(live)
+                                outcome = await self._pipeline.process_isolated(
+                                    live,
+                                    connection_losses=self._dispatcher.connection_losses(live),
+                                )
                                 await self._settle([outcome], generation)
                             finally:
                                 self._tracing.abandoned(started)
@@ -114,7 +117,7 @@ class Workers:
                 assert isinstance(verdict, Failed)
                 if self._dispatcher.pause(generation):
                     self._on_pause(verdict.error)
-                await self._dispatcher.place(outcome.delivery)
+                await self._dispatcher.place_held(outcome)
                 continue
             self._reporter.report(outcome, result)
             self._tracing.settled(outcome, result)

@@ -5,12 +5,12 @@ alarm, whose connection then closes.
 publishing connection. aiormq's "unblocked" event is only ever set again by a
 ``connection.unblocked`` frame on that same connection: if the connection closes while it is
 blocked (the broker closes connections, a node restart, a network cut), ``ready()`` never returns.
-The worker stays inside ``_settle_all`` (shielded) and inside ``Isolation.batch()``, so:
+The worker stays inside ``_settle_all`` (shielded) and inside ``IsolatedQueue.batch()``, so:
 
 - its inbox is never served again;
-- the lane (``Isolation.alone``) waits for ``_batches == 0`` for ever, and while the lane has work
-  every other worker waits in ``Isolation.batch()``: after the reconnect nothing is applied,
-  nothing is settled, and ``/readyz`` still says 200.
+- the isolated turn (``IsolatedQueue.turn``) waits for ``_batches == 0`` for ever, and while it
+  has work every other worker waits in ``IsolatedQueue.batch()``: after the reconnect nothing is
+  applied, nothing is settled, and ``/readyz`` still says 200.
 
 On a throwaway RabbitMQ node of the test's own.
 """

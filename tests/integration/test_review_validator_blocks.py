@@ -2,7 +2,7 @@
 loop escapes crash attribution.
 
 Parsing (the handler's payload model) runs in ``Service._route`` (the AMQP delivery callback's
-task) and, for a redelivered delivery, in ``Pipeline.process_alone`` *before* the mark is written
+task) and, for a redelivered delivery, in ``Pipeline.process_isolated`` *before* the mark is written
 and outside any registered ``HandlerCall``: the watchdog convicts nobody, no mark is left, and
 every death returns every delivery the process held. A supervisor restarts the service each
 time, as the chaos suite does; the culprit is only stopped by the broker's delivery limit, and

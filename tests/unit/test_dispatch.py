@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,9 +14,22 @@ class _Keyless:
     def prepared(self, delivery: Any) -> None:
         return None  # no key: round robin
 
+    def forget(self, delivery: Any) -> None:
+        pass
+
+
+class _Delivery:
+    """What the dispatcher reads of a delivery; compared by identity, as a real one."""
+
+    def __init__(self, *, redelivered: bool) -> None:
+        self.redelivered = redelivered
+        self.body = b"{}"
+        self.channel_open = True
+        self.settling_s = 0.0
+
 
 def _delivery(*, isolated: bool) -> Any:
-    return SimpleNamespace(isolated=isolated, body=b"{}", prepared=None, channel_open=True)
+    return _Delivery(redelivered=isolated)
 
 
 def _dispatcher(*, batch_wait: float, settler: Any, window_full: Any) -> Dispatcher:
@@ -32,7 +44,8 @@ def _dispatcher(*, batch_wait: float, settler: Any, window_full: Any) -> Dispatc
 
 
 async def test_an_isolated_delivery_that_fills_the_window_wakes_waiting_batches() -> None:
-    # The last delivery the window lets in went to the lane: nothing more comes for the inbox
+    # The last delivery the window lets in went to the isolated queue: nothing more comes for the
+    # inbox
     in_hand = 0
     dispatcher = _dispatcher(batch_wait=30.0, settler=None, window_full=lambda: in_hand >= 3)
     taking = asyncio.create_task(dispatcher.inboxes[0].next_batch(refill_due=True))
@@ -43,7 +56,7 @@ async def test_an_isolated_delivery_that_fills_the_window_wakes_waiting_batches(
         await asyncio.sleep(0.01)
     batch = await asyncio.wait_for(taking, 10)  # not the 30 s wait
     assert len(batch) == 2
-    assert dispatcher.lane.take() is not None
+    assert dispatcher.isolated.take() is not None
 
 
 class _SlowSettler:

@@ -22,6 +22,7 @@ from consumer.pipeline.envelope_parser import EnvelopeLimits, EnvelopeParser
 from consumer.pipeline.prepare import Preparer
 from consumer.registry import HandlerRegistry
 from consumer.service.components import envelope_limits
+from tests.support import FakeDelivery
 
 REGISTRY = HandlerRegistry.from_modules(
     ["consumer.handlers.inventory", "consumer.handlers.notifications"]
@@ -103,12 +104,11 @@ def _judge(action: Any) -> tuple[str, Any]:
 def test_prepare_agrees_with_parse_then_resolve(envelope: dict[str, Any], lenient: bool) -> None:
     preparer = LENIENT if lenient else FAST
     body = json.dumps(envelope).encode()
-    delivery = SimpleNamespace(
+    delivery = FakeDelivery(
         content_type="application/json",
         content_encoding=None,
         headers={},
         body=body,
-        prepared=None,
         message_id=None,
     )
     fast = _judge(lambda: _prepare(preparer, delivery))
@@ -125,12 +125,11 @@ def test_a_valid_reserve_takes_the_one_pass_model() -> None:
             "payload": {"order_id": "o-1", "sku": "A", "qty": 2},
         }
     ).encode()
-    delivery = SimpleNamespace(
+    delivery = FakeDelivery(
         content_type=None,
         content_encoding=None,
         headers={},
         body=body,
-        prepared=None,
         message_id=None,
     )
     handler, event = _prepare(FAST, delivery)
@@ -164,7 +163,7 @@ class _Frozen(datetime):
         return cls.fromtimestamp(NOW.timestamp(), tz)
 
 
-def _reserve_at(occurred_at: datetime) -> SimpleNamespace:
+def _reserve_at(occurred_at: datetime) -> FakeDelivery:
     body = json.dumps(
         {
             "event_id": str(uuid.uuid4()),
@@ -173,12 +172,11 @@ def _reserve_at(occurred_at: datetime) -> SimpleNamespace:
             "payload": {"order_id": "o-1", "sku": "A", "qty": 2},
         }
     ).encode()
-    return SimpleNamespace(
+    return FakeDelivery(
         content_type=None,
         content_encoding=None,
         headers={},
         body=body,
-        prepared=None,
         message_id=None,
     )
 
@@ -217,3 +215,54 @@ def test_the_age_and_skew_edges_judge_as_the_window_and_the_limit(
         assert prepared.reason is PoisonReason.INVALID_ENVELOPE
     else:
         assert not isinstance(prepared, Poison), prepared
+
+
+class _CountingParser(EnvelopeParser):
+    decoded = 0
+
+    def decode(self, body: bytes) -> dict[str, Any]:
+        self.decoded += 1
+        return super().decode(body)
+
+
+def _reserve() -> Any:
+    body = json.dumps(
+        {
+            "event_id": str(uuid.uuid4()),
+            "type": "inventory.reserve",
+            "occurred_at": datetime.now(UTC).isoformat(),
+            "payload": {"order_id": "o-1", "sku": "A", "qty": 2},
+        }
+    ).encode()
+    return FakeDelivery(
+        content_type=None, content_encoding=None, headers={}, body=body, message_id=None
+    )
+
+
+def test_an_isolated_delivery_is_decoded_once_from_its_envelope_to_its_handler() -> None:
+    parser = _CountingParser(envelope_limits(Settings()))
+    preparer = Preparer(REGISTRY, parser)
+    delivery = _reserve()
+
+    # The isolated path: which event it is (to mark it), then the handler's model.
+    identified = preparer.identified(delivery)
+    assert not isinstance(identified, Poison)
+    prepared = preparer.prepared(delivery, identified)
+
+    assert not isinstance(prepared, Poison)
+    assert prepared.event.event_id == identified.envelope.event_id
+    assert parser.decoded == 1
+
+
+def test_the_preparer_keeps_a_delivery_prepared_until_told_to_forget_it() -> None:
+    parser = _CountingParser(envelope_limits(Settings()))
+    preparer = Preparer(REGISTRY, parser)
+    delivery = _reserve()
+
+    first = preparer.prepared(delivery)
+    assert preparer.prepared(delivery) is first
+    assert parser.decoded == 1
+
+    preparer.forget(delivery)
+    preparer.prepared(delivery)
+    assert parser.decoded == 2

@@ -6,7 +6,6 @@ import json
 import uuid
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,6 +20,7 @@ from consumer.pipeline.envelope_parser import EnvelopeParser
 from consumer.pipeline.prepare import Preparer
 from consumer.registry import HandlerRegistry
 from consumer.service.components import envelope_limits, receipt_window
+from tests.support import FakeDelivery
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 WEEK = ReceiptWindow(
@@ -98,12 +98,11 @@ def _delivery(occurred_at: datetime) -> Any:
         "occurred_at": occurred_at.isoformat(),
         "payload": {"order_id": "o-1", "sku": "SKU-1", "qty": 1},
     }
-    return SimpleNamespace(
+    return FakeDelivery(
         body=json.dumps(body).encode(),
         content_type="application/json",
         content_encoding=None,
         headers={},
-        prepared=None,
         message_id=None,
     )
 
@@ -124,7 +123,7 @@ def test_the_preparer_refuses_an_expired_event_before_binding_it_to_its_handler(
     assert expired.reason is PoisonReason.EXPIRED
     assert not isinstance(preparer.prepared(_delivery(now - timedelta(minutes=50))), Poison)
     # The envelope alone (an event redelivered after a crash) is judged the same way.
-    envelope = preparer.envelope(_delivery(now - timedelta(minutes=56)))
+    envelope = preparer.identified(_delivery(now - timedelta(minutes=56)))
     assert isinstance(envelope, Poison)
     assert envelope.reason is PoisonReason.EXPIRED
 

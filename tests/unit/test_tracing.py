@@ -17,12 +17,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from consumer.amqp.delivery import Ready
 from consumer.errors import ConfigError, TransientError
 from consumer.observe.otel import OtelTracing
 from consumer.observe.traceparent import read_traceparent
 from consumer.observe.tracing_setup import TracingSetup, exporters_from
 from consumer.pipeline.outcome import Applied, Failed, Outcome, Settled
+from consumer.pipeline.ready import Ready
 from consumer.pipeline.retry import Retry
 from consumer.pipeline.tracing import Tracing, trace_id_of
 from consumer.service.settle import Settler
@@ -105,7 +105,7 @@ _OFF_PATH = """
         assert type(tracing) is Tracing and not tracing.enabled
         delivery = Delivery(message=None, acker=None)
         tracing.processing([delivery], "svc.work")
-        assert delivery.span is None
+        assert tracing.span_of(delivery) is None
         headers = {{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}
         with tracing.sending(headers, exchange="x", routing_key="k"), tracing.transaction([]):
             pass
@@ -157,7 +157,7 @@ async def test_a_retry_copy_carries_on_the_trace_of_the_delivery_it_copies(
     (delivery,) = deliveries(channel, 1)
     delivery.headers["traceparent"] = f"00-{PRODUCER_TRACE}-{PRODUCER_SPAN}-01"
     tracing.processing([delivery], "svc.work")
-    assert trace_id_of(delivery.span) == PRODUCER_TRACE
+    assert trace_id_of(tracing.span_of(delivery)) == PRODUCER_TRACE
 
     # When it fails transiently and the settler publishes its retry copy
     settler = Settler(names=NAMES, publish_failure_pause=0.0, tracing=tracing)
@@ -188,7 +188,7 @@ async def test_a_retry_copy_carries_on_the_trace_of_the_delivery_it_copies(
     carried = read_traceparent(headers)
     assert carried is not None
     assert (carried.trace_id, carried.span_id) == (copy.context.trace_id, copy.context.span_id)
-    assert delivery.span is None
+    assert tracing.span_of(delivery) is None
 
 
 async def test_a_hostile_traceparent_starts_a_trace_of_its_own(
@@ -266,13 +266,13 @@ def test_a_worker_ends_only_the_spans_it_started_and_left_open(
     first = tracing.processing([delivery], "svc.work")
     tracing.settled(Outcome(delivery, Applied(False, NOW)), Settled(None))
     tracing.processing([delivery], "svc.work")
-    theirs = delivery.span
+    theirs = tracing.span_of(delivery)
 
     # When the first worker's clean-up runs
     tracing.abandoned(first)
 
     # Then the other worker's span is still open, on the delivery
-    assert delivery.span is theirs
+    assert tracing.span_of(delivery) is theirs
     (held,) = _finished(exported, "process")
     assert held.attributes is not None
     assert held.attributes["consumer.outcome"] == "held"
@@ -300,11 +300,13 @@ async def test_a_span_processor_that_raises_never_reaches_the_work_it_traces() -
     with pytest.raises(TransientError), tracing.transaction(items):
         raise TransientError("its own")
     headers: dict[str, Any] = {}
-    with tracing.sending(headers, exchange="svc.retry", routing_key="t", parent=delivery.span):
+    with tracing.sending(
+        headers, exchange="svc.retry", routing_key="t", parent=tracing.span_of(delivery)
+    ):
         pass
     tracing.settled(Outcome(delivery, Applied(False, NOW)), Settled(None))
     tracing.abandoned(started)
     tracing.close()
 
     assert read_traceparent(headers) is not None  # the copy still carries the trace
-    assert delivery.span is None
+    assert tracing.span_of(delivery) is None

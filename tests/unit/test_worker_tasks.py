@@ -21,7 +21,7 @@ class Workers:
         # out: the publish's confirm fails with the CancelledError that stopped aiormq's reader.
         raise asyncio.CancelledError
 
-    async def lane(self) -> None:
+    async def isolated(self) -> None:
         await asyncio.Event().wait()
 
 

@@ -1,10 +1,11 @@
-"""The lane of deliveries applied alone: each with nothing else of this process in flight.
+"""The isolated deliveries: each applied with nothing else of this process in flight.
 
 A delivery that comes back after its process died, or after its database connection broke, may
-be the one that kills processes or connections; applied alone, a second death names it
-(:mod:`consumer.db.crashes`). Workers enter each batch through :meth:`Isolation.batch`; the lane's
-runner takes its deliveries one at a time under :meth:`Isolation.alone`, which waits until no batch
-is in flight and keeps new batches out until the lane is empty. Deliveries in the lane go first.
+be the one that kills processes or connections; applied isolated, a second death names it
+(:mod:`consumer.db.crashes`). Workers enter each batch through :meth:`IsolatedQueue.batch`; the
+isolated worker takes its deliveries one at a time in :meth:`IsolatedQueue.turn`, which waits
+until no batch is in flight and keeps new batches out until the queue is empty. Isolated
+deliveries go first.
 """
 
 from __future__ import annotations
@@ -18,16 +19,16 @@ from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["Isolation"]
+__all__ = ["IsolatedQueue"]
 
 
-class Isolation(Generic[T]):
-    """A FIFO of deliveries to apply alone, and the gate between it and the workers' batches."""
+class IsolatedQueue(Generic[T]):
+    """A FIFO of deliveries to apply isolated, and the gate between it and the workers' batches."""
 
     def __init__(self) -> None:
         self._queue: deque[T] = deque()
         self._batches = 0
-        self._alone = False
+        self._turn_taken = False
         self._waiters: list[asyncio.Future[None]] = []
 
     def put(self, item: T) -> None:
@@ -50,13 +51,13 @@ class Isolation(Generic[T]):
         await self._until(lambda: bool(self._queue))
 
     def batch(self) -> _Batch:
-        """A worker's batch (``async with``): waits while anything is in the lane or being
-        applied alone."""
+        """A worker's batch (``async with``): waits while anything is queued here or being
+        applied isolated."""
         return _Batch(self)
 
     async def _enter_batch(self) -> None:
-        if self._alone or self._queue:
-            await self._until(lambda: not self._alone and not self._queue)
+        if self._turn_taken or self._queue:
+            await self._until(lambda: not self._turn_taken and not self._queue)
         self._batches += 1
 
     def _leave_batch(self) -> None:
@@ -64,14 +65,14 @@ class Isolation(Generic[T]):
         self._changed()
 
     @asynccontextmanager
-    async def alone(self) -> AsyncIterator[None]:
-        """The lane's turn: no batch starts, and the ones in flight have ended."""
-        self._alone = True
+    async def turn(self) -> AsyncIterator[None]:
+        """The isolated deliveries' turn: no batch starts, and the ones in flight have ended."""
+        self._turn_taken = True
         try:
             await self._until(lambda: self._batches == 0)
             yield
         finally:
-            self._alone = False
+            self._turn_taken = False
             self._changed()
 
     async def _until(self, condition: Callable[[], bool]) -> None:
@@ -95,16 +96,16 @@ class Isolation(Generic[T]):
 
 
 class _Batch:
-    """:meth:`Isolation.batch`'s context: a class, not a generator's context manager, as every
+    """:meth:`IsolatedQueue.batch`'s context: a class, not a generator's context manager, as every
     batch enters one."""
 
-    __slots__ = ("_isolation",)
+    __slots__ = ("_queue",)
 
-    def __init__(self, isolation: Isolation[Any]) -> None:
-        self._isolation = isolation
+    def __init__(self, queue: IsolatedQueue[Any]) -> None:
+        self._queue = queue
 
     async def __aenter__(self) -> None:
-        await self._isolation._enter_batch()
+        await self._queue._enter_batch()
 
     async def __aexit__(
         self,
@@ -112,4 +113,4 @@ class _Batch:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._isolation._leave_batch()
+        self._queue._leave_batch()

@@ -9,9 +9,11 @@ Handler authors need only what is exported here::
 
 ``register_batch`` marks a handler that applies a whole batch of events in a few statements.
 
-This package's other modules are the service's insides: they may change in any release. The
-command line (``consumer --help``), the settings (``CONSUMER_*``), the SQL tables and the
-headers on dead letters are the rest of the public surface.
+Everything else in this package is internal and may change in any release: the wings
+(``config``, ``amqp``, ``db``, ``pipeline``, ``observe``, ``service``, ``cli``) and the modules
+beside this one. No module there says so again. The command line (``consumer --help``), the
+settings (``CONSUMER_*``), the metrics, the log lines' fields, the SQL tables and the headers on
+dead letters are the rest of the public surface.
 """
 
 from consumer.envelope import Envelope

@@ -1,10 +1,10 @@
 """A time limit for one await, as :func:`asyncio.timeout` sets it, at about half its cost.
 
-Internal. Every batch runs five or six awaits under a limit (the pool's acquire, each of the
-service's statements, the handler's call): :func:`asyncio.timeout` costs about 11 µs each on the
-service's two cores, this about 5. It does what ``asyncio.timeout`` does for one ``async with``:
-when the limit passes, the task is cancelled, and the ``CancelledError`` that brings comes out of
-the block as ``TimeoutError``; a cancellation from elsewhere stays a cancellation.
+Every batch runs five or six awaits under a limit (the pool's acquire, each of the service's
+statements, the handler's call): :func:`asyncio.timeout` costs about 11 µs each on the service's
+two cores, this about 5. It does what ``asyncio.timeout`` does for one ``async with``: when the
+limit passes, the task is cancelled, and the ``CancelledError`` that brings comes out of the block
+as ``TimeoutError``; a cancellation from elsewhere stays a cancellation.
 """
 
 from __future__ import annotations

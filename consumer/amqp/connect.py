@@ -1,8 +1,8 @@
 """Opening connections to RabbitMQ, with errors that say where and why (and no password).
 
-Internal. ``CONSUMER_AMQP_URL`` may name several nodes of a cluster, comma-separated: each
-connection tries them in turn, starting after the one that last failed, so a dead node costs one
-attempt, not every reconnect's first.
+``CONSUMER_AMQP_URL`` may name several nodes of a cluster, comma-separated: each connection tries
+them in turn, starting after the one that last failed, so a dead node costs one attempt, not every
+reconnect's first.
 """
 
 from __future__ import annotations

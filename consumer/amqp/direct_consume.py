@@ -1,8 +1,8 @@
 """Deliveries handed to the consumer as they are read, without a task for each.
 
-Internal. aiormq's channel starts a task for every delivery to run the consumer's callback in,
-tracked by two future stores with a done-callback each: about a tenth of the service's CPU at full
-rate, for a callback that only files the delivery with a worker (:mod:`consumer.service.dispatch`).
+aiormq's channel starts a task for every delivery to run the consumer's callback in, tracked by two
+future stores with a done-callback each: about a tenth of the service's CPU at full rate, for a
+callback that only files the delivery with a worker (:mod:`consumer.service.dispatch`).
 :class:`DirectDeliveryChannel` calls such a callback straight from the channel's reader, in
 delivery order, for the consumers registered through :func:`consume_direct`; every other consumer
 and every other frame go aiormq's way. :func:`install` makes aiormq build its channels from this

@@ -1,13 +1,13 @@
 """AMQP frames read off the socket in bulk and decoded without pamqp's generic machinery.
 
-Internal. aiormq reads every frame with three ``readexactly`` calls under a lock into a
-``BytesIO``, and pamqp decodes it by walking the spec's attribute list, slicing the rest of the
-frame after every field. A delivery is three frames (method, content header, body): on the
-service's two cores that came to about 50 µs of pamqp alone per message, a sixth of the service's
-CPU at full rate. :class:`BulkFrameReceiver` takes what the socket holds at once and cuts the
-frames out of it; :func:`decode_frame` builds the three frames of a delivery directly and hands
-every other frame (and any frame the fast path cannot read) to pamqp, so what comes out is what
-pamqp would have built, errors included. The property decoders are pamqp's own, as
+aiormq reads every frame with three ``readexactly`` calls under a lock into a ``BytesIO``, and
+pamqp decodes it by walking the spec's attribute list, slicing the rest of the frame after every
+field. A delivery is three frames (method, content header, body): on the service's two cores that
+came to about 50 µs of pamqp alone per message, a sixth of the service's CPU at full rate.
+:class:`BulkFrameReceiver` takes what the socket holds at once and cuts the frames out of it;
+:func:`decode_frame` builds the three frames of a delivery directly and hands every other frame
+(and any frame the fast path cannot read) to pamqp, so what comes out is what pamqp would have
+built, errors included. The property decoders are pamqp's own, as
 :func:`consumer.amqp.wire.install` made them total: a hostile header costs only its message here
 too.
 

@@ -1,7 +1,7 @@
 """How a setting's text becomes its value: the parsers, types and checks that
 :class:`consumer.config.settings.Settings` declares its fields with.
 
-Internal. Each raises ``ValueError`` with a message that completes "CONSUMER_X ...", so that
+Each raises ``ValueError`` with a message that completes "CONSUMER_X ...", so that
 :func:`consumer.config.setting_errors.describe_settings_error` can name the setting in one line.
 """
 

@@ -1,7 +1,7 @@
 """The service's own statements under a time limit: a server that stops answering is a
 :class:`~consumer.errors.DatabaseStalled`, not a connection held for as long as TCP lasts.
 
-Internal. Handlers' statements are not guarded here: the handler's own time limit covers them.
+Handlers' statements are not guarded here: the handler's own time limit covers them.
 """
 
 from __future__ import annotations

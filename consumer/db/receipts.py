@@ -1,8 +1,8 @@
 """The idempotency receipts: one row per applied event, committed with its effect.
 
-Internal. A receipt that already exists means the event's effect does too: its delivery is a
-duplicate. The run-time role may only insert and read them (sql/002): the service cannot undo what
-records an effect as applied.
+A receipt that already exists means the event's effect does too: its delivery is a duplicate. The
+run-time role may only insert and read them (sql/002): the service cannot undo what records an
+effect as applied.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Tracing with OpenTelemetry (the ``otel`` extra): spans after the messaging conventions.
 
-Internal; imported only by :class:`consumer.pipeline.tracing.TracingSetup`, and only when tracing is
+Imported only by :class:`consumer.observe.tracing_setup.TracingSetup`, and only when tracing is
 asked for. One trace follows an event from its producer to its commit::
 
     publish <exchange>   PRODUCER (the producer; `consumer publish`)

@@ -1,7 +1,6 @@
 """What the service's spans carry, apart from when they start and end
 (:mod:`consumer.observe.otel`): the parent context a message's headers name, the context written
-onto a copy it publishes, and the attributes and status a span ends with. Internal, like
-:mod:`consumer.observe.otel`."""
+onto a copy it publishes, and the attributes and status a span ends with."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """What ``/readyz`` says: connected, consuming, the database answering, not paused, workers alive.
 
-Internal. The database is asked on a fresh connection at most once every
-:data:`READINESS_CACHE_SECONDS`, however many clients ask: a crowd of requests must not become a
-crowd of backends.
+The database is asked on a fresh connection at most once every :data:`READINESS_CACHE_SECONDS`,
+however many clients ask: a crowd of requests must not become a crowd of backends.
 """
 
 from __future__ import annotations

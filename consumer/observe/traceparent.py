@@ -1,9 +1,9 @@
 """W3C trace context in message headers: ``traceparent`` (and ``tracestate``) read and written.
 
-Internal; pure, and free of OpenTelemetry (the core runs without the ``otel`` extra). A header is
-whatever a producer wrote, so reading is total: a value that is not a valid trace context
-(garbage, too long, version ``ff``, an all-zero id, a version-00 value with extra fields) is
-ignored, as the W3C recommendation says (the event starts a trace of its own), never a failure.
+Pure, and free of OpenTelemetry (the core runs without the ``otel`` extra). A header is whatever a
+producer wrote, so reading is total: a value that is not a valid trace context (garbage, too long,
+version ``ff``, an all-zero id, a version-00 value with extra fields) is ignored, as the W3C
+recommendation says (the event starts a trace of its own), never a failure.
 """
 
 from __future__ import annotations

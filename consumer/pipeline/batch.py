@@ -1,7 +1,5 @@
 """The batch engine: several events in one transaction, and what happens when that fails.
 
-Internal.
-
 ::
 
     BEGIN; every receipt in one statement; the handlers one after the other (a batch handler once

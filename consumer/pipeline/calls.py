@@ -1,10 +1,10 @@
 """Calling handlers: under their time limit, timed, checked, and known to the watchdog.
 
-Internal. The watchdog runs in its own thread and looks only while the event loop is blocked: the
-task the loop is stuck in is then the current task, and the call registered for it
-(:class:`HandlerCalls`) names the event whose handler blocked the loop. A call is registered per
-task, not in one slot (nor a ``ContextVar``, which another thread cannot read), because several
-workers' calls are open at once and only one of them can be the one running.
+The watchdog runs in its own thread and looks only while the event loop is blocked: the task the
+loop is stuck in is then the current task, and the call registered for it (:class:`HandlerCalls`)
+names the event whose handler blocked the loop. A call is registered per task, not in one slot (nor
+a ``ContextVar``, which another thread cannot read), because several workers' calls are open at
+once and only one of them can be the one running.
 """
 
 from __future__ import annotations

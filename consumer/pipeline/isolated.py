@@ -1,8 +1,8 @@
 """One event isolated: in a transaction of its own, or in a savepoint of the batch's.
 
-Internal. :meth:`Isolated.apply` runs an event in its own transaction (when a batch cannot be
-applied together); :meth:`Isolated.mark` and :meth:`Isolated.apply_marked` do the same for a
-delivery that came back after a process died, marked in progress first (:mod:`consumer.db.crashes`);
+:meth:`Isolated.apply` runs an event in its own transaction (when a batch cannot be applied
+together); :meth:`Isolated.mark` and :meth:`Isolated.apply_marked` do the same for a delivery that
+came back after a process died, marked in progress first (:mod:`consumer.db.crashes`);
 :meth:`Isolated.in_savepoint` runs it in a savepoint of an open transaction, whose failure rolls
 back only itself. Each savepoint is taken and released inside the event's own failure handling: the
 release fails if its handler swallowed a database error, which then blames it and no other.

@@ -1,8 +1,8 @@
 """Whose fault a failure is, and the verdict on an event that failed.
 
-Internal. An event's own failure gets the retry policy's decision (:mod:`consumer.pipeline.retry`);
-what no event can be blamed for (the service cannot work, the connection or the database went away,
-a handler ended the transaction) is raised past the event, for the batch engine to handle.
+An event's own failure gets the retry policy's decision (:mod:`consumer.pipeline.retry`); what no
+event can be blamed for (the service cannot work, the connection or the database went away, a
+handler ended the transaction) is raised past the event, for the batch engine to handle.
 """
 
 from __future__ import annotations

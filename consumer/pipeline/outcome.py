@@ -1,7 +1,4 @@
-"""What became of one delivery: the pipeline's verdict, its kind, and the label it ends with.
-
-Internal.
-"""
+"""What became of one delivery: the pipeline's verdict, its kind, and the label it ends with."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """From deliveries to verdicts: prepare each, apply them, judge what failed.
 
-Internal.
-
 ::
 
     prepare (parse, validate, bind to the handler) --invalid--> Rejected (poison)

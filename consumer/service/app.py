@@ -1,8 +1,8 @@
 """``consumer run``: the one place that builds the service from its settings and runs it.
 
-Internal. Every component gets its own part of the configuration
-(:mod:`consumer.service.components`) here; nothing else constructs them. :func:`serve` adds what
-only a running process has: signals, the watchdog, the HTTP endpoint.
+Every component gets its own part of the configuration (:mod:`consumer.service.components`) here;
+nothing else constructs them. :func:`serve` adds what only a running process has: signals, the
+watchdog, the HTTP endpoint.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Each component's part of the configuration, read from the settings in one place.
 
-Internal. Components take their own small frozen configuration (a broker's addresses and TLS files,
-a database's DSN and pool, the envelope's limits, the topology's spec), never the whole
+Components take their own small frozen configuration (a broker's addresses and TLS files, a
+database's DSN and pool, the envelope's limits, the topology's spec), never the whole
 :class:`~consumer.config.settings.Settings`: what a component can see is what it uses, and a test
 can build one without the environment.
 """

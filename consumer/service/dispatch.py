@@ -1,11 +1,10 @@
 """Where each delivery in hand waits, and the state that decides it.
 
-Internal. A delivery arriving while the service accepts goes to the isolated queue if it must be
-applied isolated (it came back after a death or a broken connection:
-:mod:`consumer.service.isolated`), else
-to the inbox of the worker that owns its handler's key (keyless ones in turn). While the database is
-away it is held; while the service stops it is handed back. Exactly one owner at a time: an inbox,
-the isolated queue, the held list, or a worker that took it.
+A delivery arriving while the service accepts goes to the isolated queue if it must be applied
+isolated (it came back after a death or a broken connection: :mod:`consumer.service.isolated`),
+else to the inbox of the worker that owns its handler's key (keyless ones in turn). While the
+database is away it is held; while the service stops it is handed back. Exactly one owner at a
+time: an inbox, the isolated queue, the held list, or a worker that took it.
 """
 
 from __future__ import annotations

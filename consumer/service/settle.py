@@ -1,7 +1,5 @@
 """The one door to the broker: every verdict becomes exactly one action here, and nowhere else.
 
-Internal.
-
 ============  ===============================================================================
 APPLIED,      ack (the commit has returned); it joins the channel's next flush
 DUPLICATE

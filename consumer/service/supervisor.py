@@ -1,5 +1,5 @@
 """Supervision: the broker session and its reconnects, pauses while the database is away, and
-the graceful stop. Internal; :mod:`consumer.service.app` builds one.
+the graceful stop. :mod:`consumer.service.app` builds one.
 
 ::
 

@@ -1,5 +1,5 @@
 """Waiting without missing a stop: sleeps that wake on whatever ends them, and the start-up wait
-for a database with the service's schema. Internal.
+for a database with the service's schema.
 """
 
 from __future__ import annotations

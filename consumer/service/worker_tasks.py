@@ -1,5 +1,5 @@
 """The workers' tasks (the isolated one's too), watched for the whole life of the service, and the
-liveness beat beside them. Internal; :class:`consumer.service.supervisor.Service` runs them.
+liveness beat beside them. :class:`consumer.service.supervisor.Service` runs them.
 
 A worker that ends by itself leaves its deliveries with nothing to serve them, so it
 ends the service: :attr:`WorkerTasks.fatal` is set, and the service stops (exit non-zero) for

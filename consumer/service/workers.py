@@ -1,9 +1,9 @@
 """The workers: each takes batches from its inbox, applies them and settles them; one more takes
 the isolated deliveries one at a time, with nothing else in flight.
 
-Internal. A verdict that holds (the database went away) pauses the dispatcher, which keeps the
-delivery; every other verdict goes through the settler (:mod:`consumer.service.settle`), shielded
-from a shutdown's cancellation, and is reported once (:mod:`consumer.observe.report`).
+A verdict that holds (the database went away) pauses the dispatcher, which keeps the delivery;
+every other verdict goes through the settler (:mod:`consumer.service.settle`), shielded from a
+shutdown's cancellation, and is reported once (:mod:`consumer.observe.report`).
 """
 
 from __future__ import annotations

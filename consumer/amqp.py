@@ -22,6 +22,7 @@ from consumer import direct_consume, frames, wire
 from consumer.errors import BrokerRejected, BrokerUnreachable
 from consumer.redact import redact_url, scrub
 from consumer.tls import TlsFiles, amqp_ssl_context, describe_tls_error, find_tls_error
+from consumer.wire import TableLimits
 
 __all__ = ["CONNECT_TIMEOUT", "BrokerConfig", "connect", "describe_amqp_error"]
 
@@ -47,6 +48,11 @@ class BrokerConfig:
     service: str = "consumer"
     prefetch: int = 400
     publish_timeout: float = 10.0
+    max_body_bytes: int | None = None
+    """Bodies larger than this are dropped unread by the service's consumer
+    (:mod:`consumer.direct_consume`); None keeps every body."""
+    header_limits: TableLimits = field(default_factory=TableLimits)
+    """What the header decoder refuses before decoding (:mod:`consumer.wire`)."""
     _next: list[int] = field(default_factory=lambda: [0], compare=False, repr=False)
 
     def connection_name(self, role: str) -> str:
@@ -57,10 +63,10 @@ class BrokerConfig:
 async def connect(config: BrokerConfig, role: str) -> AbstractConnection:
     """A plain (not self-reconnecting) connection to the first node that takes it, trying them
     in turn: the service supervises reconnects itself. No message can break it: the frame
-    decoder is made total first (:mod:`consumer.wire`), frames are read in bulk
-    (:mod:`consumer.frames`) and deliveries handed over without a task each
+    decoder is made total first, within ``config.header_limits`` (:mod:`consumer.wire`), frames
+    are read in bulk (:mod:`consumer.frames`) and deliveries handed over without a task each
     (:mod:`consumer.direct_consume`)."""
-    wire.install()
+    wire.install(config.header_limits)
     frames.install()
     direct_consume.install()
     try:

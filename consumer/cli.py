@@ -14,6 +14,7 @@ from uuid import UUID
 
 import asyncpg
 
+from consumer import wire
 from consumer.app import run
 from consumer.config import broker_config, database_config, memory_budget
 from consumer.database import describe_database_error
@@ -128,6 +129,11 @@ def _run(settings: Settings) -> int:
     registry = load_handlers(settings)
     try:
         check_memory_budget(memory_budget(settings))
+        # The header limits hold only if pamqp reads tables through the decoders installed in
+        # its place: checked once, before any connection (consumer.wire).
+        header_limits = broker_config(settings).header_limits
+        wire.install(header_limits)
+        wire.self_test(header_limits)
     except ConfigError as error:
         fail(str(error), EXIT_CONFIG)
     return run(settings, registry)

@@ -110,6 +110,8 @@ def broker_config(settings: Settings) -> BrokerConfig:
         service=settings.name,
         prefetch=settings.prefetch,
         publish_timeout=settings.publish_timeout.total_seconds(),
+        max_body_bytes=settings.max_body_bytes,
+        header_limits=envelope_limits(settings).header_tables(),
     )
 
 

@@ -184,8 +184,10 @@ def read_dead_letter(
         )
         event_id = event_id or event_id_from(body)
     if reason is None:
-        if broker_reason == "rejected":
-            reason = poison.reason.value if poison is not None else "rejected"
+        # "?": no death header could be read (headers refused on the wire, consumer.wire), so
+        # the poison the letter is judged again says why it was rejected.
+        if broker_reason in ("rejected", "?"):
+            reason = poison.reason.value if poison is not None else broker_reason
         else:
             reason = _BROKER_REASONS.get(broker_reason, broker_reason)
     ident = event_id or message.message_id or "sha1:" + hashlib.sha1(body).hexdigest()[:12]

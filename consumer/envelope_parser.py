@@ -19,8 +19,15 @@ from pydantic import BaseModel, ConfigDict, RootModel, ValidationError
 
 from consumer.envelope import Envelope, RawEnvelope
 from consumer.errors import Poison, PoisonReason
+from consumer.field_table import (
+    MAX_HEADER_DEPTH,
+    MAX_HEADER_ENTRIES,
+    HeadersTooLarge,
+    HeaderTooDeep,
+    TableLimits,
+    UnreadableHeader,
+)
 from consumer.safe_text import describe_validation_error, one_line
-from consumer.wire import HeaderTooDeep, UnreadableHeader
 
 __all__ = ["EnvelopeLimits", "EnvelopeParser", "check_content_type"]
 
@@ -58,8 +65,20 @@ class EnvelopeLimits:
     max_depth: int = 32
     max_containers: int = 10_000
     max_header_bytes: int = 64 * 1024
+    max_header_entries: int = MAX_HEADER_ENTRIES
+    """Entries in a message's headers, every nested table and array counted (not a setting: no
+    producer needs more, and a byte limit alone lets 2-byte entries cost the most)."""
     max_future_skew: timedelta = timedelta(hours=24)
     allow_extra_fields: bool = False
+
+    def header_tables(self) -> TableLimits:
+        """The header limits as the wire decoder holds them: the headers' length and entries
+        are refused on the wire, before anything is decoded (:mod:`consumer.field_table`)."""
+        return TableLimits(
+            max_bytes=self.max_header_bytes,
+            max_entries=self.max_header_entries,
+            max_depth=MAX_HEADER_DEPTH,
+        )
 
 
 class _DuplicateKey(ValueError):
@@ -113,6 +132,12 @@ def _deeper_than(value: object, limit: int) -> bool:
     return False
 
 
+_STAND_IN_REASONS: dict[type[UnreadableHeader], PoisonReason] = {
+    HeaderTooDeep: PoisonReason.HEADERS_TOO_DEEP,
+    HeadersTooLarge: PoisonReason.HEADERS_TOO_LARGE,
+}
+
+
 def _header_size(value: object, budget: int) -> int:
     """Roughly the bytes ``value`` takes in an AMQP headers table, counting up to ``budget``;
     raises :class:`Poison` where the decoder left an unreadable value (:mod:`consumer.wire`)."""
@@ -121,11 +146,7 @@ def _header_size(value: object, budget: int) -> int:
     while stack and size <= budget:
         item = stack.pop()
         if isinstance(item, UnreadableHeader):
-            reason = (
-                PoisonReason.HEADERS_TOO_DEEP
-                if isinstance(item, HeaderTooDeep)
-                else PoisonReason.HEADERS_UNREADABLE
-            )
+            reason = _STAND_IN_REASONS.get(type(item), PoisonReason.HEADERS_UNREADABLE)
             raise Poison(reason, str(item))
         if isinstance(item, str):
             # Bytes, not characters: each byte that was not UTF-8 decoded to a replacement

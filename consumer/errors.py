@@ -4,6 +4,7 @@
 
     ConsumerError
     ├── ConfigError            a bad setting or handler module; start-up stops (exit 2)
+    │   └── IncompatibleLibrary  an installed library does not behave as the service relies on
     ├── TopologyError          the broker's queues and exchanges are not what the service needs
     │   ├── TopologyMissing    something is not declared: run ``consumer topology apply``
     │   └── TopologyConflict   something exists with other arguments; nothing was changed
@@ -58,6 +59,7 @@ __all__ = [
     "HandlerRaisedBaseException",
     "HandlerTimeout",
     "HardTimeLimitExceeded",
+    "IncompatibleLibrary",
     "MigrationError",
     "PermanentError",
     "PipelineFault",
@@ -79,6 +81,11 @@ class ConsumerError(Exception):
 
 class ConfigError(ConsumerError):
     """A setting or handler module is unusable; the message names it."""
+
+
+class IncompatibleLibrary(ConfigError):
+    """An installed library does not behave as the service relies on (a pamqp whose header
+    decoders the start-up self-test finds unprotected, :func:`consumer.wire.self_test`)."""
 
 
 class TopologyError(ConsumerError):
@@ -259,13 +266,25 @@ class Poison(ConsumerError):
     ``error_class`` names the exception a validator raised where pydantic lets it through
     (anything but ``ValueError`` and ``AssertionError``): such poison is dead-lettered with the
     class in its headers, since a nack could not say it.
+
+    ``body_discarded``: the body was over the limit and dropped as it arrived, unread
+    (:mod:`consumer.direct_consume`). No copy can carry it, so such poison is always settled with
+    a nack: the broker dead-letters the original, body and all.
     """
 
-    def __init__(self, reason: PoisonReason, detail: str, error_class: str | None = None) -> None:
+    def __init__(
+        self,
+        reason: PoisonReason,
+        detail: str,
+        error_class: str | None = None,
+        *,
+        body_discarded: bool = False,
+    ) -> None:
         super().__init__(f"{reason.value}: {detail}")
         self.reason = reason
         self.detail = detail
         self.error_class = error_class
+        self.body_discarded = body_discarded
 
 
 class PublishFailed(ConsumerError):

@@ -80,6 +80,13 @@ class Preparer:
         return envelope
 
     def _decoded(self, delivery: Delivery) -> dict[str, Any]:
+        if delivery.body_discarded:
+            limit = self._parser.limits.max_bytes
+            raise Poison(
+                PoisonReason.BODY_TOO_LARGE,
+                f"{delivery.body_size} bytes, the limit is {limit} (dropped unread)",
+                body_discarded=True,
+            )
         check_content_type(delivery.content_type, delivery.content_encoding)
         self._parser.check_headers(delivery.headers)
         return self._parser.decode(delivery.body)

@@ -7,7 +7,9 @@ APPLIED,      ack (the commit has returned); it joins the channel's next flush
 DUPLICATE
 POISON        nack without requeue (the work queue dead-letters it through the DLX); poison from
               an exception a validator raised is published to the DLX with the exception's
-              class in its headers instead (a nack cannot carry it), then acked
+              class in its headers instead (a nack cannot carry it), then acked. A body dropped
+              unread (over the limit, ``Poison.body_discarded``) is always nacked: no copy can
+              carry it, and the broker dead-letters the original, body and all
 RETRY         a copy to the rung, confirmed, then ack
 DEAD_LETTER   a copy to the DLX with the reason headers, confirmed, then ack
 HOLD          nothing: the delivery waits for the database (the dispatcher keeps it)
@@ -119,6 +121,11 @@ class Settler:
         delivery, verdict = outcome.delivery, outcome.verdict
         label = _LABELS[verdict.kind]
         try:
+            if isinstance(verdict, Rejected) and verdict.poison.body_discarded:
+                # The process never kept the body (consumer.direct_consume): only the broker's
+                # dead-lettering of the original can put it in the dead-letter queue.
+                await delivery.nack(requeue=False)
+                return Settled(label)
             if isinstance(verdict, Rejected) and verdict.poison.error_class is None:
                 await delivery.nack(requeue=False)
                 return Settled(label)

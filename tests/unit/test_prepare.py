@@ -109,6 +109,7 @@ def test_prepare_agrees_with_parse_then_resolve(envelope: dict[str, Any], lenien
         headers={},
         body=body,
         prepared=None,
+        body_discarded=False,
         message_id=None,
     )
     fast = _judge(lambda: _prepare(preparer, delivery))
@@ -131,6 +132,7 @@ def test_a_valid_reserve_takes_the_one_pass_model() -> None:
         headers={},
         body=body,
         prepared=None,
+        body_discarded=False,
         message_id=None,
     )
     handler, event = _prepare(FAST, delivery)
@@ -179,6 +181,7 @@ def _reserve_at(occurred_at: datetime) -> SimpleNamespace:
         headers={},
         body=body,
         prepared=None,
+        body_discarded=False,
         message_id=None,
     )
 

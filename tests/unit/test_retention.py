@@ -104,6 +104,7 @@ def _delivery(occurred_at: datetime) -> Any:
         content_encoding=None,
         headers={},
         prepared=None,
+        body_discarded=False,
         message_id=None,
     )
 

@@ -330,6 +330,17 @@ async def _healthz(port: int, stop: asyncio.Event, answers: list[float]) -> None
             await asyncio.sleep(0.1)
 
 
+async def _receipt_times(dsn: str, ids: list[uuid.UUID]) -> dict[uuid.UUID, float]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            "SELECT event_id, received_at FROM receipts WHERE event_id = ANY($1)", ids
+        )
+    finally:
+        await conn.close()
+    return {row["event_id"]: row["received_at"].timestamp() for row in rows}
+
+
 async def run_headers(
     infra: Infra, floods: int, entries: int, innocents: int, service_env: dict[str, str]
 ) -> dict[str, Any]:
@@ -337,24 +348,18 @@ async def run_headers(
     ids, innocent_bodies = _innocents(innocents)
     flood = RawTable(flood_table(entries))
     stamp = datetime.now(UTC).isoformat()
-    flood_bodies = [
-        encode_event(envelope(uuid.uuid4(), "SKU-1", f"flood-{n}", occurred_at=stamp))
-        for n in range(floods)
-    ]
     # The innocents among the floods, evenly: each waits behind its share of them.
-    bodies: list[bytes] = []
-    headers: list[dict[str, Any] | None] = []
     every = max(1, floods // max(1, innocents))
-    pending = list(innocent_bodies)
-    for number, body in enumerate(flood_bodies):
-        bodies.append(body)
-        headers.append(flood)
+    order: list[tuple[bytes, dict[str, Any] | None, uuid.UUID | None]] = []
+    pending = list(zip(ids, innocent_bodies, strict=True))
+    for number in range(floods):
+        body = encode_event(envelope(uuid.uuid4(), "SKU-1", f"flood-{number}", occurred_at=stamp))
+        order.append((body, flood, None))
         if number % every == every - 1 and pending:
-            bodies.append(pending.pop(0))
-            headers.append(None)
-    for body in pending:
-        bodies.append(body)
-        headers.append(None)
+            event_id, innocent = pending.pop(0)
+            order.append((innocent, None, event_id))
+    order += [(body, None, event_id) for event_id, body in pending]
+    published_at: dict[uuid.UUID, float] = {}
     answers: list[float] = []
     async with _Service(infra, name, service_env) as service:
         connection = await aiormq.connect(infra.amqp_url)
@@ -363,29 +368,34 @@ async def run_headers(
         try:
             channel = await connection.channel()
             started = time.monotonic()
-            await _publish_all(channel, f"{name}.events", bodies, headers)
+            for body, headers, innocent_id in order:
+                await _publish(channel, f"{name}.events", body, headers)
+                if innocent_id is not None:
+                    published_at[innocent_id] = time.time()
             published = time.monotonic() - started
-            innocent_done: float | None = None
             while True:
                 service.alive()
-                if innocent_done is None and await _committed(service.dsn, ids) >= innocents:
-                    innocent_done = time.monotonic() - started
-                work, _ = await _depth(channel, f"{name}.work")
-                if innocent_done is not None and work == 0:
+                dead, _ = await _depth(channel, f"{name}.dead")
+                # Settled: each flood applied (before issue 29) or dead-lettered, each innocent
+                # applied.
+                receipts = int(await asyncpg_fetchval(service.dsn, "SELECT count(*) FROM receipts"))
+                if receipts + dead >= floods + innocents and (
+                    await _committed(service.dsn, ids) >= innocents
+                ):
                     break
                 if time.monotonic() - started > 900:
-                    raise BenchError(f"not settled in 900 s: {work} waiting")
+                    raise BenchError(f"not settled in 900 s: {dead} dead letters")
                 await asyncio.sleep(0.05)
             settled = time.monotonic() - started
-            dead, _ = await _depth(channel, f"{name}.dead")
-            flood_ids_applied = (
-                int(await asyncpg_fetchval(service.dsn, "SELECT count(*) FROM receipts") or 0)
-                - innocents
-            )
+            committed = await _receipt_times(service.dsn, ids)
+            applied_floods = int(
+                await asyncpg_fetchval(service.dsn, "SELECT count(*) FROM receipts") or 0
+            ) - len(committed)
         finally:
             stop.set()
             await asyncio.gather(probe, return_exceptions=True)
             await connection.close()
+    delays = sorted(committed[event_id] - published_at[event_id] for event_id in committed)
     return {
         "kind": "hostile-headers",
         "floods": floods,
@@ -393,12 +403,13 @@ async def run_headers(
         "header_bytes": len(flood.raw),
         "innocents": innocents,
         "published_s": round(published, 2),
-        "innocents_committed_s": round(innocent_done or 0.0, 2),
         "all_settled_s": round(settled, 2),
+        "innocent_delay_median_s": round(delays[len(delays) // 2], 3),
+        "innocent_delay_max_s": round(delays[-1], 3),
         "healthz_max_s": round(max(answers, default=0.0), 3),
         "healthz_answers": len(answers),
         "dead_letters": dead,
-        "floods_applied": flood_ids_applied,
+        "floods_applied": applied_floods,
     }
 
 

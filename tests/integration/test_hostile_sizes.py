@@ -13,7 +13,9 @@ from collections import Counter
 from typing import Any
 
 import aio_pika
+import pytest
 from aiormq.abc import DeliveredMessage
+from aiormq.exceptions import ChannelPreconditionFailed
 from pamqp import commands
 from pydantic import SecretStr
 
@@ -21,7 +23,10 @@ from bench.hostile import RawTable, flood_table, forged_tables
 from consumer import direct_consume
 from consumer.amqp import BrokerConfig, connect
 from consumer.producer import envelope_body
+from consumer.settings import Settings
+from tests.servers import ThrowawayRabbit
 from tests.support import (
+    REPO,
     ServiceProcess,
     TestEnv,
     assert_applied_once,
@@ -34,6 +39,7 @@ from tests.support import (
 )
 
 MIB = 1024 * 1024
+LIMITS_CONF = REPO / "deploy" / "rabbitmq" / "limits.conf"
 
 
 async def test_a_body_over_the_limit_reaches_the_callback_without_its_body(amqp_url: str) -> None:
@@ -223,3 +229,30 @@ async def test_headers_over_the_limits_are_poison_and_cost_only_their_message(
     assert await service.metric("consumer_redeliveries_total") == 0
     assert await service.metric("consumer_in_flight") == 0
     assert await service.stop() == 0
+
+
+async def test_the_shipped_broker_limit_refuses_a_larger_body_at_the_door() -> None:
+    """deploy/rabbitmq/limits.conf (compose mounts it) on a node of the test's own: RabbitMQ has no
+    per-queue cap, only this node-wide one; it matches the consumer's default body limit."""
+    lines = [
+        line
+        for line in LIMITS_CONF.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert lines == [f"max_message_size = {Settings.model_fields['max_body_bytes'].default}"]
+    node = ThrowawayRabbit(lines)
+    node.start()
+    try:
+        connection = await aio_pika.connect(node.url)
+        channel = await connection.channel(publisher_confirms=True)
+        queue = await channel.declare_queue(exclusive=True)
+        limit = int(Settings.model_fields["max_body_bytes"].default)
+
+        await channel.default_exchange.publish(aio_pika.Message(b"x" * limit), queue.name)
+        with pytest.raises(ChannelPreconditionFailed) as refused:
+            await channel.default_exchange.publish(aio_pika.Message(b"x" * (limit + 1)), queue.name)
+
+        assert "larger than configured max size" in str(refused.value)
+        await connection.close()
+    finally:
+        node.destroy()

@@ -259,13 +259,25 @@ class Poison(ConsumerError):
     ``error_class`` names the exception a validator raised where pydantic lets it through
     (anything but ``ValueError`` and ``AssertionError``): such poison is dead-lettered with the
     class in its headers, since a nack could not say it.
+
+    ``body_discarded``: the body was over the limit and dropped as it arrived, unread
+    (:mod:`consumer.direct_consume`). No copy can carry it, so such poison is always settled with
+    a nack: the broker dead-letters the original, body and all.
     """
 
-    def __init__(self, reason: PoisonReason, detail: str, error_class: str | None = None) -> None:
+    def __init__(
+        self,
+        reason: PoisonReason,
+        detail: str,
+        error_class: str | None = None,
+        *,
+        body_discarded: bool = False,
+    ) -> None:
         super().__init__(f"{reason.value}: {detail}")
         self.reason = reason
         self.detail = detail
         self.error_class = error_class
+        self.body_discarded = body_discarded
 
 
 class PublishFailed(ConsumerError):

@@ -195,7 +195,7 @@ def _line(what: str, queue: str, letter: DeadMessage) -> str:
         when = letter.dead_lettered_at.isoformat() if letter.dead_lettered_at else "?"
         return (
             f"dead-lettered:  in {queue}, reason {shown(letter.reason)}, at {when}, after "
-            f"{letter.attempts} retries; {error}"
+            f"{'?' if letter.attempts is None else letter.attempts} retries; {error}"
         )
     last = _stamp(letter.headers.get(h.LAST_FAILURE_AT))
     return (

@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from consumer import headers as h
 from consumer.envelope_parser import EnvelopeParser, check_content_type
@@ -142,8 +142,8 @@ def _newest_death(headers: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _x_death_time(death: dict[str, Any] | None) -> datetime | None:
-    stamp = (death or {}).get("time")
+def _x_death_time(death: dict[str, Any]) -> datetime | None:
+    stamp = death.get("time")
     if isinstance(stamp, datetime):
         return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
     return None
@@ -206,11 +206,10 @@ def read_dead_letter(
     headers = dict(message.headers or {})
     body = message.body
     by_service = dead_lettered_by_service(headers)
-    death = None if by_service else _newest_death(headers)
-    # The service's reason header, only on its own letters; else the broker's newest x-death
-    # entry (the first death may be a retry rung's expiry long before).
-    reason = h.text(headers.get(h.REASON)) if by_service else None
-    broker_reason = "" if by_service else h.text((death or {}).get("reason")) or "?"
+    # The newest x-death entry says why it is here now; the first death may be a retry rung's
+    # expiry long before.
+    death = {} if by_service else _newest_death(headers) or {}
+    broker_reason = "" if by_service else h.text(death.get("reason")) or "?"
     event_type: str | None = None
     event_id: str | None = None
     poison: Poison | None = None
@@ -229,40 +228,73 @@ def read_dead_letter(
             PoisonReason.INVALID_PAYLOAD, f"{error_name(error)}: {error}", error_name(error)
         )
         event_id = event_id or event_id_from(body)
-    if reason is None and by_service:
-        reason = "?"
-    elif reason is None:
-        if broker_reason == "rejected":
-            reason = poison.reason.value if poison is not None else "rejected"
-        else:
-            reason = _BROKER_REASONS.get(broker_reason, broker_reason)
+    word = (
+        _service_word(headers, message.routing_key)
+        if by_service
+        else _broker_word(death, broker_reason, poison, message.routing_key)
+    )
     ident = event_id or message.message_id or "sha1:" + hashlib.sha1(body).hexdigest()[:12]
-    if by_service:
-        dead_at = _parse_time(headers.get(h.DEAD_LETTERED_AT))
-        exchange = h.text(headers.get(h.ORIGINAL_EXCHANGE))
-        routing_key = h.text(headers.get(h.ORIGINAL_ROUTING_KEY)) or message.routing_key or ""
-    else:
-        dead_at = _x_death_time(death)
-        exchange = h.text((death or {}).get("exchange"))
-        routing_key = message.routing_key or ""
     return DeadMessage(
         position=position,
         id=ident,
         event_id=event_id,
         message_id=message.message_id,
         type=event_type,
-        reason=reason,
-        error_class=h.text(headers.get(h.ERROR_CLASS)) if by_service else None,
-        error_message=h.text(headers.get(h.ERROR_MESSAGE)) if by_service else None,
-        attempts=h.attempts_so_far(headers) if by_service else None,
-        dead_lettered_at=dead_at,
-        original_exchange=exchange,
-        original_routing_key=routing_key,
+        reason=word.reason,
+        error_class=word.error_class,
+        error_message=word.error_message,
+        attempts=word.attempts,
+        dead_lettered_at=word.dead_lettered_at,
+        original_exchange=word.original_exchange,
+        original_routing_key=word.original_routing_key,
         deliveries=h.attempts_so_far({h.ATTEMPT: headers.get("x-delivery-count")}),
         headers=headers,
         body=body,
         poison_detail=poison.detail if poison is not None else None,
         by_service=by_service,
+    )
+
+
+class _Word(NamedTuple):
+    """What a letter's dead-lettering says of it, from whoever dead-lettered it."""
+
+    reason: str
+    dead_lettered_at: datetime | None
+    original_exchange: str | None
+    original_routing_key: str
+    attempts: int | None
+    error_class: str | None = None
+    error_message: str | None = None
+
+
+def _service_word(headers: dict[str, Any], routing_key: str | None) -> _Word:
+    """A letter the service published: its own headers say it all."""
+    return _Word(
+        reason=h.text(headers.get(h.REASON)) or "?",
+        dead_lettered_at=_parse_time(headers.get(h.DEAD_LETTERED_AT)),
+        original_exchange=h.text(headers.get(h.ORIGINAL_EXCHANGE)),
+        original_routing_key=h.text(headers.get(h.ORIGINAL_ROUTING_KEY)) or routing_key or "",
+        attempts=h.attempts_so_far(headers),
+        error_class=h.text(headers.get(h.ERROR_CLASS)),
+        error_message=h.text(headers.get(h.ERROR_MESSAGE)),
+    )
+
+
+def _broker_word(
+    death: dict[str, Any], reason: str, poison: Poison | None, routing_key: str | None
+) -> _Word:
+    """A letter the broker dead-lettered: its newest ``x-death`` entry and the letter itself,
+    never its ``consumer-*`` headers. A nack's reason is what parsing the letter again finds."""
+    if reason == "rejected":
+        reason = poison.reason.value if poison is not None else "rejected"
+    else:
+        reason = _BROKER_REASONS.get(reason, reason)
+    return _Word(
+        reason=reason,
+        dead_lettered_at=_x_death_time(death),
+        original_exchange=h.text(death.get("exchange")),
+        original_routing_key=routing_key or "",
+        attempts=None,
     )
 
 

@@ -355,6 +355,8 @@ class QueueScan:
             if loop.time() >= stalled_at:
                 self.shortfall = f"nothing arrived for {self._stall:g}s"
                 return None
+            if self._raw.is_closed or not self._arrived.empty():
+                continue  # what came meanwhile (or the channel's close) is read at once
             if not await self._ready() and self._arrived.empty():
                 return None  # idle_end: what was not read has expired meanwhile
 

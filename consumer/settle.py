@@ -5,11 +5,15 @@ Internal.
 ============  ===============================================================================
 APPLIED,      ack (the commit has returned); it joins the channel's next flush
 DUPLICATE
-POISON        nack without requeue (the work queue dead-letters it through the DLX); poison from
-              an exception a validator raised is published to the DLX with the exception's
-              class in its headers instead (a nack cannot carry it), then acked. A body dropped
-              unread (over the limit, ``Poison.body_discarded``) is always nacked: no copy can
-              carry it, and the broker dead-letters the original, body and all
+POISON        a copy to the DLX with the reason headers (the poison reason; the exception's
+              class where a validator raised one), confirmed, then ack: so the letter an
+              operator reads carries the service's word, never the producer's ``consumer-*``
+              headers (dropped on arrival) nor its ``x-*`` ones. Two exceptions are nacked
+              without requeue (the work queue dead-letters the original through the DLX, with
+              ``x-death``): a body dropped unread (``Poison.body_discarded``: no copy can carry
+              it) and headers over the limit (``headers_too_large``: a copy adds the service's
+              own, and a header frame over the broker's ``frame_max`` closes the publishing
+              connection, failing every copy in flight on it)
 RETRY         a copy to the rung, confirmed, then ack
 DEAD_LETTER   a copy to the DLX with the reason headers, confirmed, then ack
 HOLD          nothing: the delivery waits for the database (the dispatcher keeps it)
@@ -30,8 +34,8 @@ from typing import Any
 
 from consumer.delivery import Delivery
 from consumer.error_text import error_name, message_of
-from consumer.errors import ChannelGone, PublishFailed
-from consumer.headers import dead_letter_headers, retry_headers
+from consumer.errors import ChannelGone, Poison, PoisonReason, PublishFailed
+from consumer.headers import attempts_so_far, dead_letter_headers, retry_headers
 from consumer.outcome import (
     Failed,
     Outcome,
@@ -121,12 +125,7 @@ class Settler:
         delivery, verdict = outcome.delivery, outcome.verdict
         label = _LABELS[verdict.kind]
         try:
-            if isinstance(verdict, Rejected) and verdict.poison.body_discarded:
-                # The process never kept the body (consumer.direct_consume): only the broker's
-                # dead-lettering of the original can put it in the dead-letter queue.
-                await delivery.nack(requeue=False)
-                return Settled(label)
-            if isinstance(verdict, Rejected) and verdict.poison.error_class is None:
+            if isinstance(verdict, Rejected) and not _copyable(verdict.poison):
                 await delivery.nack(requeue=False)
                 return Settled(label)
             return await self._republished(delivery, self._copy(delivery, verdict), label)
@@ -190,7 +189,7 @@ class Settler:
         headers = dead_letter_headers(
             delivery.headers,
             reason=poison.reason.value,
-            attempts=0,
+            attempts=attempts_so_far(delivery.headers),
             error_class=poison.error_class or poison.reason.value,
             error_message=poison.detail,
             original_exchange=delivery.exchange,
@@ -230,6 +229,12 @@ class Settler:
             now=datetime.now(UTC),
         )
         await self._publish(delivery, headers, self._names.dlx)
+
+
+def _copyable(poison: Poison) -> bool:
+    """Whether poison is dead-lettered as a copy of the service's own (see the module docstring
+    for the two that cannot be)."""
+    return not poison.body_discarded and poison.reason is not PoisonReason.HEADERS_TOO_LARGE
 
 
 def _ack(delivery: Delivery, kind: OutcomeKind) -> Settled:

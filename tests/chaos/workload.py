@@ -69,11 +69,11 @@ forged_headers             ``test.behave*``, ``permanent``, with        dead: pe
                            Forged``
 =========================  ===========================================  ===========================
 
-What the service dead-letters itself carries ``consumer-dead-reason`` (and
-``consumer-error-class``); ordinary poison is nacked and carries neither (the broker's ``x-death``
-says ``rejected``). Events that end the process or its connection (``block``, ``crash``,
-``kill_connection``) and the slow ones (published twice on purpose) are never republished as
-random duplicates, so each costs a known number of publications.
+Every dead copy here is one the service dead-letters itself, poison included: it carries
+``consumer-dead-reason`` (and ``consumer-error-class``) and no ``x-death``. Events that end the
+process or its connection (``block``, ``crash``, ``kill_connection``) and the slow ones (published
+twice on purpose) are never republished as random duplicates, so each costs a known number of
+publications.
 
 ``test.behave*`` is ``test.behave`` or, for half of them at random, its batch form
 ``test.behave_many``: the batch handler path must keep every promise too.
@@ -149,9 +149,9 @@ class Kind(enum.Enum):
 
     @property
     def poison(self) -> bool:
-        """Poison the service nacks: dead-lettered by the broker (``x-death`` reason
-        ``rejected``), with no ``consumer-dead-reason`` header."""
-        return self in _NACKED_POISON
+        """Poison: never processable, dead-lettered at once by the service, its poison reason in
+        ``consumer-dead-reason``."""
+        return self in _POISON
 
     @property
     def dead_reason(self) -> str | None:
@@ -165,7 +165,7 @@ class Kind(enum.Enum):
     @property
     def header_reason(self) -> str | None:
         """The ``consumer-dead-reason`` header its dead copies must carry (None: none at all)."""
-        return None if self.applies or self.poison else self.dead_reason
+        return self.dead_reason
 
     @property
     def error_class(self) -> str | None:
@@ -206,7 +206,7 @@ _APPLIES = frozenset(
         Kind.HOSTILE_HEADERS,
     }
 )
-_NACKED_POISON = frozenset(
+_POISON = frozenset(
     {
         Kind.NOT_JSON,
         Kind.INVALID_ENVELOPE,

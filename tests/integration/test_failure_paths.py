@@ -153,7 +153,7 @@ async def test_retried_dead_replayed_retried_again_then_applied_is_not_dropped(
         (None, "test.behave", "application/json", "body_too_large"),
     ],
 )
-async def test_poison_is_nacked_to_the_dlq_with_its_reason_counted(
+async def test_poison_is_dead_lettered_by_the_service_with_its_reason_counted(
     env: TestEnv,
     body: bytes | None,
     routing_key: str,
@@ -185,6 +185,12 @@ async def test_poison_is_nacked_to_the_dlq_with_its_reason_counted(
     await wait_until(lambda: _applied(env, good), what="the good event after it")
     [letter] = dlq_json(env, max_body_bytes="2048")
     assert letter["reason"] == reason
+    # a copy the service published (its reason in its headers, confirmed, then the original
+    # acked), not the original the broker dead-lettered on a nack
+    assert letter["dead_lettered_by"] == "service"
+    [message] = await drain_queue(env.amqp_url, env.names.dead, ack=False)
+    assert message.headers[h.REASON] == reason
+    assert "x-death" not in message.headers
     assert await service.metric("consumer_dead_letters_total", reason=reason) == 1
     assert (
         await service.metric("consumer_messages_total", type="unknown", outcome="poison")

@@ -8,6 +8,7 @@ why the message can never be processed.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Iterable, Mapping
@@ -85,8 +86,20 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _finite(text: str) -> float:
+    # Called for number literals with a fraction or an exponent only (integers never pay). A
+    # literal past the double range (1e309) is infinity to float(): a value JSON has no way to
+    # write, which a handler would meet (and fail on, or store) instead of the parser.
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number {text[:40]} is out of range (not a finite double)")
+    return value
+
+
 # One decoder for every body: json.loads with these hooks builds a new one per call.
-_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_constant=_no_constants)
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_unique_keys, parse_constant=_no_constants, parse_float=_finite
+)
 
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 
@@ -147,7 +160,8 @@ class EnvelopeParser:
     """Turns a message body into an envelope, or raises :class:`Poison` saying why it cannot.
 
     For any bytes it does one of the two and nothing else: UTF-8 is strict, JSON is standard
-    (no NaN, no duplicate keys), nesting is bounded, the envelope's schema is strict.
+    (no NaN, no number past the double range, no duplicate keys), nesting is bounded, the
+    envelope's schema is strict.
     """
 
     def __init__(self, limits: EnvelopeLimits) -> None:

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from consumer import headers as h
-from consumer.envelope_parser import EnvelopeParser, check_content_type
+from consumer.envelope_parser import EnvelopeParser, check_content_type, check_routing_key
 from consumer.error_text import error_name
 from consumer.errors import Poison, PoisonReason
 from consumer.registry import HandlerRegistry
@@ -23,6 +23,7 @@ from consumer.registry import HandlerRegistry
 __all__ = [
     "EXPIRED",
     "REFUSED_EXPIRED",
+    "REFUSED_ROUTING_KEY",
     "DeadMessage",
     "Readable",
     "Selection",
@@ -38,6 +39,13 @@ REFUSED_EXPIRED = (
     "the service would refuse it again, and no receipt can say whether it was applied before; "
     "--force replays it as a new event (occurred_at set to now, the old one kept in the "
     f"{h.ORIGINAL_OCCURRED_AT} header): applied even if a copy was applied before"
+)
+
+REFUSED_ROUTING_KEY = (
+    "routing_key_mismatch: its producer published it under another type's routing key, which "
+    "the broker may have allowed it where this type's would not be; a replay goes out under the "
+    "type's own (as the bootstrap user), so --force replays it only if you know the producer may "
+    "publish this type"
 )
 
 # What the broker's own dead-lettering reasons mean here.
@@ -69,6 +77,16 @@ class DeadMessage:
     def expired(self) -> bool:
         """The service refused it as too old to deduplicate (not a broker's TTL expiry)."""
         return h.text(self.headers.get(h.REASON)) == EXPIRED
+
+    def refusal(self, *, force: bool) -> str | None:
+        """Why a replay keeps it unless ``force``d; None when it goes."""
+        if force:
+            return None
+        if self.expired:
+            return REFUSED_EXPIRED
+        if self.reason == PoisonReason.ROUTING_KEY_MISMATCH.value:
+            return REFUSED_ROUTING_KEY
+        return None
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -173,6 +191,9 @@ def read_dead_letter(
         parser.check_headers(headers)
         raw = parser.parse(body)
         event_id, event_type = str(raw.event_id), raw.type
+        if broker_reason == "rejected":
+            # As the service judged it: nacked poison keeps the routing key it was published with.
+            check_routing_key(message.routing_key or "", raw.type)
         if validate or broker_reason == "rejected":
             registry.resolve(raw)
     except Poison as error:

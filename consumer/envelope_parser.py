@@ -23,7 +23,7 @@ from consumer.errors import Poison, PoisonReason
 from consumer.safe_text import describe_validation_error, one_line
 from consumer.wire import HeaderTooDeep, UnreadableHeader
 
-__all__ = ["EnvelopeLimits", "EnvelopeParser", "check_content_type"]
+__all__ = ["EnvelopeLimits", "EnvelopeParser", "check_content_type", "check_routing_key"]
 
 
 class _LenientRawEnvelope(RawEnvelope):
@@ -49,6 +49,21 @@ def check_content_type(content_type: str | None, content_encoding: str | None) -
             raise Poison(PoisonReason.WRONG_CONTENT_TYPE, f"content type {content_type!r}")
     if content_encoding and content_encoding.strip().lower() not in _IDENTITY_ENCODINGS:
         raise Poison(PoisonReason.WRONG_CONTENT_TYPE, f"content encoding {content_encoding!r}")
+
+
+def check_routing_key(routing_key: str, event_type: str) -> None:
+    """Poison unless the event's type is the routing key it was published with.
+
+    RabbitMQ authorises a producer's publish by its routing key (topic permissions), never by the
+    body: a producer allowed only ``notification.*`` could otherwise have an ``inventory.restock``
+    applied. Every way a message comes back to the work queue keeps the routing key it was
+    published with (a retry copy, a rung's dead-lettering, a migration's move) or sets the type
+    (``dlq replay``)."""
+    if event_type != routing_key:
+        raise Poison(
+            PoisonReason.ROUTING_KEY_MISMATCH,
+            one_line(f"type {event_type!r} published with routing key {routing_key[:255]!r}"),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -240,6 +240,9 @@ class PoisonReason(enum.StrEnum):
     NOT_UTF8 = "not_utf8"
     NOT_JSON = "not_json"
     INVALID_ENVELOPE = "invalid_envelope"
+    ROUTING_KEY_MISMATCH = "routing_key_mismatch"
+    """Its body's type is not the routing key it was published with: the broker authorised the
+    routing key (topic permissions), not the type the service would apply."""
     UNKNOWN_TYPE = "unknown_type"
     INVALID_PAYLOAD = "invalid_payload"
     TOO_DEEP = "too_deep"

@@ -105,6 +105,7 @@ def _delivery(occurred_at: datetime) -> Any:
         headers={},
         prepared=None,
         message_id=None,
+        routing_key="inventory.reserve",
     )
 
 

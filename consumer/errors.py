@@ -18,7 +18,8 @@
     │       ├── HardTimeLimitExceeded    it blocked the event loop past the hard time limit
     │       ├── CrashedRepeatedly        processes died while it was being applied alone
     │       ├── ConnectionLostRepeatedly its database connection broke each time it was applied
-    │       └── EventExpired             its receipts' range was dropped: too old to apply
+    │       ├── EventExpired             its receipts' range was dropped: too old to apply
+    │       └── IdConflict               its id is that of an event of another type applied
     ├── DatabaseUnavailable    the database cannot be reached: pause, count no attempt
     │   └── DatabaseStalled    it stopped answering the service's own statement in time
     ├── PipelineFault          the service itself cannot work (no receipts table): it stops
@@ -58,6 +59,7 @@ __all__ = [
     "HandlerRaisedBaseException",
     "HandlerTimeout",
     "HardTimeLimitExceeded",
+    "IdConflict",
     "MigrationError",
     "PermanentError",
     "PipelineFault",
@@ -196,6 +198,26 @@ class EventExpired(PermanentError):
     already dropped (:mod:`consumer.retention`), so an earlier copy may have been applied."""
 
     reason = "expired"
+
+
+class IdConflict(PermanentError):
+    """Its event id and occurred_at are those of an event of another type, already applied (or in
+    the same batch): a producer reused, or guessed, another event's id. Not a duplicate, and no
+    retry can apply it: dead-lettered with the reason, so that the suppressed event is seen.
+
+    A dead letter, not poison: the message is a valid event, and what makes it fail is what the
+    database already holds (the other event may be the forged one); a published dead letter
+    carries the service's reason headers, a nack would carry only the producer's."""
+
+    reason = "id_conflict"
+
+    @classmethod
+    def between(cls, event_id: object, event_type: str, stored_type: str) -> IdConflict:
+        return cls(
+            f"event id {event_id} (with this occurred_at) belongs to a {stored_type!r} event "
+            f"already applied, not to this {event_type!r} one: two events share an id (ids "
+            "must be unguessable: UUIDv4 or v7, never derived from a business id)"
+        )
 
 
 class DatabaseUnavailable(ConsumerError):

@@ -228,7 +228,7 @@ def test_a_field_named_exc_info_is_written_as_structlog_writes_it() -> None:
 
 # --- values orjson refuses: the line is written all the same ----------------------------------
 
-# Any producer can put these in a payload (CONSUMER_LOG_PAYLOADS) or a correlation id.
+# Any producer can put these in a payload value (logged with CONSUMER_LOG_PAYLOADS).
 REFUSED_BY_ORJSON = [2**64, -(2**70), "lone \ud800 surrogate", {"n": [2**100], "s": "\udfff"}]
 
 

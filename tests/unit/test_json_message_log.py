@@ -269,7 +269,7 @@ def test_the_console_logger_writes_what_its_stream_cannot_encode_escaped() -> No
 
     # Then the line is written, the surrogate escaped
     stream.flush()
-    written_text = stream.buffer.getvalue().decode()  # type: ignore[attr-defined]
+    written_text = stream.buffer.getvalue().decode()
     assert "handler failed" in written_text
     assert "bad key 'lone \\ud800 surrogate'" in written_text
 

@@ -141,24 +141,27 @@ def test_a_valid_reserve_takes_the_one_pass_model() -> None:
     assert event.payload.qty == 2
 
 
-def _restock_under(routing_key: str, event_type: object = "inventory.restock") -> SimpleNamespace:
-    body = json.dumps(
-        {
-            "event_id": str(uuid.uuid4()),
-            "type": event_type,
-            "occurred_at": datetime.now(UTC).isoformat(),
-            "payload": {"sku": "A", "qty": 500},
-        }
-    ).encode()
+def _delivery(envelope: dict[str, Any], routing_key: str) -> SimpleNamespace:
+    """A delivery of ``envelope``'s JSON under ``routing_key``, as the preparer reads one."""
     return SimpleNamespace(
         content_type=None,
         content_encoding=None,
         headers={},
-        body=body,
+        body=json.dumps(envelope).encode(),
         prepared=None,
         message_id=None,
         routing_key=routing_key,
     )
+
+
+def _restock_under(routing_key: str, event_type: object = "inventory.restock") -> SimpleNamespace:
+    envelope = {
+        "event_id": str(uuid.uuid4()),
+        "type": event_type,
+        "occurred_at": datetime.now(UTC).isoformat(),
+        "payload": {"sku": "A", "qty": 500},
+    }
+    return _delivery(envelope, routing_key)
 
 
 def test_a_type_published_under_another_routing_key_is_poison_on_both_paths() -> None:
@@ -210,23 +213,13 @@ class _Frozen(datetime):
 
 
 def _reserve_at(occurred_at: datetime) -> SimpleNamespace:
-    body = json.dumps(
-        {
-            "event_id": str(uuid.uuid4()),
-            "type": "inventory.reserve",
-            "occurred_at": occurred_at.isoformat(),
-            "payload": {"order_id": "o-1", "sku": "A", "qty": 2},
-        }
-    ).encode()
-    return SimpleNamespace(
-        content_type=None,
-        content_encoding=None,
-        headers={},
-        body=body,
-        prepared=None,
-        message_id=None,
-        routing_key="inventory.reserve",
-    )
+    envelope = {
+        "event_id": str(uuid.uuid4()),
+        "type": "inventory.reserve",
+        "occurred_at": occurred_at.isoformat(),
+        "payload": {"order_id": "o-1", "sku": "A", "qty": 2},
+    }
+    return _delivery(envelope, "inventory.reserve")
 
 
 @pytest.mark.parametrize(

@@ -139,7 +139,8 @@ def add_dlq_parser(commands: Any) -> None:
         "--force",
         action="store_true",
         help="replay expired dead letters too, as new events (occurred_at set to now): applied "
-        "even if a copy was applied before",
+        "even if a copy was applied before; and routing_key_mismatch poison, under its type's "
+        "routing key",
     )
     add_stall_timeout(replay_cmd)
 

@@ -9,7 +9,7 @@ from aio_pika.abc import AbstractConnection
 
 from consumer.amqp import connect
 from consumer.config import broker_config, envelope_limits, names_for
-from consumer.dlq_letters import REFUSED_EXPIRED, DeadMessage, Selection, read_dead_letter
+from consumer.dlq_letters import DeadMessage, Selection, read_dead_letter
 from consumer.dlq_output import Counts, letter_json, letter_row, progress_bar, show_letter, shown
 from consumer.dlq_replay import ReplayOptions, Tally, replay
 from consumer.dlq_stream import DEFAULT_STALL, Held, QueueScan
@@ -185,8 +185,9 @@ class DlqCommands:
                 if not self._selection.matches(letter):
                     continue
                 chosen += 1
-                if letter.expired and not force:
-                    print(f"would keep   {shown(letter.id)}: {REFUSED_EXPIRED}")
+                refusal = letter.refusal(force=force)
+                if refusal is not None:
+                    print(f"would keep   {shown(letter.id)}: {refusal}")
                 else:
                     print(
                         f"would replay {shown(letter.id)} -> {self._settings.exchange} "

@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple, Protocol
 
 from consumer import headers as h
-from consumer.envelope_parser import EnvelopeParser, check_content_type
+from consumer.envelope_parser import EnvelopeParser, check_content_type, check_routing_key
 from consumer.error_text import error_name
 from consumer.errors import Poison, PoisonReason
 from consumer.registry import HandlerRegistry
@@ -45,6 +45,7 @@ from consumer.wire import UnreadableHeader
 __all__ = [
     "EXPIRED",
     "REFUSED_EXPIRED",
+    "REFUSED_ROUTING_KEY",
     "DeadMessage",
     "Readable",
     "Selection",
@@ -61,6 +62,13 @@ REFUSED_EXPIRED = (
     "the service would refuse it again, and no receipt can say whether it was applied before; "
     "--force replays it as a new event (occurred_at set to now, the old one kept in the "
     f"{h.ORIGINAL_OCCURRED_AT} header): applied even if a copy was applied before"
+)
+
+REFUSED_ROUTING_KEY = (
+    "routing_key_mismatch: its producer published it under another type's routing key, which "
+    "the broker may have allowed it where this type's would not be; a replay goes out under the "
+    "type's own (as the bootstrap user), so --force replays it only if you know the producer may "
+    "publish this type"
 )
 
 # What the broker's own dead-lettering reasons mean here. Its "expired" is a message's TTL (a
@@ -111,6 +119,16 @@ class DeadMessage:
         if self.by_service:
             return {}
         return {k: v for k, v in self.headers.items() if k.startswith(h.OWN_PREFIX)}
+
+    def refusal(self, *, force: bool) -> str | None:
+        """Why a replay keeps it unless ``force``d; None when it goes."""
+        if force:
+            return None
+        if self.expired:
+            return REFUSED_EXPIRED
+        if self.reason == PoisonReason.ROUTING_KEY_MISMATCH.value:
+            return REFUSED_ROUTING_KEY
+        return None
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -221,6 +239,9 @@ def read_dead_letter(
         parser.check_headers(headers)
         raw = parser.parse(body)
         event_id, event_type = str(raw.event_id), raw.type
+        if broker_reason in _REJECTED:
+            # As the service judged it: nacked poison keeps the routing key it was published with.
+            check_routing_key(message.routing_key or "", raw.type)
         if validate or broker_reason in _REJECTED:
             registry.resolve(raw)
     except Poison as error:

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 import aiormq
 
 from consumer import headers as h
-from consumer.dlq_letters import REFUSED_EXPIRED, DeadMessage, Selection, renewed
+from consumer.dlq_letters import DeadMessage, Selection, renewed
 from consumer.dlq_stream import Held, QueueScan
 from consumer.errors import PublishFailed, Unroutable
 from consumer.publisher import copy_properties
@@ -238,9 +238,7 @@ class _Removal:
 def _refusal(letter: DeadMessage, *, force: bool) -> str | None:
     if letter.type is None:
         return NO_ENVELOPE
-    if letter.expired and not force:
-        return REFUSED_EXPIRED
-    return None
+    return letter.refusal(force=force)
 
 
 async def _one(

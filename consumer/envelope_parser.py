@@ -8,6 +8,7 @@ why the message can never be processed.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Iterable, Mapping
@@ -29,7 +30,7 @@ from consumer.field_table import (
 )
 from consumer.safe_text import describe_validation_error, one_line
 
-__all__ = ["EnvelopeLimits", "EnvelopeParser", "check_content_type"]
+__all__ = ["EnvelopeLimits", "EnvelopeParser", "check_content_type", "check_routing_key"]
 
 
 class _LenientRawEnvelope(RawEnvelope):
@@ -55,6 +56,21 @@ def check_content_type(content_type: str | None, content_encoding: str | None) -
             raise Poison(PoisonReason.WRONG_CONTENT_TYPE, f"content type {content_type!r}")
     if content_encoding and content_encoding.strip().lower() not in _IDENTITY_ENCODINGS:
         raise Poison(PoisonReason.WRONG_CONTENT_TYPE, f"content encoding {content_encoding!r}")
+
+
+def check_routing_key(routing_key: str, event_type: str) -> None:
+    """Poison unless the event's type is the routing key it was published with.
+
+    RabbitMQ authorises a producer's publish by its routing key (topic permissions), never by the
+    body: a producer allowed only ``notification.*`` could otherwise have an ``inventory.restock``
+    applied. Every way a message comes back to the work queue keeps the routing key it was
+    published with (a retry copy, a rung's dead-lettering, a migration's move) or sets the type
+    (``dlq replay``)."""
+    if event_type != routing_key:
+        raise Poison(
+            PoisonReason.ROUTING_KEY_MISMATCH,
+            one_line(f"type {event_type!r} published with routing key {routing_key[:255]!r}"),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +120,20 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _finite(text: str) -> float:
+    # Called for number literals with a fraction or an exponent only (integers never pay). A
+    # literal past the double range (1e309) is infinity to float(): a value JSON has no way to
+    # write, which a handler would meet (and fail on, or store) instead of the parser.
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number {text[:40]} is out of range (not a finite double)")
+    return value
+
+
 # One decoder for every body: json.loads with these hooks builds a new one per call.
-_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_constant=_no_constants)
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_unique_keys, parse_constant=_no_constants, parse_float=_finite
+)
 
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 
@@ -168,7 +196,8 @@ class EnvelopeParser:
     """Turns a message body into an envelope, or raises :class:`Poison` saying why it cannot.
 
     For any bytes it does one of the two and nothing else: UTF-8 is strict, JSON is standard
-    (no NaN, no duplicate keys), nesting is bounded, the envelope's schema is strict.
+    (no NaN, no number past the double range, no duplicate keys), nesting is bounded, the
+    envelope's schema is strict.
     """
 
     def __init__(self, limits: EnvelopeLimits) -> None:

@@ -19,7 +19,8 @@
     │       ├── HardTimeLimitExceeded    it blocked the event loop past the hard time limit
     │       ├── CrashedRepeatedly        processes died while it was being applied alone
     │       ├── ConnectionLostRepeatedly its database connection broke each time it was applied
-    │       └── EventExpired             its receipts' range was dropped: too old to apply
+    │       ├── EventExpired             its receipts' range was dropped: too old to apply
+    │       └── IdConflict               its id is that of an event of another type applied
     ├── DatabaseUnavailable    the database cannot be reached: pause, count no attempt
     │   └── DatabaseStalled    it stopped answering the service's own statement in time
     ├── PipelineFault          the service itself cannot work (no receipts table): it stops
@@ -59,6 +60,7 @@ __all__ = [
     "HandlerRaisedBaseException",
     "HandlerTimeout",
     "HardTimeLimitExceeded",
+    "IdConflict",
     "IncompatibleLibrary",
     "MigrationError",
     "PermanentError",
@@ -205,6 +207,26 @@ class EventExpired(PermanentError):
     reason = "expired"
 
 
+class IdConflict(PermanentError):
+    """Its event id and occurred_at are those of an event of another type, already applied (or in
+    the same batch): a producer reused, or guessed, another event's id. Not a duplicate, and no
+    retry can apply it: dead-lettered with the reason, so that the suppressed event is seen.
+
+    A dead letter, not poison: the message is a valid event, and what makes it fail is what the
+    database already holds (the other event may be the forged one); a published dead letter
+    carries the service's reason headers, a nack would carry only the producer's."""
+
+    reason = "id_conflict"
+
+    @classmethod
+    def between(cls, event_id: object, event_type: str, stored_type: str) -> IdConflict:
+        return cls(
+            f"event id {event_id} (with this occurred_at) belongs to a {stored_type!r} event "
+            f"already applied, not to this {event_type!r} one: two events share an id (ids "
+            "must be unguessable: UUIDv4 or v7, never derived from a business id)"
+        )
+
+
 class DatabaseUnavailable(ConsumerError):
     """The database cannot be reached; the service pauses instead of failing events."""
 
@@ -247,6 +269,9 @@ class PoisonReason(enum.StrEnum):
     NOT_UTF8 = "not_utf8"
     NOT_JSON = "not_json"
     INVALID_ENVELOPE = "invalid_envelope"
+    ROUTING_KEY_MISMATCH = "routing_key_mismatch"
+    """Its body's type is not the routing key it was published with: the broker authorised the
+    routing key (topic permissions), not the type the service would apply."""
     UNKNOWN_TYPE = "unknown_type"
     INVALID_PAYLOAD = "invalid_payload"
     TOO_DEEP = "too_deep"

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from consumer.calls import HandlerCall, HandlerCalls
 from consumer.delivery import Delivery, Prepared
 from consumer.envelope import Envelope, RawEnvelope
-from consumer.envelope_parser import EnvelopeParser, check_content_type
+from consumer.envelope_parser import EnvelopeParser, check_content_type, check_routing_key
 from consumer.error_text import error_name, message_of
 from consumer.errors import Poison, PoisonReason
 from consumer.registry import Handler, HandlerRegistry
@@ -74,6 +74,7 @@ class Preparer:
         enough to know which event it is."""
         try:
             envelope = self._parser.validate(self._decoded(delivery))
+            check_routing_key(delivery.routing_key, envelope.type)
             self._check_age(envelope)
         except Poison as poison:
             return poison
@@ -93,8 +94,10 @@ class Preparer:
 
     def _prepare(self, delivery: Delivery) -> Prepared:
         decoded = self._decoded(delivery)
-        event_type = decoded.get("type")
-        typed = self._typed.get(event_type) if isinstance(event_type, str) else None
+        # One pass only under its own routing key: a misrouted body never meets the handler's
+        # payload validators, and is judged the long way (the envelope, then the routing key).
+        routing_key = delivery.routing_key
+        typed = self._typed.get(routing_key) if decoded.get("type") == routing_key else None
         calls = self._calls
         if typed is not None:
             handler, model = typed
@@ -110,6 +113,7 @@ class Preparer:
             finally:
                 calls.leave(task)
         raw = self._parser.validate(decoded)
+        check_routing_key(delivery.routing_key, raw.type)
         self._check_age(raw)
         handler = self._registry.handler_for(raw)
         task = calls.enter(ValidationCall(handler, decoded, delivery.message_id))

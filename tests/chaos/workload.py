@@ -19,7 +19,8 @@ permanent         ``test.behave*``, ``permanent``                     dead: perm
 bug               ``test.behave``, ``bug`` (an unclassified error)    dead: permanent_failure
 not_json          a body that is not JSON                             dead (poison): not_json
 invalid_envelope  an envelope whose ``type`` is a number              dead: invalid_envelope
-unknown_type      an envelope of a type no handler has                dead: unknown_type
+unknown_type      an envelope of a type no handler has, under its     dead: unknown_type
+                  own routing key (bound by the runner)
 invalid_payload   ``test.behave`` with a payload its model refuses    dead: invalid_payload
 ================  ==================================================  =============================
 
@@ -99,6 +100,10 @@ ODD = "test.odd"
 RESTOCK = "inventory.restock"
 RESERVE = "inventory.reserve"
 NOTIFY = "notification.requested"
+UNKNOWN = "chaos.unknown"
+"""A type no handler takes: the runner binds it to the work queue, as a handler removed since the
+topology was applied leaves it (under another type's routing key it would be
+``routing_key_mismatch``)."""
 SKUS = tuple(f"CHAOS-{n}" for n in range(8))
 SEED_STOCK = 1_000_000
 """Each SKU's stock before the scenario: more than every reserve of a long run takes together."""
@@ -393,8 +398,8 @@ def _event(kind: Kind, key: str, rng: random.Random, turn: int = 0) -> PlannedEv
         }
         return PlannedEvent(key, kind, event_id, BEHAVE, json.dumps(envelope).encode())
     if kind is Kind.UNKNOWN_TYPE:
-        body = envelope_body("chaos.unknown", {"key": key}, event_id=event_id)
-        return PlannedEvent(key, kind, event_id, BEHAVE, body)
+        body = envelope_body(UNKNOWN, {"key": key}, event_id=event_id)
+        return PlannedEvent(key, kind, event_id, UNKNOWN, body)
     payload: dict[str, object] = {"key": key}
     event_type = BEHAVE
     wire: Wire | None = None

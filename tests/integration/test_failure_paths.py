@@ -148,7 +148,8 @@ async def test_retried_dead_replayed_retried_again_then_applied_is_not_dropped(
         (b'{"event_id": "\xc3\x28"}', "test.behave", "application/json", "not_utf8"),
         (b'{"event_id": "nope", "type": "test.behave"}', "test.behave", None, "invalid_envelope"),
         (None, "test.behave", "text/plain", "wrong_content_type"),
-        (None, "test.behave", "application/json", "unknown_type"),
+        (None, "test.unregistered", "application/json", "unknown_type"),
+        (None, "notification.requested", "application/json", "routing_key_mismatch"),
         (None, "test.behave", "application/json", "invalid_payload"),
         (None, "test.behave", "application/json", "body_too_large"),
     ],
@@ -161,6 +162,10 @@ async def test_poison_is_dead_lettered_by_the_service_with_its_reason_counted(
     reason: str,
 ) -> None:
     await env.apply_topology()
+    if reason == "unknown_type":
+        # Bound as a handler removed since would leave it: under any other type's routing key
+        # it would be routing_key_mismatch.
+        await env.bind_type(routing_key)
     service = await ServiceProcess(env, max_body_bytes="2048").start().wait_ready()
     event_id = uuid.uuid4()
     if body is None:

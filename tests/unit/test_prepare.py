@@ -111,6 +111,7 @@ def test_prepare_agrees_with_parse_then_resolve(envelope: dict[str, Any], lenien
         prepared=None,
         body_discarded=False,
         message_id=None,
+        routing_key=str(envelope["type"]),
     )
     fast = _judge(lambda: _prepare(preparer, delivery))
     slow = _judge(lambda: _long_way(preparer, body))
@@ -134,11 +135,59 @@ def test_a_valid_reserve_takes_the_one_pass_model() -> None:
         prepared=None,
         body_discarded=False,
         message_id=None,
+        routing_key="inventory.reserve",
     )
     handler, event = _prepare(FAST, delivery)
     assert handler.event_type == "inventory.reserve"
     assert type(event).__name__ == "Envelope[Reserve]"
     assert event.payload.qty == 2
+
+
+def _delivery(envelope: dict[str, Any], routing_key: str) -> SimpleNamespace:
+    """A delivery of ``envelope``'s JSON under ``routing_key``, as the preparer reads one."""
+    return SimpleNamespace(
+        content_type=None,
+        content_encoding=None,
+        headers={},
+        body=json.dumps(envelope).encode(),
+        prepared=None,
+        body_discarded=False,
+        message_id=None,
+        routing_key=routing_key,
+    )
+
+
+def _restock_under(routing_key: str, event_type: object = "inventory.restock") -> SimpleNamespace:
+    envelope = {
+        "event_id": str(uuid.uuid4()),
+        "type": event_type,
+        "occurred_at": datetime.now(UTC).isoformat(),
+        "payload": {"sku": "A", "qty": 500},
+    }
+    return _delivery(envelope, routing_key)
+
+
+def test_a_type_published_under_another_routing_key_is_poison_on_both_paths() -> None:
+    # Given a restock published under the routing key of a type its producer may publish
+    delivery = cast(Any, _restock_under("notification.requested"))
+
+    # Then it is poison, in a batch and applied alone (before its mark is even taken)
+    prepared = FAST.prepared(delivery)
+    alone = FAST.envelope(delivery)
+    for verdict in (prepared, alone):
+        assert isinstance(verdict, Poison)
+        assert verdict.reason is PoisonReason.ROUTING_KEY_MISMATCH
+        assert "'inventory.restock'" in verdict.detail
+        assert "'notification.requested'" in verdict.detail
+    # And under its own routing key it is an event
+    assert not isinstance(FAST.prepared(cast(Any, _restock_under("inventory.restock"))), Poison)
+
+
+def test_a_type_that_is_not_text_stays_an_invalid_envelope() -> None:
+    prepared = FAST.prepared(cast(Any, _restock_under("inventory.restock", event_type=42)))
+
+    assert isinstance(prepared, Poison)
+    assert prepared.reason is PoisonReason.INVALID_ENVELOPE
 
 
 def test_a_root_model_payload_is_left_to_the_long_way() -> None:
@@ -167,23 +216,13 @@ class _Frozen(datetime):
 
 
 def _reserve_at(occurred_at: datetime) -> SimpleNamespace:
-    body = json.dumps(
-        {
-            "event_id": str(uuid.uuid4()),
-            "type": "inventory.reserve",
-            "occurred_at": occurred_at.isoformat(),
-            "payload": {"order_id": "o-1", "sku": "A", "qty": 2},
-        }
-    ).encode()
-    return SimpleNamespace(
-        content_type=None,
-        content_encoding=None,
-        headers={},
-        body=body,
-        prepared=None,
-        body_discarded=False,
-        message_id=None,
-    )
+    envelope = {
+        "event_id": str(uuid.uuid4()),
+        "type": "inventory.reserve",
+        "occurred_at": occurred_at.isoformat(),
+        "payload": {"order_id": "o-1", "sku": "A", "qty": 2},
+    }
+    return _delivery(envelope, "inventory.reserve")
 
 
 @pytest.mark.parametrize(

@@ -106,6 +106,7 @@ def _delivery(occurred_at: datetime) -> Any:
         prepared=None,
         body_discarded=False,
         message_id=None,
+        routing_key="inventory.reserve",
     )
 
 

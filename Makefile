@@ -10,7 +10,8 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(LOCK) | sha1sum | cut -
 # the image installs (pip's hash checking cannot take an editable install).
 CONSTRAINTS := $(VENV)/constraints.txt
 
-.PHONY: run test lint typecheck pytest services tools migrate topology install dist lock clean
+.PHONY: run test lint typecheck pytest services tools migrate topology install dist lock \
+	pin-base-image clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed (set PYTHON=...)")'
@@ -62,6 +63,12 @@ lock:
 	    --generate-hashes --python-version 3.11 --python-platform linux \
 	    --custom-compile-command 'make lock' --quiet --output-file $(LOCK)
 	@grep -c '^[a-z]' $(LOCK) | xargs printf '%s: %s packages pinned\n' $(LOCK)
+
+# `make pin-base-image`: deploy/Dockerfile's FROM lines to the digest python:3.11-slim names today
+# (crane, skopeo or docker buildx, and a reachable registry). The base image moves only when this
+# runs: then rebuild, `make test`, and commit the Dockerfile. BASE_TAG=... pins another tag.
+pin-base-image:
+	@deploy/local/pin-base-image.sh
 
 # lint-imports: the layers and the no-circle rule of pyproject's [tool.importlinter].
 lint: install

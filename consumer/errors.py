@@ -4,6 +4,7 @@
 
     ConsumerError
     ├── ConfigError            a bad setting or handler module; start-up stops (exit 2)
+    │   └── IncompatibleLibrary  an installed library does not behave as the service relies on
     ├── TopologyError          the broker's queues and exchanges are not what the service needs
     │   ├── TopologyMissing    something is not declared: run ``consumer topology apply``
     │   └── TopologyConflict   something exists with other arguments; nothing was changed
@@ -18,7 +19,8 @@
     │       ├── HardTimeLimitExceeded    it blocked the event loop past the hard time limit
     │       ├── CrashedRepeatedly        processes died while it was being applied isolated
     │       ├── ConnectionLostRepeatedly its database connection broke each time it was applied
-    │       └── EventExpired             its receipts' range was dropped: too old to apply
+    │       ├── EventExpired             its receipts' range was dropped: too old to apply
+    │       └── IdConflict               its id is that of an event of another type applied
     ├── DatabaseUnavailable    the database cannot be reached: pause, count no attempt
     │   └── DatabaseStalled    it stopped answering the service's own statement in time
     ├── PipelineFault          the service itself cannot work (no receipts table): it stops
@@ -58,6 +60,8 @@ __all__ = [
     "HandlerRaisedBaseException",
     "HandlerTimeout",
     "HardTimeLimitExceeded",
+    "IdConflict",
+    "IncompatibleLibrary",
     "MigrationError",
     "PermanentError",
     "PipelineFault",
@@ -79,6 +83,11 @@ class ConsumerError(Exception):
 
 class ConfigError(ConsumerError):
     """A setting or handler module is unusable; the message names it."""
+
+
+class IncompatibleLibrary(ConfigError):
+    """An installed library does not behave as the service relies on (a pamqp whose header
+    decoders the start-up self-test finds unprotected, :func:`consumer.amqp.wire.self_test`)."""
 
 
 class TopologyError(ConsumerError):
@@ -198,6 +207,26 @@ class EventExpired(PermanentError):
     reason = "expired"
 
 
+class IdConflict(PermanentError):
+    """Its event id and occurred_at are those of an event of another type, already applied (or in
+    the same batch): a producer reused, or guessed, another event's id. Not a duplicate, and no
+    retry can apply it: dead-lettered with the reason, so that the suppressed event is seen.
+
+    A dead letter, not poison: the message is a valid event, and what makes it fail is what the
+    database already holds (the other event may be the forged one); a published dead letter
+    carries the service's reason headers, a nack would carry only the producer's."""
+
+    reason = "id_conflict"
+
+    @classmethod
+    def between(cls, event_id: object, event_type: str, stored_type: str) -> IdConflict:
+        return cls(
+            f"event id {event_id} (with this occurred_at) belongs to a {stored_type!r} event "
+            f"already applied, not to this {event_type!r} one: two events share an id (ids "
+            "must be unguessable: UUIDv4 or v7, never derived from a business id)"
+        )
+
+
 class DatabaseUnavailable(ConsumerError):
     """The database cannot be reached; the service pauses instead of failing events."""
 
@@ -240,6 +269,9 @@ class PoisonReason(enum.StrEnum):
     NOT_UTF8 = "not_utf8"
     NOT_JSON = "not_json"
     INVALID_ENVELOPE = "invalid_envelope"
+    ROUTING_KEY_MISMATCH = "routing_key_mismatch"
+    """Its body's type is not the routing key it was published with: the broker authorised the
+    routing key (topic permissions), not the type the service would apply."""
     UNKNOWN_TYPE = "unknown_type"
     INVALID_PAYLOAD = "invalid_payload"
     TOO_DEEP = "too_deep"
@@ -259,13 +291,25 @@ class Poison(ConsumerError):
     ``error_class`` names the exception a validator raised where pydantic lets it through
     (anything but ``ValueError`` and ``AssertionError``): such poison is dead-lettered with the
     class in its headers, since a nack could not say it.
+
+    ``body_discarded``: the body was over the limit and dropped as it arrived, unread
+    (:mod:`consumer.amqp.direct_consume`). No copy can carry it, so such poison is always settled
+    with a nack: the broker dead-letters the original, body and all.
     """
 
-    def __init__(self, reason: PoisonReason, detail: str, error_class: str | None = None) -> None:
+    def __init__(
+        self,
+        reason: PoisonReason,
+        detail: str,
+        error_class: str | None = None,
+        *,
+        body_discarded: bool = False,
+    ) -> None:
         super().__init__(f"{reason.value}: {detail}")
         self.reason = reason
         self.detail = detail
         self.error_class = error_class
+        self.body_discarded = body_discarded
 
 
 class PublishFailed(ConsumerError):

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import json
 import logging
 import sys
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import IO, Any, BinaryIO, Protocol, TextIO, cast
 
 import orjson
@@ -32,6 +33,7 @@ __all__ = [
     "MessageLog",
     "StructlogMessageLog",
     "TickFlushed",
+    "json_line",
     "make_logger",
     "make_message_log",
     "route_library_logs",
@@ -66,7 +68,44 @@ def scrub_secrets(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict
 _PLAIN = frozenset({int, float, bool, type(None)})
 
 
-def _processors(console: bool) -> list[Processor]:
+def json_line(line: Mapping[str, Any], default: Callable[[Any], Any] | None = None) -> bytes:
+    """``line`` as one line of JSON, whatever its values: never an exception.
+
+    orjson writes nearly every line. What it refuses (an integer past 64 bits, a string holding a
+    lone surrogate, both of which any producer can put in a payload) the standard library's json
+    writes instead (the surrogate as its ``\\u`` escape); what neither can, each value as its
+    ``ascii()`` text. A log line that raised would end the worker that wrote it."""
+    try:
+        return orjson.dumps(line, default=default)
+    except TypeError:  # orjson.JSONEncodeError is one
+        pass
+    try:
+        text = json.dumps(line, default=default, ensure_ascii=False, separators=(",", ":"))
+        return text.encode("utf-8", "backslashreplace")
+    except Exception:  # anything: the line below cannot fail
+        return orjson.dumps({_printable(key): _printable(value) for key, value in line.items()})
+
+
+def _printable(value: object) -> str:
+    try:
+        return value if type(value) is str and value.isascii() else ascii(value)[:10_000]
+    except Exception:  # an int past str()'s digit limit, a broken __repr__
+        return f"<{type(value).__name__} that cannot be written>"
+
+
+def _encodable(encoding: str) -> Processor:
+    """The console line as the stream can write it: ``print`` raises on a character the
+    stream's encoding has not (a lone surrogate even in UTF-8); those are escaped."""
+
+    def encodable(_: WrappedLogger, __: str, line: Any) -> Any:
+        if isinstance(line, str) and not line.isascii():
+            return line.encode(encoding, "backslashreplace").decode(encoding)
+        return line
+
+    return encodable
+
+
+def _processors(console: bool, encoding: str = "utf-8") -> list[Processor]:
     shared: list[Processor] = [
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -77,6 +116,7 @@ def _processors(console: bool) -> list[Processor]:
             structlog.processors.format_exc_info,
             scrub_secrets,
             structlog.dev.ConsoleRenderer(colors=False),
+            _encodable(encoding),
         ]
     return [
         *shared,
@@ -85,7 +125,7 @@ def _processors(console: bool) -> list[Processor]:
             structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
         ),
         scrub_secrets,
-        structlog.processors.JSONRenderer(serializer=orjson.dumps),
+        structlog.processors.JSONRenderer(serializer=json_line),
     ]
 
 
@@ -119,7 +159,7 @@ def make_logger(
     )
     logger: Logger = structlog.wrap_logger(
         sink,
-        processors=_processors(console),
+        processors=_processors(console, getattr(out, "encoding", None) or "utf-8"),
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
         cache_logger_on_first_use=False,
     )
@@ -183,11 +223,11 @@ class JsonMessageLog:
             "level": _LEVEL_NAMES.get(level) or logging.getLevelName(level).lower(),
             "timestamp": self._timestamp(),
         }
-        rendered = orjson.dumps(line, default=_as_json)
+        rendered = json_line(line, _as_json)
         if b"://" in rendered:
             # A value holds a URL (JSON writes "://" as it is): scrub its password as the
             # structlog chain does, value by value. Every other line skips the walk.
-            rendered = orjson.dumps(scrub_secrets(None, event, line), default=_as_json)
+            rendered = json_line(scrub_secrets(None, event, line), _as_json)
         self._lines.write(rendered + b"\n")
 
 

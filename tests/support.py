@@ -137,6 +137,19 @@ class TestEnv:
         self.topologies.append(topology)
         return topology
 
+    async def bind_type(self, event_type: str) -> None:
+        """Route ``event_type`` from the test's ingress exchange to its work queue, as a handler
+        removed since the topology was applied leaves it bound: the one way a type no handler
+        takes reaches the service under its own routing key (under another type's it is
+        ``routing_key_mismatch``)."""
+        connection = await connect_any(self.amqp_url)
+        try:
+            channel = await connection.channel()
+            queue = await channel.get_queue(self.names.work, ensure=False)
+            await queue.bind(self.settings().exchange, event_type)
+        finally:
+            await connection.close()
+
     def producer(self, url: str | None = None) -> Producer:
         """A producer for this test's ingress exchange, on ``url`` (else the test's broker)."""
         return Producer(url or self.amqp_url, self.settings().exchange)

@@ -19,6 +19,7 @@ from aio_pika.abc import AbstractConnection
 from pydantic import SecretStr
 
 from consumer.amqp import fast_paths
+from consumer.amqp.wire import TableLimits
 from consumer.config.tls import TlsFiles, amqp_ssl_context, describe_tls_error, find_tls_error
 from consumer.errors import BrokerRejected, BrokerUnreachable
 from consumer.redact import redact_url, scrub
@@ -49,6 +50,12 @@ class BrokerConfig:
     publish_timeout: float = 10.0
     fast_path: bool = True
     """aiormq with the service's fast paths (:mod:`consumer.amqp.fast_paths`), else its own code."""
+    max_body_bytes: int | None = None
+    """Bodies larger than this are dropped unread by the service's consumer on the fast path
+    (:mod:`consumer.amqp.direct_consume`); None keeps every body. aiormq's own channel reads every
+    body whole."""
+    header_limits: TableLimits = field(default_factory=TableLimits)
+    """What the header decoder refuses before decoding (:mod:`consumer.amqp.wire`)."""
     _next: list[int] = field(default_factory=lambda: [0], compare=False, repr=False)
 
     def connection_name(self, role: str) -> str:
@@ -59,10 +66,10 @@ class BrokerConfig:
 async def connect(config: BrokerConfig, role: str) -> AbstractConnection:
     """A plain (not self-reconnecting) connection to the first node that takes it, trying them
     in turn: the service supervises reconnects itself. No message can break it: the frame
-    decoder is made total first (:mod:`consumer.amqp.wire`); with ``config.fast_path`` frames
-    are read in bulk and deliveries handed over without a task each
-    (:mod:`consumer.amqp.fast_paths`)."""
-    fast_paths.install(fast_path=config.fast_path)
+    decoder is made total first, within ``config.header_limits`` (:mod:`consumer.amqp.wire`);
+    with ``config.fast_path`` frames are read in bulk and deliveries handed over without a task
+    each (:mod:`consumer.amqp.fast_paths`)."""
+    fast_paths.install(fast_path=config.fast_path, header_limits=config.header_limits)
     try:
         context = amqp_ssl_context(config.tls)
     except (OSError, ssl.SSLError) as error:  # checked at start-up; changed since

@@ -10,6 +10,7 @@ from aiormq.abc import DeliveredMessage
 from pamqp.commands import Basic
 
 from consumer.amqp.acker import Acker
+from consumer.amqp.direct_consume import BodyDiscarded
 from consumer.errors import ChannelGone
 
 __all__ = ["ChannelGone", "Delivery"]
@@ -35,6 +36,17 @@ class Delivery:
     @property
     def body(self) -> bytes:
         return self.message.body
+
+    @property
+    def body_discarded(self) -> bool:
+        """Its body was over the limit and dropped as it arrived, unread: :attr:`body` is empty
+        (:mod:`consumer.amqp.direct_consume`); :attr:`body_size` says how large it was."""
+        return isinstance(self.message, BodyDiscarded)
+
+    @property
+    def body_size(self) -> int:
+        """The body's size as its content header declares it (kept or not)."""
+        return int(self.message.header.body_size or 0)
 
     @property
     def properties(self) -> Basic.Properties:

@@ -4,8 +4,8 @@ replaces, what it holds aiormq and pamqp to, and which are installed.
 ==============================  ==========================================  =====================
 hook                            replaces, process-wide                      for
 ==============================  ==========================================  =====================
-:mod:`consumer.amqp.wire`       pamqp's decoders (``decode.METHODS`` and    safety: no message
-                                ``decode.TABLE_MAPPING`` entries)           breaks its connection
+:mod:`consumer.amqp.wire`       pamqp's decoders (``decode.METHODS``        safety: no message
+                                entries), the tables' by the service's own  breaks its connection
 :mod:`consumer.amqp.frames`     ``aiormq.connection.FrameReceiver``         speed
 :mod:`consumer.amqp.direct_     ``aiormq.connection.Channel``               speed
 consume`
@@ -18,8 +18,11 @@ frame decoder reads properties through them too.
 
 aiormq is pinned below 8, and a 7.x release may still rename what a hook relies on. Each hook's
 :func:`problems` compare aiormq's and pamqp's private surface with what the hook replaces
-(attribute names, method signatures, the module-level names patched): a hook whose check fails is
-not installed, that part runs on aiormq's own code, and start-up says so in one warning line.
+(attribute names, method signatures, the module-level names patched). A fast path whose check
+fails is not installed, that part runs on aiormq's own code, and start-up says so in one warning
+line. The decoders are not a speed-up to do without: a pamqp they do not fit stops every command
+that connects with one line (:class:`~consumer.errors.IncompatibleLibrary`), as
+:func:`consumer.amqp.wire.self_test` does for one that decodes tables another way.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ import aiormq.channel
 import aiormq.connection
 from pamqp import body, commands, decode, header
 
+from consumer.amqp import wire
+from consumer.amqp.wire import TableLimits
+from consumer.errors import IncompatibleLibrary
+
 __all__ = ["HOOKS", "install", "problems", "refused"]
 
 WIRE = "consumer.amqp.wire"
@@ -46,25 +53,33 @@ HOOKS = (WIRE, FRAMES, DIRECT_CONSUME)
 """Every hook, by its module's name; the last two are the fast paths."""
 
 
-def install(*, fast_path: bool) -> None:
-    """Put each hook in place, or aiormq's own code back: the total decoders always, the fast
-    paths when ``fast_path``, and none whose check fails (:func:`refused`). For the connections
-    and channels opened after this."""
+def install(*, fast_path: bool, header_limits: TableLimits | None = None) -> None:
+    """Put each hook in place, or aiormq's own code back: the total decoders always (within
+    ``header_limits``), the fast paths when ``fast_path`` and their checks pass (:func:`refused`).
+    For the connections and channels opened after this. Raises
+    :class:`~consumer.errors.IncompatibleLibrary` if pamqp is not what the decoders replace."""
     found = problems()
-    for name in HOOKS:
+    if WIRE in found:
+        raise IncompatibleLibrary(
+            f"pamqp's decoders are not what {WIRE} replaces: {'; '.join(found[WIRE])}; the "
+            "service cannot hold its limits on hostile headers with it"
+        )
+    wire.install(header_limits)
+    for name in (FRAMES, DIRECT_CONSUME):
         if name in found:
             continue  # never installed: aiormq's own code is in place
         module = importlib.import_module(name)
-        if name == WIRE or fast_path:
+        if fast_path:
             module.install()
         else:
             module.uninstall()
 
 
 def refused(*, fast_path: bool) -> dict[str, list[str]]:
-    """The hooks :func:`install` leaves out although they are wanted, each with what differs."""
+    """The fast paths :func:`install` leaves out although they are wanted, each with what
+    differs."""
     found = problems()
-    return {name: found[name] for name in HOOKS if name in found and (name == WIRE or fast_path)}
+    return {name: found[name] for name in (FRAMES, DIRECT_CONSUME) if name in found and fast_path}
 
 
 @functools.cache
@@ -96,24 +111,17 @@ def _importable(name: str) -> tuple[ModuleType | None, list[str]]:
 
 def _wire_problems() -> list[str]:
     found = _keys("pamqp.decode.METHODS", decode, "METHODS", WIRE_METHODS)
-    found += _keys("pamqp.decode.TABLE_MAPPING", decode, "TABLE_MAPPING", WIRE_TABLE_TYPES)
     if found:
         return found
-    decoders: dict[str, Any] = {
-        **{f"METHODS[{key!r}]": decode.METHODS[key] for key in WIRE_METHODS},
-        **{f"TABLE_MAPPING[{key!r}]": decode.TABLE_MAPPING[key] for key in WIRE_TABLE_TYPES},
-    }
-    for where, decoder in decoders.items():
-        found += _parameters(f"pamqp.decode.{where}", decoder, ("value",))
-    # pamqp decodes through those tables, by their module-level names: replacing an entry reaches
-    # every decode.
+    for key in WIRE_METHODS:
+        found += _parameters(f"pamqp.decode.METHODS[{key!r}]", decode.METHODS[key], ("value",))
+    # pamqp decodes every property and argument through that table, by its module-level name:
+    # replacing an entry reaches every decode (what the entries then refuse, wire.self_test checks).
     found += _refers("pamqp.decode.by_type", decode, "by_type", ("METHODS",))
-    found += _refers("pamqp.decode.embedded_value", decode, "embedded_value", ("TABLE_MAPPING",))
     return found
 
 
 WIRE_METHODS = ("table", "array", "shortstr", "longstr", "timestamp")
-WIRE_TABLE_TYPES = (b"F", b"A", b"S", b"T", b"d")
 
 
 def _frames_problems() -> list[str]:

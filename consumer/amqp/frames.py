@@ -7,9 +7,10 @@ came to about 50 µs of pamqp alone per message, a sixth of the service's CPU at
 :class:`BulkFrameReceiver` takes what the socket holds at once and cuts the frames out of it;
 :func:`decode_frame` builds the three frames of a delivery directly and hands every other frame
 (and any frame the fast path cannot read) to pamqp, so what comes out is what pamqp would have
-built, errors included. The property decoders are pamqp's own, as
-:func:`consumer.amqp.wire.install` made them total: a hostile header costs only its message here
-too.
+built, errors included. The property decoders are the ones :func:`consumer.amqp.wire.install` put
+in pamqp's tables (the headers table's is the service's own, read by offset within its limits),
+given a view of the rest of the frame, never a copy: a hostile header costs only its message, and
+no more than its bytes, here too.
 
 :func:`install` puts the receiver in aiormq's place (:mod:`consumer.amqp.fast_paths`).
 """
@@ -137,12 +138,13 @@ def _content_header(payload: bytes) -> header.ContentHeader:
         word += 1
     values = list(_DEFAULTS)
     methods = decode.METHODS
+    view = memoryview(payload)
     for index, flag, amqp_type in _PROPERTY_TYPES:
         if flags & flag:
             if amqp_type == "shortstr":
                 offset, values[index] = _short_str(payload, offset)
             else:
-                consumed, values[index] = methods[amqp_type](payload[offset:])
+                consumed, values[index] = methods[amqp_type](view[offset:])
                 offset += consumed
     properties: commands.Basic.Properties = _PROPERTIES.__new__(_PROPERTIES)
     (

@@ -6,7 +6,10 @@ The service's own headers are named ``consumer-*``: RabbitMQ 4 ignores (and may 
 
 They are the service's only when it wrote them: a producer's ``consumer-*`` headers are dropped on
 arrival (:func:`trusted_headers`), so that nobody else can set an event's attempt count, the routing
-key a replay goes out with, or the reason an operator reads on a dead letter.
+key a replay goes out with, or the reason an operator reads on a dead letter. Every copy the service
+publishes drops every ``x-*`` header (:func:`without_broker_headers`), so a dead letter with
+``x-death`` is one the broker dead-lettered, whose ``consumer-*`` headers the dead-letter tools do
+not trust (:mod:`consumer.cli.dlq.letters`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ __all__ = [
     "MAX_ATTEMPT",
     "ORIGINAL_EXCHANGE",
     "ORIGINAL_ROUTING_KEY",
+    "OWN_PREFIX",
     "REASON",
     "REPLAYS",
     "SERVICE",
@@ -72,7 +76,8 @@ _FAILURE_HEADERS = (
 
 ERROR_MESSAGE_LIMIT = 500
 MAX_ATTEMPT = 10_000
-_OWN_PREFIX = "consumer-"
+OWN_PREFIX = "consumer-"
+"""The service's own headers' prefix."""
 _FROM_ANYONE = frozenset(
     {REPLAYS, ORIGINAL_OCCURRED_AT}
 )  # informational: the operator's replay count
@@ -99,7 +104,7 @@ def trusted_headers(headers: Mapping[str, Any] | None, *, trusted: bool) -> Head
     return {
         key: value
         for key, value in headers.items()
-        if not key.startswith(_OWN_PREFIX) or key in _FROM_ANYONE
+        if not key.startswith(OWN_PREFIX) or key in _FROM_ANYONE
     }
 
 

@@ -166,7 +166,10 @@ class BrokerSession:
             raise RuntimeError("the session is not open")
         if self._consumer_tag is None:
             consume_ok = await consume_direct(
-                self._consume_underlay, self._work_queue, self._deliver
+                self._consume_underlay,
+                self._work_queue,
+                self._deliver,
+                max_body_bytes=self._config.max_body_bytes,
             )
             self._consumer_tag = consume_ok.consumer_tag
 

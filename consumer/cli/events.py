@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -28,10 +29,11 @@ from consumer.amqp import headers as h
 from consumer.amqp.connect import connect, describe_amqp_error
 from consumer.cli.common import connect_or_fail, positive_int
 from consumer.cli.dlq.letters import DeadMessage, event_id_from, read_dead_letter
+from consumer.cli.dlq.main import add_stall_timeout
 from consumer.cli.dlq.output import shown
 from consumer.cli.dlq.stream import Delivered, QueueScan
 from consumer.config.settings import Settings
-from consumer.config.startup import fail, load_handlers
+from consumer.config.startup import EXIT_FAILURE, fail, load_handlers
 from consumer.db.database import describe_database_error
 from consumer.errors import BrokerUnreachable
 from consumer.pipeline.envelope_parser import EnvelopeParser
@@ -40,6 +42,9 @@ from consumer.service.components import broker_config, envelope_limits, names_fo
 __all__ = ["add_events_parser", "run_events"]
 
 DEFAULT_SCAN = 10_000
+_RUNG_IDLE = 1.0
+"""Seconds with nothing ready and nothing arriving after which a rung's scan ends: a rung's
+messages expire under the scan (at its head), so fewer than it held may ever come."""
 _RECEIPTS = """
 SELECT 'receipts' AS held_in, type, occurred_at, received_at FROM receipts
 WHERE consumer = $1 AND event_id = $2
@@ -68,6 +73,7 @@ def add_events_parser(commands: Any) -> None:
         default=DEFAULT_SCAN,
         help=f"at most this many messages read from each queue (default {DEFAULT_SCAN})",
     )
+    add_stall_timeout(show)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,18 +82,22 @@ class Found:
     messages: list[Delivered]
     read: int
     present: int
+    limit: int
+    shortfall: str | None = None
 
 
 def run_events(settings: Settings, arguments: argparse.Namespace) -> int:
     try:
-        return asyncio.run(_show(settings, arguments.event_id, arguments.scan))
+        return asyncio.run(
+            _show(settings, arguments.event_id, arguments.scan, arguments.stall_timeout)
+        )
     except BrokerUnreachable as error:
         fail(str(error))
     except aiormq.exceptions.ChannelAccessRefused as error:
         fail(f"RabbitMQ refused: {describe_amqp_error(error)}")
 
 
-async def _show(settings: Settings, event_id: UUID, scan: int) -> int:
+async def _show(settings: Settings, event_id: UUID, scan: int, stall: float) -> int:
     receipts = await _receipts(settings, event_id)
     for row in receipts:
         occurred = f" occurred_at={row['occurred_at'].isoformat()}" if row["occurred_at"] else ""
@@ -104,12 +114,21 @@ async def _show(settings: Settings, event_id: UUID, scan: int) -> int:
     queues += [("retrying", names.rung(delay)) for delay in settings.retry_delays]
     connection = await connect(broker_config(settings), "events")
     located = bool(receipts)
+    incomplete = False
     try:
         for what, queue in queues:
-            found = await _look(connection, queue, str(event_id), scan)
+            expires = queue != names.dead
+            found = await _look(connection, queue, str(event_id), scan, stall, expires=expires)
             if found is None:
                 print(f"{what + ':':<15} {queue} does not exist")
                 continue
+            if found.shortfall is not None:
+                incomplete = True
+                print(
+                    f"error: incomplete: read {found.read} of the {found.present} messages "
+                    f"{queue} held when the scan began: {found.shortfall}",
+                    file=sys.stderr,
+                )
             for letter in (
                 read_dead_letter(m, 0, registry=registry, parser=parser) for m in found.messages
             ):
@@ -123,7 +142,7 @@ async def _show(settings: Settings, event_id: UUID, scan: int) -> int:
         f"not looked for in {names.work}, the service's own queue: an event found nowhere "
         "else may be there, waiting or being processed"
     )
-    return 0 if located else 1
+    return 0 if located and not incomplete else EXIT_FAILURE
 
 
 async def _receipts(settings: Settings, event_id: UUID) -> list[asyncpg.Record]:
@@ -137,28 +156,37 @@ async def _receipts(settings: Settings, event_id: UUID) -> list[asyncpg.Record]:
 
 
 async def _look(
-    connection: AbstractConnection, queue: str, event_id: str, limit: int
+    connection: AbstractConnection,
+    queue: str,
+    event_id: str,
+    limit: int,
+    stall: float,
+    *,
+    expires: bool,
 ) -> Found | None:
     """The letters of ``event_id`` among the first ``limit`` messages of ``queue``; ``None`` if
-    the queue does not exist."""
+    the queue does not exist. ``expires``: its messages expire (a rung)."""
     hits: list[Delivered] = []
-    read = 0
+    idle_end = _RUNG_IDLE if expires else None
     try:
-        async with QueueScan(connection, queue=queue) as scan:
+        async with QueueScan(connection, queue=queue, stall=stall, idle_end=idle_end) as scan:
             async for held in scan.messages(limit):
-                read += 1
                 # Only the id is decoded for every message; a hit is read in full.
                 if event_id_from(held.message.body) == event_id:
                     hits.append(held.message)
-            present = scan.present
     except aiormq.exceptions.ChannelNotFoundEntity:
         return None
-    return Found(queue, hits, read, present)
+    return Found(queue, hits, scan.read, scan.present, limit, scan.shortfall)
 
 
 def _extent(found: Found) -> str:
-    if found.read < found.present:
+    if found.read < found.present and found.read >= found.limit:
         return f"the first {found.read} of the {found.present} in {found.queue} (--scan)"
+    if found.read < found.present:
+        return (
+            f"{found.queue} ({found.read} read of the {found.present} it held; the others left "
+            "it meanwhile)"
+        )
     return f"{found.queue} ({found.read} read)"
 
 
@@ -168,7 +196,7 @@ def _line(what: str, queue: str, letter: DeadMessage) -> str:
         when = letter.dead_lettered_at.isoformat() if letter.dead_lettered_at else "?"
         return (
             f"dead-lettered:  in {queue}, reason {shown(letter.reason)}, at {when}, after "
-            f"{letter.attempts} retries; {error}"
+            f"{'?' if letter.attempts is None else letter.attempts} retries; {error}"
         )
     last = _stamp(letter.headers.get(h.LAST_FAILURE_AT))
     return (

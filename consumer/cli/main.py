@@ -14,6 +14,7 @@ from uuid import UUID
 
 import asyncpg
 
+from consumer.amqp import fast_paths, wire
 from consumer.cli.producer import PublishRequest, publish_event
 from consumer.config.settings import Settings
 from consumer.config.startup import EXIT_CONFIG, fail, load_handlers, load_settings
@@ -128,6 +129,11 @@ def _run(settings: Settings) -> int:
     registry = load_handlers(settings)
     try:
         check_memory_budget(memory_budget(settings))
+        # The header limits hold only if pamqp reads tables through the decoders installed in
+        # its place: checked once, before any connection (consumer.amqp.wire).
+        broker = broker_config(settings)
+        fast_paths.install(fast_path=broker.fast_path, header_limits=broker.header_limits)
+        wire.self_test(broker.header_limits)
     except ConfigError as error:
         fail(str(error), EXIT_CONFIG)
     return run(settings, registry)

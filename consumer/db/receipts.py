@@ -16,7 +16,7 @@ import asyncpg
 from consumer.classification import ErrorKind, classify
 from consumer.db.guard import Guard
 from consumer.envelope import Envelope
-from consumer.errors import EventExpired, PipelineFault
+from consumer.errors import EventExpired, IdConflict, PipelineFault
 
 __all__ = ["Receipts", "TransactionLost"]
 
@@ -75,6 +75,23 @@ WITH inserted AS (
     + "SELECT event_id, (SELECT total FROM counted) FROM inserted"
 )
 
+# The receipts already there for events whose insert found one (duplicates only: fresh events
+# never pay for this), where the receipt is of another type than the event: an event id reused
+# across types is a conflict, not a duplicate. Matched on the whole key, as the insert is (the
+# legacy table on the event id, as the insert consults it); one index probe per event.
+_OTHER_TYPES = """
+SELECT copy.event_id, stored.type
+FROM unnest($2::uuid[], $3::text[], $4::timestamptz[]) AS copy (event_id, type, occurred_at)
+CROSS JOIN LATERAL (
+    (SELECT type FROM receipts
+     WHERE consumer = $1 AND event_id = copy.event_id AND occurred_at = copy.occurred_at)
+    UNION ALL
+    (SELECT type FROM receipts_legacy WHERE consumer = $1 AND event_id = copy.event_id)
+    LIMIT 1
+) AS stored
+WHERE stored.type <> copy.type
+"""
+
 _EXISTS = """
 SELECT EXISTS (SELECT FROM receipts WHERE consumer = $1 AND event_id = $2 AND occurred_at = $3)
 """
@@ -127,15 +144,21 @@ class Receipts:
 
     async def insert(self, conn: asyncpg.Connection[Any], event: Envelope[Any]) -> bool:
         """Insert ``event``'s receipt; False if it was there already (a duplicate). A duplicate
-        whose first copy is still being applied waits for it: contention, not a stall."""
+        whose first copy is still being applied waits for it: contention, not a stall.
+        :class:`IdConflict` if the receipt there is of another type."""
         query = conn.fetchval(
             _INSERT_ONE, self._consumer, event.event_id, event.type, event.occurred_at
         )
         try:
-            return bool(await self._guard.run(conn, query, locks=True))
+            fresh = bool(await self._guard.run(conn, query, locks=True))
         except Exception as error:
             _stop_if_broken(error)
             raise
+        if not fresh:
+            other = await self.other_types(conn, [event])
+            if other:
+                raise IdConflict.between(event.event_id, event.type, other[event.event_id])
+        return fresh
 
     async def insert_many(
         self, conn: asyncpg.Connection[Any], events: Sequence[Envelope[Any]], *, lock_timeout: str
@@ -152,6 +175,22 @@ class Receipts:
             _stop_if_broken(error)
             raise
         return {row[0] for row in rows}
+
+    async def other_types(
+        self, conn: asyncpg.Connection[Any], duplicates: Sequence[Envelope[Any]]
+    ) -> dict[UUID, str]:
+        """Of ``duplicates`` (events whose receipt the insert found there already), those whose
+        receipt is of another type: event id -> the type the receipt records."""
+        if not duplicates:
+            return {}
+        query = conn.fetch(
+            _OTHER_TYPES,
+            self._consumer,
+            [event.event_id for event in duplicates],
+            [event.type for event in duplicates],
+            [event.occurred_at for event in duplicates],
+        )
+        return {row[0]: row[1] for row in await self._guard.run(conn, query)}
 
     async def seal(self, conn: asyncpg.Connection[Any], fresh: Sequence[Envelope[Any]]) -> None:
         """Seal the transaction for its COMMIT, given the events whose receipts it inserted;

@@ -1,25 +1,37 @@
 """The HTTP endpoint: ``/metrics``, ``/healthz`` and ``/readyz``, and nothing else.
 
-The endpoint is for probes and scrapes, which are quick; anything else that connects is bounded, so
-that nobody can hold it away from them: at most :data:`MAX_CONNECTIONS` open at once and
-:data:`MAX_PER_PEER` from one address (more are closed at once), and each closed
-:data:`MAX_LIFETIME` seconds after it opened, whether or not a request ever finished arriving (a
-client trickling its headers byte by byte). ``/readyz`` asks the database at most once a second
+The endpoint is for probes and scrapes, which connect, send their request at once and are answered
+in milliseconds; anything else that connects is bounded, so that nobody can hold it away from them:
+
+- a connection whose request head has not fully arrived :data:`HEAD_TIMEOUT` seconds after it
+  opened is closed (a client trickling its headers byte by byte), and any is closed
+  :data:`MAX_LIFETIME` seconds after it opened;
+- each connection serves one request (``Connection: close``), so none sits idle between requests;
+- at most :data:`MAX_CONNECTIONS` are open at once and :data:`MAX_PER_PEER` from one address. A
+  connection beyond a bound does not wait for a place: the oldest connection in its way (of its
+  address, or of all at the global bound) that is still waiting for its request head, or is older
+  than :data:`HEAD_TIMEOUT`, is closed to make room. Refused only when every one in the way is a
+  request being answered right now. So idle, half-sent connections (from the probe's own address
+  too: a node's kubelet, a shared NAT) can never lock a probe out.
+
+``/readyz`` asks the database at most once a second
 (:meth:`consumer.service.supervisor.Service.readiness`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
+import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 __all__ = [
+    "HEAD_TIMEOUT",
     "MAX_CONNECTIONS",
     "MAX_LIFETIME",
     "MAX_PER_PEER",
@@ -31,6 +43,7 @@ __all__ = [
 
 MAX_CONNECTIONS = 128
 MAX_PER_PEER = 16
+HEAD_TIMEOUT = 2.0
 MAX_LIFETIME = 15.0
 
 
@@ -61,63 +74,130 @@ def build_app(registry: CollectorRegistry, readiness: ReadinessCheck) -> web.App
         body = {**state.as_dict(), "ready": state.ready}
         return web.json_response(body, status=200 if state.ready else 503)
 
-    app = web.Application(client_max_size=1024)
+    app = web.Application(client_max_size=1024, middlewares=[_one_request_per_connection])
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     return app
 
 
+@web.middleware
+async def _one_request_per_connection(request: web.Request, handler: Handler) -> web.StreamResponse:
+    # Answered, a connection closes: it never idles between requests holding a place.
+    try:
+        response = await handler(request)
+    except web.HTTPException as refused:  # 404, 405: a response too
+        refused.force_close()
+        raise
+    response.force_close()
+    return response
+
+
 class _Connections:
-    """The open connections, counted in all and by peer."""
+    """The open connections, oldest first: all of them, and by peer."""
 
     def __init__(self) -> None:
-        self.total = 0
-        self.by_peer: Counter[str] = Counter()
+        self._all: dict[_Bounded, None] = {}
+        self._by_peer: dict[str, dict[_Bounded, None]] = {}
+
+    def admit(self, connection: _Bounded, peer: str) -> bool:
+        """Count ``connection`` in, closing one in its way at a bound (see the module); False
+        when none may be closed: it is refused."""
+        mine = self._by_peer.get(peer, {})
+        crowd = (
+            mine
+            if len(mine) >= MAX_PER_PEER
+            else self._all
+            if len(self._all) >= MAX_CONNECTIONS
+            else None
+        )
+        if crowd is not None:
+            now = time.monotonic()
+            victim = next((other for other in crowd if other.evictable(now)), None)
+            if victim is None:
+                return False
+            victim.evict()
+        self._all[connection] = None
+        self._by_peer.setdefault(peer, {})[connection] = None
+        return True
+
+    def remove(self, connection: _Bounded, peer: str) -> None:
+        self._all.pop(connection, None)
+        mine = self._by_peer.get(peer)
+        if mine is not None:
+            mine.pop(connection, None)
+            if not mine:
+                del self._by_peer[peer]
 
 
 class _Bounded(asyncio.Protocol):
-    """aiohttp's protocol for one connection, admitted within the bounds and closed at the end of
-    its lifetime."""
+    """aiohttp's protocol for one connection, admitted within the bounds, closed when its request
+    head is late or its lifetime is over, or to make room for another."""
 
     def __init__(self, inner: Any, connections: _Connections) -> None:
         self._inner = inner
         self._connections = connections
         self._peer: str | None = None
-        self._deadline: asyncio.TimerHandle | None = None
+        self._transport: asyncio.Transport | None = None
+        self._opened = 0.0
+        self._waiting = True
+        """No whole request head yet."""
+        self._tail = b""
+        self._timers: list[asyncio.TimerHandle] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peername = transport.get_extra_info("peername")
         peer = str(peername[0]) if peername else "?"
-        connections = self._connections
-        if connections.total >= MAX_CONNECTIONS or connections.by_peer[peer] >= MAX_PER_PEER:
+        self._opened = time.monotonic()
+        if not self._connections.admit(self, peer):
             transport.close()
             return
         self._peer = peer
-        connections.total += 1
-        connections.by_peer[peer] += 1
-        self._deadline = asyncio.get_running_loop().call_later(MAX_LIFETIME, transport.close)
+        self._transport = cast(asyncio.Transport, transport)
+        loop = asyncio.get_running_loop()
+        self._timers = [
+            loop.call_later(HEAD_TIMEOUT, self._head_late),
+            loop.call_later(MAX_LIFETIME, transport.close),
+        ]
         self._inner.connection_made(transport)
 
+    def evictable(self, now: float) -> bool:
+        return self._waiting or now - self._opened >= HEAD_TIMEOUT
+
+    def evict(self) -> None:
+        """Close it now to make room; it no longer counts from this moment."""
+        if self._peer is not None:
+            self._connections.remove(self, self._peer)
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _head_late(self) -> None:
+        if self._waiting and self._transport is not None:
+            self._transport.close()
+
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._peer is None:
-            return
-        if self._deadline is not None:
-            self._deadline.cancel()
-        connections = self._connections
-        connections.total -= 1
-        connections.by_peer[self._peer] -= 1
-        if connections.by_peer[self._peer] <= 0:
-            del connections.by_peer[self._peer]
-        self._peer = None
+        if self._transport is None:
+            return  # refused: aiohttp never saw it
+        for timer in self._timers:
+            timer.cancel()
+        if self._peer is not None:
+            self._connections.remove(self, self._peer)
+        self._transport = None
         self._inner.connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._peer is not None:
-            self._inner.data_received(data)
+        if self._transport is None:
+            return
+        if self._waiting:
+            # A head ends with an empty line; its end may be split across reads.
+            seen = self._tail + data
+            if b"\n\r\n" in seen or b"\n\n" in seen:
+                self._waiting = False
+            self._tail = seen[-2:]
+        self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
-        result: bool | None = self._inner.eof_received() if self._peer is not None else None
+        result: bool | None = self._inner.eof_received() if self._transport is not None else None
         return result
 
     def pause_writing(self) -> None:
@@ -131,7 +211,8 @@ class HttpServer:
     """Serves :func:`build_app` on ``host:port`` for the life of the ``async with`` block."""
 
     def __init__(self, app: web.Application, *, host: str, port: int) -> None:
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # No lingering close: a request body trickled after an answered head is not waited for.
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, lingering_time=0)
         self._host = host
         self._port = port
         self._server: asyncio.base_events.Server | None = None

@@ -116,7 +116,7 @@ class Metrics:
             "Deliveries the broker flagged as redelivered.",
             registry=registry,
         )
-        # Counted where the service decides them (published dead letters, poison nacks). The
+        # Counted where the service decides them (published dead letters, poison). The
         # broker's own delivery_limit dead letters never come back to the service as a verdict:
         # RabbitMQ counts them (rabbitmq_global_messages_dead_lettered_delivery_limit_total),
         # which the alerts read beside this one, so nothing is counted twice.

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
+from uuid import UUID
 
 import asyncpg
 
@@ -30,6 +31,7 @@ from consumer.db.guard import Guard, guarded_transaction
 from consumer.db.receipts import Receipts
 from consumer.envelope import Envelope
 from consumer.error_text import message_of
+from consumer.errors import IdConflict
 from consumer.pipeline.calls import HandlerCaller
 from consumer.pipeline.isolated import EPOCH, Isolated
 from consumer.pipeline.judge import (
@@ -169,7 +171,7 @@ class BatchEngine:
 
     async def _optimistically(
         self, conn: asyncpg.Connection[Any], items: list[Ready]
-    ) -> list[Applied | None]:
+    ) -> list[Verdict | None]:
         async with guarded_transaction(conn, within=self._guard.within):
             # A batch holds its row locks until it commits: never wait long behind another
             # batch (see _CONTENTION), so lock convoys cannot build up. The receipts' statement
@@ -177,7 +179,12 @@ class BatchEngine:
             fresh = await self._receipts.insert_many(
                 conn, [item.event for item in items], lock_timeout=self._lock_timeout_value
             )
-            verdicts: list[Applied | None] = [None] * len(items)
+            verdicts: list[Verdict | None] = [None] * len(items)
+            if len(fresh) < len(items):
+                # Only a batch with duplicates asks: is any of them another type's id?
+                self._conflicts(
+                    items, verdicts, await self._receipts.other_types(conn, _copies(items, fresh))
+                )
             start = 0
             while start < len(items):
                 # A run: consecutive events of one handler. A batch handler takes its run in one
@@ -191,7 +198,7 @@ class BatchEngine:
                 for index in range(start, end):
                     if items[index].event.event_id in fresh:
                         run.append(index)
-                    else:
+                    elif verdicts[index] is None:
                         verdicts[index] = Applied(True, EPOCH)
                 if run:
                     await self._run(conn, items, run)
@@ -200,6 +207,16 @@ class BatchEngine:
                 start = end
             await self._receipts.seal(conn, _fresh(items, verdicts))
         return verdicts
+
+    def _conflicts(
+        self, items: list[Ready], verdicts: list[Verdict | None], other_types: dict[UUID, str]
+    ) -> None:
+        """Fail each event whose id a receipt of another type holds (``other_types``)."""
+        for index, item in enumerate(items):
+            stored_type = other_types.get(item.event.event_id)
+            if stored_type is not None:
+                conflict = IdConflict.between(item.event.event_id, item.event.type, stored_type)
+                verdicts[index] = self._judge.failed(item.delivery, conflict)
 
     async def _run(self, conn: asyncpg.Connection[Any], items: list[Ready], run: list[int]) -> None:
         """Apply one run of fresh events, or raise :class:`_HandlerFailed` (leaving the
@@ -250,6 +267,11 @@ class BatchEngine:
                 verdicts[index] = verdict
             await self._receipts.seal(conn, _fresh(items, verdicts))
         return verdicts
+
+
+def _copies(items: list[Ready], fresh: set[UUID]) -> list[Envelope[Any]]:
+    """The events whose receipts were there already."""
+    return [item.event for item in items if item.event.event_id not in fresh]
 
 
 def _fresh(items: list[Ready], verdicts: Sequence[Verdict | None]) -> list[Envelope[Any]]:

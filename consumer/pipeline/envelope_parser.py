@@ -8,6 +8,7 @@ why the message can never be processed.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Iterable, Mapping
@@ -17,12 +18,19 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, RootModel, ValidationError
 
-from consumer.amqp.wire import HeaderTooDeep, UnreadableHeader
+from consumer.amqp.field_table import (
+    MAX_HEADER_DEPTH,
+    MAX_HEADER_ENTRIES,
+    HeadersTooLarge,
+    HeaderTooDeep,
+    TableLimits,
+    UnreadableHeader,
+)
 from consumer.envelope import Envelope, RawEnvelope
 from consumer.errors import Poison, PoisonReason
 from consumer.safe_text import describe_validation_error, one_line
 
-__all__ = ["EnvelopeLimits", "EnvelopeParser", "check_content_type"]
+__all__ = ["EnvelopeLimits", "EnvelopeParser", "check_content_type", "check_routing_key"]
 
 
 class _LenientRawEnvelope(RawEnvelope):
@@ -50,6 +58,21 @@ def check_content_type(content_type: str | None, content_encoding: str | None) -
         raise Poison(PoisonReason.WRONG_CONTENT_TYPE, f"content encoding {content_encoding!r}")
 
 
+def check_routing_key(routing_key: str, event_type: str) -> None:
+    """Poison unless the event's type is the routing key it was published with.
+
+    RabbitMQ authorises a producer's publish by its routing key (topic permissions), never by the
+    body: a producer allowed only ``notification.*`` could otherwise have an ``inventory.restock``
+    applied. Every way a message comes back to the work queue keeps the routing key it was
+    published with (a retry copy, a rung's dead-lettering, a migration's move) or sets the type
+    (``dlq replay``)."""
+    if event_type != routing_key:
+        raise Poison(
+            PoisonReason.ROUTING_KEY_MISMATCH,
+            one_line(f"type {event_type!r} published with routing key {routing_key[:255]!r}"),
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class EnvelopeLimits:
     """What the parser accepts; anything beyond is poison."""
@@ -58,8 +81,20 @@ class EnvelopeLimits:
     max_depth: int = 32
     max_containers: int = 10_000
     max_header_bytes: int = 64 * 1024
+    max_header_entries: int = MAX_HEADER_ENTRIES
+    """Entries in a message's headers, every nested table and array counted (not a setting: no
+    producer needs more, and a byte limit alone lets 2-byte entries cost the most)."""
     max_future_skew: timedelta = timedelta(hours=24)
     allow_extra_fields: bool = False
+
+    def header_tables(self) -> TableLimits:
+        """The header limits as the wire decoder holds them: the headers' length and entries
+        are refused on the wire, before anything is decoded (:mod:`consumer.amqp.field_table`)."""
+        return TableLimits(
+            max_bytes=self.max_header_bytes,
+            max_entries=self.max_header_entries,
+            max_depth=MAX_HEADER_DEPTH,
+        )
 
 
 class _DuplicateKey(ValueError):
@@ -85,8 +120,20 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _finite(text: str) -> float:
+    # Called for number literals with a fraction or an exponent only (integers never pay). A
+    # literal past the double range (1e309) is infinity to float(): a value JSON has no way to
+    # write, which a handler would meet (and fail on, or store) instead of the parser.
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number {text[:40]} is out of range (not a finite double)")
+    return value
+
+
 # One decoder for every body: json.loads with these hooks builds a new one per call.
-_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_constant=_no_constants)
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_unique_keys, parse_constant=_no_constants, parse_float=_finite
+)
 
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 
@@ -113,6 +160,12 @@ def _deeper_than(value: object, limit: int) -> bool:
     return False
 
 
+_STAND_IN_REASONS: dict[type[UnreadableHeader], PoisonReason] = {
+    HeaderTooDeep: PoisonReason.HEADERS_TOO_DEEP,
+    HeadersTooLarge: PoisonReason.HEADERS_TOO_LARGE,
+}
+
+
 def _header_size(value: object, budget: int) -> int:
     """Roughly the bytes ``value`` takes in an AMQP headers table, counting up to ``budget``;
     raises :class:`Poison` where the decoder left an unreadable value
@@ -122,11 +175,7 @@ def _header_size(value: object, budget: int) -> int:
     while stack and size <= budget:
         item = stack.pop()
         if isinstance(item, UnreadableHeader):
-            reason = (
-                PoisonReason.HEADERS_TOO_DEEP
-                if isinstance(item, HeaderTooDeep)
-                else PoisonReason.HEADERS_UNREADABLE
-            )
+            reason = _STAND_IN_REASONS.get(type(item), PoisonReason.HEADERS_UNREADABLE)
             raise Poison(reason, str(item))
         if isinstance(item, str):
             # Bytes, not characters: each byte that was not UTF-8 decoded to a replacement
@@ -148,7 +197,8 @@ class EnvelopeParser:
     """Turns a message body into an envelope, or raises :class:`Poison` saying why it cannot.
 
     For any bytes it does one of the two and nothing else: UTF-8 is strict, JSON is standard
-    (no NaN, no duplicate keys), nesting is bounded, the envelope's schema is strict.
+    (no NaN, no number past the double range, no duplicate keys), nesting is bounded, the
+    envelope's schema is strict.
     """
 
     def __init__(self, limits: EnvelopeLimits) -> None:

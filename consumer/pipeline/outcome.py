@@ -68,7 +68,8 @@ class Applied:
 
 @dataclass(frozen=True, slots=True)
 class Rejected:
-    """The message can never be processed."""
+    """The message can never be processed. If its body was dropped unread
+    (``poison.body_discarded``), the settler can only nack it (:mod:`consumer.service.settle`)."""
 
     poison: Poison
 

@@ -7,9 +7,10 @@
                                                          a handler failed --> Failed (the policy)
 
 Two copies of one event in a batch are applied once: the later copy takes the first one's
-verdict. A delivery that came back after a process died or its connection broke is applied isolated,
-marked in progress (:meth:`Pipeline.process_isolated`). Nothing here talks to the broker:
-:mod:`consumer.service.settle` turns verdicts into acks and publishes.
+verdict; an event of another type with the same id is applied after them (its receipt check
+finds the id conflict). A delivery that came back after a process died or its connection broke is
+applied isolated, marked in progress (:meth:`Pipeline.process_isolated`). Nothing here talks to
+the broker: :mod:`consumer.service.settle` turns verdicts into acks and publishes.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Pipeline:
         ready: list[tuple[int, Ready]] = []
         first_copy: dict[UUID, int] = {}
         later_copies: list[tuple[int, Ready, int]] = []
+        others: list[int] = []
         for index, delivery in enumerate(deliveries):
             prepared = self._preparer.prepared(delivery)
             if isinstance(prepared, Poison):
@@ -66,7 +68,12 @@ class Pipeline:
             item = Ready(delivery, prepared.handler, prepared.event)
             first = first_copy.get(item.event.event_id)
             if first is not None:
-                later_copies.append((index, item, first))
+                if item.event.type != ready[first][1].event.type:
+                    # Another event with this id, not a copy: applied after this batch, it meets
+                    # the receipt the first left (an id conflict), or none if the first failed.
+                    others.append(index)
+                else:
+                    later_copies.append((index, item, first))
                 continue
             first_copy[item.event.event_id] = len(ready)
             ready.append((index, item))
@@ -78,6 +85,9 @@ class Pipeline:
             for index, item, first in later_copies:
                 verdict = _later_copy(verdicts[first], attempts_so_far(item.delivery.headers))
                 outcomes[index] = Outcome(item.delivery, verdict, item.event)
+        if others:
+            after = await self.process([deliveries[index] for index in others])
+            outcomes.update(zip(others, after, strict=True))
         return [outcomes[index] for index in range(len(deliveries))]
 
     async def process_isolated(self, delivery: Delivery, *, connection_losses: int = 0) -> Outcome:

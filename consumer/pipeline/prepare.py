@@ -19,7 +19,7 @@ from consumer.envelope import Envelope, RawEnvelope
 from consumer.error_text import error_name, message_of
 from consumer.errors import Poison, PoisonReason
 from consumer.pipeline.calls import HandlerCall, HandlerCalls
-from consumer.pipeline.envelope_parser import EnvelopeParser, check_content_type
+from consumer.pipeline.envelope_parser import EnvelopeParser, check_content_type, check_routing_key
 from consumer.pipeline.ready import Prepared
 from consumer.registry import Handler, HandlerRegistry
 from consumer.safe_text import one_line
@@ -84,6 +84,7 @@ class Preparer:
         try:
             decoded = self._decoded(delivery)
             envelope = self._parser.validate(decoded)
+            check_routing_key(delivery.routing_key, envelope.type)
             self._check_age(envelope)
         except Poison as poison:
             return poison
@@ -107,13 +108,22 @@ class Preparer:
             )
 
     def _decoded(self, delivery: Delivery) -> dict[str, Any]:
+        if delivery.body_discarded:
+            limit = self._parser.limits.max_bytes
+            raise Poison(
+                PoisonReason.BODY_TOO_LARGE,
+                f"{delivery.body_size} bytes, the limit is {limit} (dropped unread)",
+                body_discarded=True,
+            )
         check_content_type(delivery.content_type, delivery.content_encoding)
         self._parser.check_headers(delivery.headers)
         return self._parser.decode(delivery.body)
 
     def _prepare(self, delivery: Delivery, decoded: dict[str, Any]) -> Prepared:
-        event_type = decoded.get("type")
-        typed = self._typed.get(event_type) if isinstance(event_type, str) else None
+        # One pass only under its own routing key: a misrouted body never meets the handler's
+        # payload validators, and is judged the long way (the envelope, then the routing key).
+        routing_key = delivery.routing_key
+        typed = self._typed.get(routing_key) if decoded.get("type") == routing_key else None
         calls = self._calls
         if typed is not None:
             handler, model = typed
@@ -129,6 +139,7 @@ class Preparer:
             finally:
                 calls.leave(task)
         raw = self._parser.validate(decoded)
+        check_routing_key(delivery.routing_key, raw.type)
         self._check_age(raw)
         handler = self._registry.handler_for(raw)
         task = calls.enter(ValidationCall(handler, decoded, delivery.message_id))

@@ -41,6 +41,7 @@ class DeadLetterReason(enum.StrEnum):
     CRASHED = "crashed"
     CONNECTION_LOST = "connection_lost"
     EXPIRED = "expired"
+    ID_CONFLICT = "id_conflict"
 
 
 @dataclass(frozen=True, slots=True)

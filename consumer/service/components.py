@@ -111,6 +111,8 @@ def broker_config(settings: Settings) -> BrokerConfig:
         prefetch=settings.prefetch,
         publish_timeout=settings.publish_timeout.total_seconds(),
         fast_path=settings.amqp_fast_path,
+        max_body_bytes=settings.max_body_bytes,
+        header_limits=envelope_limits(settings).header_tables(),
     )
 
 

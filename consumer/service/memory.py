@@ -1,9 +1,11 @@
 """What the prefetch can make the process hold, checked at start-up against what it may use.
 
-Held deliveries keep their bodies: up to ``CONSUMER_PREFETCH`` x ``CONSUMER_MAX_BODY_BYTES``. A
-parsed body costs up to about :data:`PARSED_EXPANSION` times its bytes in Python objects (measured:
-a megabyte of short strings is nine of objects; containers, the costliest, are bounded by
-``CONSUMER_MAX_JSON_CONTAINERS``), so only small bodies stay parsed while they wait
+Held deliveries keep their bodies: up to ``CONSUMER_PREFETCH`` x ``CONSUMER_MAX_BODY_BYTES``, since
+a larger body is never kept: its frames are dropped as they arrive
+(:mod:`consumer.amqp.direct_consume`; what reading them holds, a frame or ten of 128 KiB, is within
+:data:`BASE_BYTES`). A parsed body costs up to about :data:`PARSED_EXPANSION` times its bytes in
+Python objects (measured: a megabyte of short strings is nine of objects; containers, the costliest,
+are bounded by ``CONSUMER_MAX_JSON_CONTAINERS``), so only small bodies stay parsed while they wait
 (:data:`KEEP_PARSED_BYTES`); a larger one is parsed again by the worker that applies it, and a
 worker's batch holds at most :data:`BATCH_BYTES` of bodies (or one body). A configuration whose
 worst case does not fit the memory limit stops start-up with one line naming the settings.

@@ -3,9 +3,15 @@
 ============  ===============================================================================
 APPLIED,      ack (the commit has returned); it joins the channel's next flush
 DUPLICATE
-POISON        nack without requeue (the work queue dead-letters it through the DLX); poison from
-              an exception a validator raised is published to the DLX with the exception's
-              class in its headers instead (a nack cannot carry it), then acked
+POISON        a copy to the DLX with the reason headers (the poison reason; the exception's
+              class where a validator raised one), confirmed, then ack: so the letter an
+              operator reads carries the service's word, never the producer's ``consumer-*``
+              headers (dropped on arrival) nor its ``x-*`` ones. Two exceptions are nacked
+              without requeue (the work queue dead-letters the original through the DLX, with
+              ``x-death``): a body over the limit (``body_too_large``: dropped unread on the fast
+              path, no copy can carry it) and headers over the limit (``headers_too_large``: a copy
+              adds the service's own, and a header frame over the broker's ``frame_max`` closes the
+              publishing connection, failing every copy in flight on it)
 RETRY         a copy to the rung, confirmed, then ack
 DEAD_LETTER   a copy to the DLX with the reason headers, confirmed, then ack
 HOLD          nothing: the delivery waits for the database (the dispatcher keeps it)
@@ -24,10 +30,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from consumer.amqp.delivery import Delivery
-from consumer.amqp.headers import dead_letter_headers, retry_headers
+from consumer.amqp.headers import attempts_so_far, dead_letter_headers, retry_headers
 from consumer.amqp.publisher import Publisher, copy_properties
 from consumer.error_text import error_name, message_of
-from consumer.errors import ChannelGone, PublishFailed
+from consumer.errors import ChannelGone, Poison, PoisonReason, PublishFailed
 from consumer.pipeline.outcome import (
     Failed,
     Outcome,
@@ -103,7 +109,7 @@ class Settler:
         delivery, verdict = outcome.delivery, outcome.verdict
         label = _LABELS[verdict.kind]
         try:
-            if isinstance(verdict, Rejected) and verdict.poison.error_class is None:
+            if isinstance(verdict, Rejected) and not _copyable(verdict.poison):
                 await delivery.nack(requeue=False)
                 return Settled(label)
             return await self._republished(delivery, verdict, label)
@@ -168,7 +174,7 @@ class Settler:
         headers = dead_letter_headers(
             delivery.headers,
             reason=poison.reason.value,
-            attempts=0,
+            attempts=attempts_so_far(delivery.headers),
             error_class=poison.error_class or poison.reason.value,
             error_message=poison.detail,
             original_exchange=delivery.exchange,
@@ -208,6 +214,14 @@ class Settler:
             now=datetime.now(UTC),
         )
         await self._publish(delivery, headers, self._names.dlx)
+
+
+def _copyable(poison: Poison) -> bool:
+    """Whether poison is dead-lettered as a copy of the service's own (see the module docstring
+    for the two that cannot be). A body over the limit is nacked whether the fast path dropped it
+    unread or aiormq's own code read it whole (``CONSUMER_AMQP_FAST_PATH=false``): the same
+    letter either way."""
+    return poison.reason not in (PoisonReason.BODY_TOO_LARGE, PoisonReason.HEADERS_TOO_LARGE)
 
 
 def _ack(delivery: Delivery, kind: OutcomeKind) -> Settled:

@@ -44,7 +44,7 @@ from tests.chaos.report import FaultRecord, RunReport, ScenarioResult
 from tests.chaos.scenarios import CONSUMER_SETTINGS, Profile, Scenario, chosen
 from tests.chaos.stranded import Stranding, held_back, recover
 from tests.chaos.verify import check, dead_by_reason, excuse_losses
-from tests.chaos.workload import SEED_STOCK, SKUS, Workload, plan_workload
+from tests.chaos.workload import SEED_STOCK, SKUS, UNKNOWN, Workload, plan_workload
 from tests.chaos.world import World
 from tests.servers import (
     PostgresServer,
@@ -319,6 +319,7 @@ async def run_scenario(
         if scenario.database_setup:
             await _admin(env.database_url, scenario.database_setup)
         await env.apply_topology()
+        await env.bind_type(UNKNOWN)
         await world.start(*range(scenario.consumers))
         # Planned once the consumers are up: the events' occurred_at is now, not a start-up ago.
         workload = plan_workload(events, seed=seed, faults=scenario.mix_in)

@@ -71,8 +71,6 @@ def perfect(workload: Workload) -> tuple[PublishLog, EndState]:
 
 def dead_copy(message_id: str, event: PlannedEvent) -> DeadCopy:
     """The dead copy the service and the broker leave of ``event``, as the runner reads it."""
-    if event.kind.poison:
-        return DeadCopy(message_id, None, "rejected")
     names = {"consumer-dead-reason", "consumer-attempt", "consumer-original-routing-key"}
     if event.wire in KEPT_HEADER:
         names.add(KEPT_HEADER[event.wire])
@@ -169,7 +167,7 @@ def test_an_unconfirmed_resend_may_be_dead_once_but_not_twice() -> None:
     log, state = perfect(workload)
     poison = next(p for p in workload.publications if p.event.kind.poison)
     log.attempts[f"{poison.message_id}~1"] = Attempt.UNCERTAIN
-    resent = DeadCopy(f"{poison.message_id}~1", None, "rejected")
+    resent = DeadCopy(f"{poison.message_id}~1", poison.event.kind.header_reason, None)
     state.dead.append(resent)
     state.listed.append(state.listed[0] | {"id": str(poison.event.event_id or resent.message_id)})
 

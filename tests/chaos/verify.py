@@ -11,17 +11,16 @@ dead-letter copy and before the original's ack reached it). It is counted and re
 allowed in scenarios that cut the consumers' broker links (SIGKILL, connection close, broker
 restart, a consumer that exits by itself). An extra dead copy is not a duplicated effect.
 
-Which dead copy is right: what the service dead-letters itself carries ``consumer-dead-reason``
-(the kind's reason: ``permanent_failure``, ``hard_time_limit``, ``crashed``, ``connection_lost``,
-``invalid_payload`` for a validator that raised something other than ValueError) and, where the
-kind promises one, ``consumer-error-class``; ordinary poison is nacked, so it carries no such
-header and the broker's ``x-first-death-reason`` is ``rejected``. Where a hostile producer forged
-or broke the service's own headers, the dead copy must carry the service's (the event's routing
-key, an attempt count the retry ladder can reach), and a header the service had to make safe must
-still be there. A message id that was not UTF-8 comes back as read through the service's decoder
-(replacement characters) and counts as the id that was sent. A dead copy of an event that
-must apply is an *innocent dead letter*: counted, and always a violation.
-"""
+Which dead copy is right: what the service dead-letters itself, poison included, carries
+``consumer-dead-reason`` (the kind's reason: ``permanent_failure``, ``hard_time_limit``,
+``crashed``, ``connection_lost``, ``invalid_payload`` for a validator that raised something other
+than ValueError, the poison reason for poison) and, where the kind promises one,
+``consumer-error-class``. Where a hostile producer forged or broke the service's own headers, the
+dead copy must carry the service's (the event's routing key, an attempt count the retry ladder can
+reach), and a header the service had to make safe must still be there. A message id that was not
+UTF-8 comes back as read through the service's decoder (replacement characters) and counts as the id
+that was sent. A dead copy of an event that must apply is an *innocent dead letter*: counted, and
+always a violation."""
 
 from __future__ import annotations
 
@@ -259,8 +258,7 @@ def _check_dead_reasons(
     workload: Workload, state: EndState, verdict: Verdict, *, expired_copies: bool = False
 ) -> None:
     """Headers: the kind's ``consumer-dead-reason`` (and ``consumer-error-class`` where the kind
-    names one) on what the service dead-letters; on nacked poison no service reason and the
-    broker's ``x-first-death-reason: rejected``."""
+    names one) on what the service dead-letters, poison included."""
     wrong: list[str] = []
     wrong_class: list[str] = []
     strangers: list[str] = []
@@ -274,8 +272,6 @@ def _check_dead_reasons(
             continue  # reported as an event that must apply found in the DLQ
         if expired_copies and copy.reason == "expired" and not kind.poison:
             good = True  # too old for the scenario's short receipts window by its turn
-        elif kind.poison:
-            good = copy.reason is None and copy.first_death_reason == "rejected"
         else:
             good = copy.reason == kind.header_reason
         if not good:

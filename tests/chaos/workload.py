@@ -19,7 +19,8 @@ permanent         ``test.behave*``, ``permanent``                     dead: perm
 bug               ``test.behave``, ``bug`` (an unclassified error)    dead: permanent_failure
 not_json          a body that is not JSON                             dead (poison): not_json
 invalid_envelope  an envelope whose ``type`` is a number              dead: invalid_envelope
-unknown_type      an envelope of a type no handler has                dead: unknown_type
+unknown_type      an envelope of a type no handler has, under its     dead: unknown_type
+                  own routing key (bound by the runner)
 invalid_payload   ``test.behave`` with a payload its model refuses    dead: invalid_payload
 ================  ==================================================  =============================
 
@@ -69,11 +70,11 @@ forged_headers             ``test.behave*``, ``permanent``, with        dead: pe
                            Forged``
 =========================  ===========================================  ===========================
 
-What the service dead-letters itself carries ``consumer-dead-reason`` (and
-``consumer-error-class``); ordinary poison is nacked and carries neither (the broker's ``x-death``
-says ``rejected``). Events that end the process or its connection (``block``, ``crash``,
-``kill_connection``) and the slow ones (published twice on purpose) are never republished as
-random duplicates, so each costs a known number of publications.
+Every dead copy here is one the service dead-letters itself, poison included: it carries
+``consumer-dead-reason`` (and ``consumer-error-class``) and no ``x-death``. Events that end the
+process or its connection (``block``, ``crash``, ``kill_connection``) and the slow ones (published
+twice on purpose) are never republished as random duplicates, so each costs a known number of
+publications.
 
 ``test.behave*`` is ``test.behave`` or, for half of them at random, its batch form
 ``test.behave_many``: the batch handler path must keep every promise too.
@@ -99,6 +100,10 @@ ODD = "test.odd"
 RESTOCK = "inventory.restock"
 RESERVE = "inventory.reserve"
 NOTIFY = "notification.requested"
+UNKNOWN = "chaos.unknown"
+"""A type no handler takes: the runner binds it to the work queue, as a handler removed since the
+topology was applied leaves it (under another type's routing key it would be
+``routing_key_mismatch``)."""
 SKUS = tuple(f"CHAOS-{n}" for n in range(8))
 SEED_STOCK = 1_000_000
 """Each SKU's stock before the scenario: more than every reserve of a long run takes together."""
@@ -149,9 +154,9 @@ class Kind(enum.Enum):
 
     @property
     def poison(self) -> bool:
-        """Poison the service nacks: dead-lettered by the broker (``x-death`` reason
-        ``rejected``), with no ``consumer-dead-reason`` header."""
-        return self in _NACKED_POISON
+        """Poison: never processable, dead-lettered at once by the service, its poison reason in
+        ``consumer-dead-reason``."""
+        return self in _POISON
 
     @property
     def dead_reason(self) -> str | None:
@@ -165,7 +170,7 @@ class Kind(enum.Enum):
     @property
     def header_reason(self) -> str | None:
         """The ``consumer-dead-reason`` header its dead copies must carry (None: none at all)."""
-        return None if self.applies or self.poison else self.dead_reason
+        return self.dead_reason
 
     @property
     def error_class(self) -> str | None:
@@ -206,7 +211,7 @@ _APPLIES = frozenset(
         Kind.HOSTILE_HEADERS,
     }
 )
-_NACKED_POISON = frozenset(
+_POISON = frozenset(
     {
         Kind.NOT_JSON,
         Kind.INVALID_ENVELOPE,
@@ -393,8 +398,8 @@ def _event(kind: Kind, key: str, rng: random.Random, turn: int = 0) -> PlannedEv
         }
         return PlannedEvent(key, kind, event_id, BEHAVE, json.dumps(envelope).encode())
     if kind is Kind.UNKNOWN_TYPE:
-        body = envelope_body("chaos.unknown", {"key": key}, event_id=event_id)
-        return PlannedEvent(key, kind, event_id, BEHAVE, body)
+        body = envelope_body(UNKNOWN, {"key": key}, event_id=event_id)
+        return PlannedEvent(key, kind, event_id, UNKNOWN, body)
     payload: dict[str, object] = {"key": key}
     event_type = BEHAVE
     wire: Wire | None = None

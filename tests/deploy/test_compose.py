@@ -153,3 +153,19 @@ def test_the_cluster_override_adds_two_nodes_and_gives_every_broker_client_all_t
         urls = split_urls(settings.amqp_url.get_secret_value())
         assert {urlsplit(url).hostname for url in urls} == nodes, client
         assert settings.quorum_initial_group_size == 3, client
+
+
+def test_every_broker_node_takes_no_larger_body_than_the_consumers_take() -> None:
+    # RabbitMQ's only message size cap is the node's max_message_size (no queue argument or
+    # policy key sets one): each node mounts limits.conf, whose limit is the consumers' own.
+    limits = (DEPLOY / "rabbitmq/limits.conf").read_text()
+    [limit] = [line for line in limits.splitlines() if line.startswith("max_message_size")]
+    for overrides, nodes in (
+        ((), {"rabbitmq"}),
+        ((COMPOSE_CLUSTER,), {"rabbitmq", "rabbitmq-2", "rabbitmq-3"}),
+    ):
+        services = compose_model(*overrides)["services"]
+        assert limit == f"max_message_size = {_settings(services['consumer']).max_body_bytes}"
+        for node in nodes:
+            mounts = {v["target"]: Path(v["source"]) for v in services[node]["volumes"]}
+            assert mounts["/etc/rabbitmq/conf.d/30-limits.conf"] == DEPLOY / "rabbitmq/limits.conf"

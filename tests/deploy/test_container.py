@@ -17,12 +17,14 @@ import json
 import re
 import shlex
 import shutil
+import subprocess
 import uuid
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
+import pytest
 
 import consumer
 from consumer.config.settings import DEFAULT_HANDLER_MODULES
@@ -70,12 +72,56 @@ def _instructions(text: str) -> list[Instruction]:
 
 
 def _stages(dockerfile: Path = DOCKERFILE) -> list[list[Instruction]]:
+    """Each stage's instructions, its FROM first (global ARGs before the first FROM left out)."""
     stages: list[list[Instruction]] = []
     for instruction in _instructions(dockerfile.read_text()):
         if instruction.keyword == "FROM":
             stages.append([])
-        stages[-1].append(instruction)
+        if stages:
+            stages[-1].append(instruction)
     return stages
+
+
+_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+_VARIABLE = re.compile(r"^\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?$")
+
+
+def _bases(text: str) -> list[tuple[str, str | None]]:
+    """Each FROM's image, with a global ARG's default put in for a variable, and the ARG's name
+    (None for an image named in the FROM line itself)."""
+    defaults: dict[str, str] = {}
+    bases: list[tuple[str, str | None]] = []
+    for instruction in _instructions(text):
+        if instruction.keyword == "ARG" and not bases:
+            name, _, default = instruction.arguments.partition("=")
+            defaults[name.strip()] = default.strip()
+        elif instruction.keyword == "FROM":
+            image = instruction.arguments.split()[0]
+            variable = _VARIABLE.match(image)
+            if variable is None:
+                bases.append((image, None))
+            else:
+                bases.append((defaults.get(variable.group(1), ""), variable.group(1)))
+    return bases
+
+
+def _unpinned(text: str) -> list[str]:
+    """The FROM images in ``text`` that a build would pull by tag: not pinned by digest, not an
+    earlier stage, and not this repository's own image taken as a build argument (no registry
+    holds it until a team pushes it; then the team passes the digest: examples/Dockerfile)."""
+    own = f"rabbit-pg-consumer:{consumer.__version__}"
+    stage_names: set[str] = set()
+    unpinned = []
+    for instruction in _instructions(text):
+        if instruction.keyword == "FROM":
+            words = instruction.arguments.split()
+            if len(words) == 3 and words[1].upper() == "AS":
+                stage_names.add(words[2])
+    for image, argument in _bases(text):
+        if _DIGEST.search(image) or image in stage_names or (argument and image == own):
+            continue
+        unpinned.append(image)
+    return unpinned
 
 
 def _final_stage() -> list[Instruction]:
@@ -173,11 +219,65 @@ def test_hadolint_passes() -> None:
     assert_clean(result)
 
 
-def test_every_stage_starts_from_the_slim_python_311_image() -> None:
+def test_every_stage_starts_from_the_slim_python_311_image_pinned_by_one_digest() -> None:
     bases = [stage[0].arguments.split()[0] for stage in _stages()]
 
     assert len(bases) >= 2, "a build stage and a runtime stage"
-    assert set(bases) == {"python:3.11-slim"}
+    (base,) = set(bases)
+    tag, _, digest = base.partition("@")
+    assert tag == "python:3.11-slim"
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), base
+
+
+@pytest.mark.parametrize("dockerfile", [DOCKERFILE, EXAMPLE / "Dockerfile"], ids=["base", "team"])
+def test_no_dockerfile_pulls_an_image_by_tag(dockerfile: Path) -> None:
+    assert _unpinned(dockerfile.read_text()) == []
+
+
+def test_a_base_image_named_by_tag_alone_is_caught() -> None:
+    digest = "@sha256:" + "0" * 64
+    text = f"""FROM python:3.11-slim{digest} AS build
+FROM build
+FROM python:3.11-slim
+ARG OTHER=rabbit-pg-consumer:{consumer.__version__}
+FROM rabbit-pg-consumer:{consumer.__version__}
+"""
+    # The FROM line without a digest, and this repository's image named outright (not as the
+    # build argument a team pins), are caught; the digest and the earlier stage are not
+    assert _unpinned(text) == ["python:3.11-slim", f"rabbit-pg-consumer:{consumer.__version__}"]
+    assert _unpinned("ARG BASE=python:3.11-slim\nFROM ${BASE}\n") == ["python:3.11-slim"]
+
+
+def test_the_pin_script_moves_every_from_line_to_the_digest_the_tag_names(tmp_path: Path) -> None:
+    # Given a copy of the Dockerfile, and a registry client that resolves the tag to a new digest
+    # (crane, the first the script tries; no registry is reachable here)
+    new = "sha256:" + "ab" * 32
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    crane = tools / "crane"
+    crane.write_text(f'#!/bin/sh\n[ "$1 $2" = "digest python:3.11-slim" ] && echo {new}\n')
+    crane.chmod(0o755)
+    copy = tmp_path / "Dockerfile"
+    copy.write_text(DOCKERFILE.read_text())
+
+    # When the script runs on it
+    result = subprocess.run(
+        ["bash", str(DEPLOY / "local" / "pin-base-image.sh"), str(copy)],
+        env={"PATH": f"{tools}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    # Then both stages start from the new digest and nothing else changed
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [stage[0].arguments for stage in _stages(copy)] == [
+        f"python:3.11-slim@{new} AS build",
+        f"python:3.11-slim@{new}",
+    ]
+    old = _stages()[0][0].arguments.split()[0].partition("@")[2]
+    assert copy.read_text() == DOCKERFILE.read_text().replace(old, new)
 
 
 def test_the_runtime_stage_is_unprivileged_and_stops_on_sigterm() -> None:
@@ -370,8 +470,11 @@ def test_the_teams_image_extends_the_base_by_installing_its_package_into_the_bas
     (make_venv,) = [i.arguments for i in _stages()[0] if i.arguments.startswith("python -m venv")]
     base_venv = make_venv.split()[-1]
 
-    # It starts from this release's base image and installs the package into its virtualenv
-    assert stage[0].arguments == f"rabbit-pg-consumer:{consumer.__version__}"
+    # It starts from this release's base image (a build argument, for the digest a team pushed)
+    # and installs the package into its virtualenv
+    [(base, argument)] = _bases(EXAMPLE_DOCKERFILE.read_text())
+    assert base == f"rabbit-pg-consumer:{consumer.__version__}"
+    assert argument == "BASE_IMAGE"
     (install,) = [i.arguments for i in stage if i.keyword == "RUN"]
     assert f"--python {base_venv}/bin/python install" in install
     # and runs as the base does, its own handlers named

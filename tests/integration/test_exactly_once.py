@@ -121,15 +121,17 @@ async def test_malformed_body_and_unknown_type_are_dead_lettered_with_no_effect(
     env: TestEnv,
 ) -> None:
     await env.apply_topology()
+    # Routed here under its own routing key only by a binding a removed handler left behind (under
+    # another type's routing key it would be routing_key_mismatch).
+    await env.bind_type("billing.charge")
     service = await ServiceProcess(env).start().wait_ready()
     async with env.producer() as producer:
-        # Not JSON at all, and a valid envelope of a type no handler is registered for (routed
-        # here only because a producer used a bound routing key with the wrong type inside).
+        # Not JSON at all, and a valid envelope of a type no handler is registered for
         await producer.send_raw(b"{not json", "inventory.reserve")
         await producer.send_raw(
             b'{"event_id": "%s", "type": "billing.charge", "occurred_at": "%s", "payload": {}}'
             % (str(uuid.uuid4()).encode(), datetime.now(UTC).isoformat().encode()),
-            "inventory.reserve",
+            "billing.charge",
         )
 
     async def both_dead() -> bool:

@@ -7,7 +7,7 @@ import itertools
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import aio_pika
 import asyncpg
@@ -148,12 +148,13 @@ async def test_retried_dead_replayed_retried_again_then_applied_is_not_dropped(
         (b'{"event_id": "\xc3\x28"}', "test.behave", "application/json", "not_utf8"),
         (b'{"event_id": "nope", "type": "test.behave"}', "test.behave", None, "invalid_envelope"),
         (None, "test.behave", "text/plain", "wrong_content_type"),
-        (None, "test.behave", "application/json", "unknown_type"),
+        (None, "test.unregistered", "application/json", "unknown_type"),
+        (None, "notification.requested", "application/json", "routing_key_mismatch"),
         (None, "test.behave", "application/json", "invalid_payload"),
         (None, "test.behave", "application/json", "body_too_large"),
     ],
 )
-async def test_poison_is_nacked_to_the_dlq_with_its_reason_counted(
+async def test_poison_is_dead_lettered_by_the_service_with_its_reason_counted(
     env: TestEnv,
     body: bytes | None,
     routing_key: str,
@@ -161,6 +162,10 @@ async def test_poison_is_nacked_to_the_dlq_with_its_reason_counted(
     reason: str,
 ) -> None:
     await env.apply_topology()
+    if reason == "unknown_type":
+        # Bound as a handler removed since would leave it: under any other type's routing key
+        # it would be routing_key_mismatch.
+        await env.bind_type(routing_key)
     service = await ServiceProcess(env, max_body_bytes="2048").start().wait_ready()
     event_id = uuid.uuid4()
     if body is None:
@@ -185,6 +190,20 @@ async def test_poison_is_nacked_to_the_dlq_with_its_reason_counted(
     await wait_until(lambda: _applied(env, good), what="the good event after it")
     [letter] = dlq_json(env, max_body_bytes="2048")
     assert letter["reason"] == reason
+    [message] = await drain_queue(env.amqp_url, env.names.dead, ack=False)
+    if reason == "body_too_large":
+        # Refused on its declared size, its body never held: only the broker's dead-lettering
+        # of the original (a nack) can put it in the DLQ, body and all; dlq parses it again.
+        assert letter["dead_lettered_by"] == "broker"
+        deaths = cast(list[dict[str, Any]], message.headers["x-death"])
+        assert deaths[0]["reason"] == "rejected"
+        assert message.body == body
+    else:
+        # a copy the service published (its reason in its headers, confirmed, then the
+        # original acked), not the original the broker dead-lettered on a nack
+        assert letter["dead_lettered_by"] == "service"
+        assert message.headers[h.REASON] == reason
+        assert "x-death" not in message.headers
     assert await service.metric("consumer_dead_letters_total", reason=reason) == 1
     assert (
         await service.metric("consumer_messages_total", type="unknown", outcome="poison")

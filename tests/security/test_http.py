@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from consumer.observe.http import MAX_LIFETIME
+from consumer.observe.http import HEAD_TIMEOUT, MAX_CONNECTIONS, MAX_LIFETIME, MAX_PER_PEER
 from tests.servers import free_port
 from tests.support import ServiceProcess, TestEnv, wait_until
 
@@ -177,8 +177,8 @@ async def test_clients_that_trickle_their_headers_cannot_starve_the_probes(
                     connection.sendall(b"X")
             await asyncio.sleep(1)
 
-        # And the server closes every one of them: at once beyond the 16 one address may hold,
-        # the rest at the end of their lifetime
+        # And the server closes every one of them: beyond the 16 one address may hold to make
+        # room for the next, the rest when their request head is late
         def closed_by_server(connection: socket.socket) -> bool:
             connection.settimeout(MAX_LIFETIME + 10)
             try:
@@ -192,4 +192,122 @@ async def test_clients_that_trickle_their_headers_cannot_starve_the_probes(
     finally:
         for connection in trickling:
             connection.close()
+        await service.stop()
+
+
+HALF_SENT = b"GET /healthz HTTP/1.1\r\nHost: t\r\n"  # no empty line: the head never ends
+
+
+def half_sent(port: int, source: str = "127.0.0.1") -> socket.socket:
+    """A connection that sent the start of a request head and nothing more."""
+    connection = socket.create_connection(
+        ("127.0.0.1", port), timeout=5, source_address=(source, 0)
+    )
+    connection.sendall(HALF_SENT)
+    return connection
+
+
+def probe(port: int) -> int | None:
+    """``/healthz``'s status for a probe from 127.0.0.1 that waits at most a second; None if the
+    connection was refused, closed or not answered."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as connection:
+            connection.sendall(request("GET", "/healthz"))
+            head = connection.recv(4096)
+    except OSError:
+        return None
+    return int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/1.1 ") else None
+
+
+def closed_by_server(connection: socket.socket, within: float) -> bool:
+    connection.settimeout(within)
+    try:
+        return connection.recv(1) == b""
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return False
+
+
+def closed_now(connection: socket.socket) -> bool:
+    """Whether the server has closed ``connection`` by now (without waiting)."""
+    connection.setblocking(False)
+    try:
+        return connection.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+
+
+async def test_idle_half_sent_requests_from_the_probes_own_address_cannot_lock_it_out(
+    tmp_path: Path,
+) -> None:
+    # Given the service, and as many idle half-sent requests as one address may hold, from the
+    # address the probes come from (a node's kubelet, a shared NAT), renewed as they are closed
+    service = ServiceProcess(unreachable_env(tmp_path)).start()
+    await answering(service, "127.0.0.1")
+    held: list[socket.socket] = []
+    try:
+        for _ in range(3):
+            held += [half_sent(service.port) for _ in range(MAX_PER_PEER)]
+
+            # Then a probe from that address is answered at once, each time
+            assert await asyncio.to_thread(probe, service.port) == 200
+
+        # And each half-sent request is closed: the oldest to make room, the rest once their
+        # request head is late, long before the connection's lifetime is over
+        closed = await asyncio.gather(
+            *(asyncio.to_thread(closed_by_server, c, HEAD_TIMEOUT + 2) for c in held)
+        )
+        assert all(closed)
+    finally:
+        for connection in held:
+            connection.close()
+        await service.stop()
+
+
+async def test_the_global_bound_holds_and_a_probe_still_gets_in(tmp_path: Path) -> None:
+    # Given the service, and more idle half-sent requests than it keeps open at once, from ten
+    # addresses (each within the per-address bound)
+    service = ServiceProcess(unreachable_env(tmp_path)).start()
+    await answering(service, "127.0.0.1")
+    sources = [f"127.0.0.{n}" for n in range(10, 20)]
+    held = [half_sent(service.port, source) for source in sources for _ in range(MAX_PER_PEER)]
+    try:
+        # When a probe comes from an address of its own
+        status = await asyncio.to_thread(probe, service.port)
+        await asyncio.sleep(0.2)  # for the closes to arrive, well within the head time limit
+
+        # Then it is answered, and no more than the global bound were open at once: the oldest
+        # idle ones were closed to make room, the probe's place too
+        assert status == 200
+        closed = [closed_now(connection) for connection in held]
+        surplus = len(held) - MAX_CONNECTIONS
+        assert closed[: surplus + 1] == [True] * (surplus + 1)
+        assert not any(closed[surplus + 1 :])
+    finally:
+        for connection in held:
+            connection.close()
+        await service.stop()
+
+
+async def test_a_connection_serves_one_request_then_closes(tmp_path: Path) -> None:
+    # Given the service, and a client that asks to keep its connection alive
+    service = ServiceProcess(unreachable_env(tmp_path)).start()
+    await answering(service, "127.0.0.1")
+    try:
+        with socket.create_connection(("127.0.0.1", service.port), timeout=5) as connection:
+            connection.sendall(
+                b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: keep-alive\r\n\r\n"
+            )
+            answer = b""
+            while chunk := connection.recv(4096):
+                answer += chunk
+
+        # Then it is answered, told the connection closes, and the server closed it (it never
+        # idles between requests holding one of the address's places)
+        assert answer.startswith(b"HTTP/1.1 200")
+        assert b"Connection: close" in answer
+    finally:
         await service.stop()

@@ -68,6 +68,28 @@ def test_every_bad_body_is_poison_with_its_reason(data: bytes, reason: PoisonRea
     assert reason_for(data) is reason
 
 
+NOT_FINITE = [b"1e309", b"-1e309", b"1.8e308", b"123456789e999", b"Infinity", b"-Infinity", b"NaN"]
+
+
+@pytest.mark.parametrize("literal", NOT_FINITE)
+def test_a_number_that_is_no_finite_double_is_poison(literal: bytes) -> None:
+    # float() reads 1e309 as infinity: the payload's handler would meet it, not the parser
+    data = body(payload={"price": 1.5}).replace(b"1.5", literal)
+
+    with pytest.raises(Poison) as caught:
+        PARSER.parse(data)
+
+    assert caught.value.reason is PoisonReason.NOT_JSON
+    assert literal.decode().lstrip("-")[:8] in caught.value.detail
+
+
+@pytest.mark.parametrize("literal", [b"1.7976931348623157e308", b"-2.5e-324", b"1e-400", b"7"])
+def test_a_number_within_the_double_range_is_kept(literal: bytes) -> None:
+    parsed = PARSER.parse(body(payload={"price": 1.5}).replace(b"1.5", literal))
+
+    assert parsed.payload["price"] == float(literal)
+
+
 def test_a_missing_field_is_named_in_the_detail() -> None:
     with pytest.raises(Poison) as caught:
         PARSER.parse(body(event_id=None))

@@ -15,7 +15,9 @@ from pamqp import decode
 from consumer.amqp import fast_paths
 from consumer.amqp.direct_consume import DirectDeliveryChannel
 from consumer.amqp.fast_paths import DIRECT_CONSUME, FRAMES, WIRE
+from consumer.amqp.field_table import TableDecoder
 from consumer.amqp.frames import BulkFrameReceiver
+from consumer.errors import IncompatibleLibrary
 from consumer.service.app import _warn_of_refused_hooks
 
 ORIGINAL_RECEIVER = BulkFrameReceiver.__mro__[1]
@@ -100,7 +102,7 @@ def test_the_fast_path_off_leaves_aiormq_its_own_code_and_the_decoders_total() -
     assert aiormq.connection.FrameReceiver is ORIGINAL_RECEIVER
     assert aiormq.connection.Channel is ORIGINAL_CHANNEL  # type: ignore[attr-defined]
     # The hardened decoders are about safety, not speed: on either way.
-    assert getattr(decode.METHODS["table"], "__wrapped__", None) is not None
+    assert isinstance(getattr(decode.METHODS["table"], "__self__", None), TableDecoder)
     assert fast_paths.refused(fast_path=False) == {}
 
 
@@ -115,6 +117,17 @@ def test_a_hook_whose_check_fails_is_left_out_and_named(monkeypatch: pytest.Monk
     assert aiormq.connection.Channel is DirectDeliveryChannel  # type: ignore[attr-defined]
     assert fast_paths.refused(fast_path=True) == differs
     assert fast_paths.refused(fast_path=False) == {}
+
+
+def test_a_pamqp_the_decoders_do_not_fit_stops_whoever_connects_with_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    differs = {WIRE: ["pamqp.decode.METHODS has no 'table'"]}
+    monkeypatch.setattr(fast_paths, "problems", lambda: differs)
+
+    with pytest.raises(IncompatibleLibrary, match="METHODS has no 'table'"):
+        fast_paths.install(fast_path=False)
+    assert fast_paths.refused(fast_path=True) == {}  # not a fast path: no fallback, a stop
 
 
 class _Recorded:

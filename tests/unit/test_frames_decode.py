@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime
 import decimal
-import math
 import re
 import string
 import struct
@@ -25,6 +24,7 @@ from pamqp.exceptions import PAMQPException
 
 from consumer.amqp import wire
 from consumer.amqp.frames import decode_frame
+from tests.unit.amqp_values import header_values, same_value
 
 # Process-wide and idempotent; the fast path reads through these decoders, so the oracle must too.
 wire.install()
@@ -36,19 +36,6 @@ EXAMPLES = settings(max_examples=300, deadline=None, suppress_health_check=[Heal
 
 
 # --- comparing frames ---------------------------------------------------------------------------
-
-
-def same_value(got: Any, expected: Any) -> bool:
-    """Equal, of the same type all the way down (dict order included), NaN equal to NaN."""
-    if type(got) is not type(expected):
-        return False
-    if isinstance(got, dict):
-        return list(got) == list(expected) and all(same_value(got[k], expected[k]) for k in got)
-    if isinstance(got, list | tuple):
-        return len(got) == len(expected) and all(map(same_value, got, expected))
-    if isinstance(got, float) and math.isnan(got):
-        return math.isnan(expected)
-    return bool(got == expected)
 
 
 def frame_fields(frame: Any) -> dict[str, Any]:
@@ -126,22 +113,6 @@ raw_shorts = st.binary(max_size=255) | st.sampled_from(
     [b"\xff\xfe", "é".encode()[:1], "ключ".encode(), b"\x00", b"\xed\xa0\x80"]
 )
 
-header_values = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**63), 2**63 - 1)
-    | st.floats(width=32)
-    | st.decimals(min_value=-(10**6), max_value=10**6, places=3)
-    | st.text(max_size=40)
-    | st.datetimes(
-        min_value=datetime.datetime(1970, 1, 1), max_value=datetime.datetime(9999, 12, 31)
-    ).map(lambda moment: moment.replace(microsecond=0))
-    | st.binary(max_size=20).map(bytearray),
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4)
-    ),
-    max_leaves=20,
-)
 # Any: pamqp types its tables narrower than the values its encoder takes.
 header_tables: st.SearchStrategy[Any] = st.dictionaries(
     st.text(max_size=12), header_values, max_size=6

@@ -12,6 +12,7 @@ import copy
 import datetime
 import functools
 import io
+import json
 import logging
 import re
 from typing import Any
@@ -223,6 +224,54 @@ def test_a_mapping_that_is_not_a_dict_is_written_as_structlog_writes_it() -> Non
 )
 def test_a_field_named_exc_info_is_written_as_structlog_writes_it() -> None:
     assert_same_line(*sinks().lines(logging.INFO, EVENT, {"exc_info": False}))
+
+
+# --- values orjson refuses: the line is written all the same ----------------------------------
+
+# Any producer can put these in a payload value (logged with CONSUMER_LOG_PAYLOADS).
+REFUSED_BY_ORJSON = [2**64, -(2**70), "lone \ud800 surrogate", {"n": [2**100], "s": "\udfff"}]
+
+
+@pytest.mark.parametrize("value", REFUSED_BY_ORJSON, ids=["2**64", "-2**70", "surrogate", "nested"])
+def test_a_value_orjson_refuses_is_written_as_json_by_both_loggers(value: object) -> None:
+    fast, structlog_line = sinks().lines(logging.WARNING, EVENT, {"payload": value})
+
+    assert_same_line(fast, structlog_line)
+    assert json.loads(fast)["payload"] == value
+
+
+class _Unprintable:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+def test_a_value_nothing_can_write_still_leaves_a_line() -> None:
+    fast, structlog_line = sinks().lines(
+        logging.WARNING, EVENT, {"odd": _Unprintable(), "big": 2**70}
+    )
+
+    for line in (fast, structlog_line):
+        written_line = json.loads(line)
+        assert written_line["event"] == EVENT
+        assert "cannot be written" in written_line["odd"]
+
+
+def test_the_console_logger_writes_what_its_stream_cannot_encode_escaped() -> None:
+    # Given the console form on a UTF-8 stream, and an error whose message holds a lone
+    # surrogate (a handler's error quoting a payload): its traceback is printed as it is
+    stream = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+    logger = make_logger(SERVICE, log_format="console", stream=stream)
+    try:
+        raise ValueError("bad key 'lone \ud800 surrogate'")
+    except ValueError as error:
+        # When it is logged
+        logger.error("handler failed", exc_info=error, payload=REFUSED_BY_ORJSON)
+
+    # Then the line is written, the surrogate escaped
+    stream.flush()
+    written_text = stream.buffer.getvalue().decode()
+    assert "handler failed" in written_text
+    assert "bad key 'lone \\ud800 surrogate'" in written_text
 
 
 # --- choosing the message log -------------------------------------------------------------------

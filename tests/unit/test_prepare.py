@@ -109,7 +109,9 @@ def test_prepare_agrees_with_parse_then_resolve(envelope: dict[str, Any], lenien
         content_encoding=None,
         headers={},
         body=body,
+        body_discarded=False,
         message_id=None,
+        routing_key=str(envelope["type"]),
     )
     fast = _judge(lambda: _prepare(preparer, delivery))
     slow = _judge(lambda: _long_way(preparer, body))
@@ -130,12 +132,61 @@ def test_a_valid_reserve_takes_the_one_pass_model() -> None:
         content_encoding=None,
         headers={},
         body=body,
+        body_discarded=False,
         message_id=None,
+        routing_key="inventory.reserve",
     )
     handler, event = _prepare(FAST, delivery)
     assert handler.event_type == "inventory.reserve"
     assert type(event).__name__ == "Envelope[Reserve]"
     assert event.payload.qty == 2
+
+
+def _delivery(envelope: dict[str, Any], routing_key: str) -> Any:
+    """A delivery of ``envelope``'s JSON under ``routing_key``, as the preparer reads one."""
+    return FakeDelivery(
+        content_type=None,
+        content_encoding=None,
+        headers={},
+        body=json.dumps(envelope).encode(),
+        prepared=None,
+        body_discarded=False,
+        message_id=None,
+        routing_key=routing_key,
+    )
+
+
+def _restock_under(routing_key: str, event_type: object = "inventory.restock") -> Any:
+    envelope = {
+        "event_id": str(uuid.uuid4()),
+        "type": event_type,
+        "occurred_at": datetime.now(UTC).isoformat(),
+        "payload": {"sku": "A", "qty": 500},
+    }
+    return _delivery(envelope, routing_key)
+
+
+def test_a_type_published_under_another_routing_key_is_poison_on_both_paths() -> None:
+    # Given a restock published under the routing key of a type its producer may publish
+    delivery = cast(Any, _restock_under("notification.requested"))
+
+    # Then it is poison, in a batch and applied isolated (before its mark is even taken)
+    prepared = FAST.prepared(delivery)
+    isolated = FAST.identified(delivery)
+    for verdict in (prepared, isolated):
+        assert isinstance(verdict, Poison)
+        assert verdict.reason is PoisonReason.ROUTING_KEY_MISMATCH
+        assert "'inventory.restock'" in verdict.detail
+        assert "'notification.requested'" in verdict.detail
+    # And under its own routing key it is an event
+    assert not isinstance(FAST.prepared(cast(Any, _restock_under("inventory.restock"))), Poison)
+
+
+def test_a_type_that_is_not_text_stays_an_invalid_envelope() -> None:
+    prepared = FAST.prepared(cast(Any, _restock_under("inventory.restock", event_type=42)))
+
+    assert isinstance(prepared, Poison)
+    assert prepared.reason is PoisonReason.INVALID_ENVELOPE
 
 
 def test_a_root_model_payload_is_left_to_the_long_way() -> None:
@@ -163,22 +214,14 @@ class _Frozen(datetime):
         return cls.fromtimestamp(NOW.timestamp(), tz)
 
 
-def _reserve_at(occurred_at: datetime) -> FakeDelivery:
-    body = json.dumps(
-        {
-            "event_id": str(uuid.uuid4()),
-            "type": "inventory.reserve",
-            "occurred_at": occurred_at.isoformat(),
-            "payload": {"order_id": "o-1", "sku": "A", "qty": 2},
-        }
-    ).encode()
-    return FakeDelivery(
-        content_type=None,
-        content_encoding=None,
-        headers={},
-        body=body,
-        message_id=None,
-    )
+def _reserve_at(occurred_at: datetime) -> Any:
+    envelope = {
+        "event_id": str(uuid.uuid4()),
+        "type": "inventory.reserve",
+        "occurred_at": occurred_at.isoformat(),
+        "payload": {"order_id": "o-1", "sku": "A", "qty": 2},
+    }
+    return _delivery(envelope, "inventory.reserve")
 
 
 @pytest.mark.parametrize(
@@ -226,17 +269,13 @@ class _CountingParser(EnvelopeParser):
 
 
 def _reserve() -> Any:
-    body = json.dumps(
-        {
-            "event_id": str(uuid.uuid4()),
-            "type": "inventory.reserve",
-            "occurred_at": datetime.now(UTC).isoformat(),
-            "payload": {"order_id": "o-1", "sku": "A", "qty": 2},
-        }
-    ).encode()
-    return FakeDelivery(
-        content_type=None, content_encoding=None, headers={}, body=body, message_id=None
-    )
+    envelope = {
+        "event_id": str(uuid.uuid4()),
+        "type": "inventory.reserve",
+        "occurred_at": datetime.now(UTC).isoformat(),
+        "payload": {"order_id": "o-1", "sku": "A", "qty": 2},
+    }
+    return _delivery(envelope, "inventory.reserve")
 
 
 def test_an_isolated_delivery_is_decoded_once_from_its_envelope_to_its_handler() -> None:

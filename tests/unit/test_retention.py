@@ -103,7 +103,9 @@ def _delivery(occurred_at: datetime) -> Any:
         content_type="application/json",
         content_encoding=None,
         headers={},
+        body_discarded=False,
         message_id=None,
+        routing_key="inventory.reserve",
     )
 
 

@@ -10,6 +10,7 @@ from consumer.errors import (
     HandlerEndedTransaction,
     HandlerTimeout,
     HardTimeLimitExceeded,
+    IdConflict,
     PermanentError,
     SwallowedDatabaseError,
     TransientError,
@@ -85,6 +86,7 @@ def test_a_lost_connection_returns_the_event_until_it_has_broken_too_many_in_a_r
         (HandlerEndedTransaction("x"), DeadLetterReason.PERMANENT_FAILURE),
         (HardTimeLimitExceeded("x"), DeadLetterReason.HARD_TIME_LIMIT),
         (CrashedRepeatedly("x"), DeadLetterReason.CRASHED),
+        (IdConflict.between("id", "a.b", "c.d"), DeadLetterReason.ID_CONFLICT),
     ],
 )
 def test_a_permanent_error_carries_its_dead_letter_reason(

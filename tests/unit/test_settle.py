@@ -117,21 +117,19 @@ async def test_every_kind_of_verdict_becomes_its_one_action() -> None:
         OutcomeKind.DEAD_LETTERED,
         None,  # held: not settled
     ]
-    assert [(exchange, key) for exchange, key, _ in publisher.published] == [
-        ("svc.retry", "t.x"),
+    assert sorted((exchange, key) for exchange, key, _ in publisher.published) == [
         ("svc.dlx", "t.x"),
+        ("svc.dlx", "t.x"),
+        ("svc.retry", "t.x"),
     ]
-    retry_headers, dead_headers = (headers for *_, headers in publisher.published)
-    assert retry_headers[h.ATTEMPT] == 1
-    assert retry_headers[RETRY_RUNG] == "1s"
-    assert dead_headers[h.REASON] == "permanent_failure"
-    # acks for 1, 2 (joined into one multiple ack), 4 and 5 after their copies; the poison nacked;
-    # the held one untouched
-    assert settled_as(channel.frames, {1, 2, 3, 4, 5, 6}) == {
-        "ack": {1, 2, 4, 5},
-        "nack": {3},
-    }
-    assert ("nack", 3, False) in channel.frames
+    by_reason = {headers.get(h.REASON): headers for *_, headers in publisher.published}
+    assert by_reason[None][h.ATTEMPT] == 1
+    assert by_reason[None][RETRY_RUNG] == "1s"
+    assert by_reason["permanent_failure"][h.ERROR_CLASS] == "PermanentError"
+    assert by_reason["not_json"][h.ERROR_CLASS] == "not_json"
+    # acks for 1, 2 (joined into one multiple ack), the poison, 4 and 5 after their copies; the
+    # held one untouched
+    assert settled_as(channel.frames, {1, 2, 3, 4, 5, 6}) == {"ack": {1, 2, 3, 4, 5}}
     assert d[5].acker.unsettled == 1
 
 
@@ -149,6 +147,54 @@ async def test_poison_from_a_validators_exception_is_published_with_its_class() 
     assert headers[h.REASON] == "invalid_payload"
     assert headers[h.ERROR_CLASS] == "AttributeError"
     assert channel.frames == [("ack", 1, True)]
+
+
+async def test_poison_is_published_with_the_service_s_reason_and_no_broker_headers() -> None:
+    # Given poison whose headers (as the service trusts them) carry an x-death a producer wrote
+    channel, publisher = RecordingChannel(), RecordingPublisher()
+    [delivery] = deliveries(channel, 1)
+    delivery.headers = {"x-death": [{"reason": "expired"}], "x-anything": 1, "note": "kept"}
+    poison = Poison(PoisonReason.INVALID_ENVELOPE, "no event_id")
+
+    # When it is settled
+    [settled] = await settler(publisher).settle([Outcome(delivery, Rejected(poison))])
+    await delivery.acker.send_all()
+
+    # Then a copy goes to the dead-letter exchange with the service's reason headers, no x-*
+    # header, the producer's others kept; and only then is the original acked
+    assert settled.kind is OutcomeKind.POISON
+    [(exchange, routing_key, headers)] = publisher.published
+    assert (exchange, routing_key) == ("svc.dlx", "t.x")
+    assert headers[h.REASON] == "invalid_envelope"
+    assert headers[h.ERROR_MESSAGE] == "no event_id"
+    assert headers[h.ORIGINAL_ROUTING_KEY] == "t.x"
+    assert headers[h.ATTEMPT] == 0
+    assert headers[h.DEAD_LETTERED_AT]
+    assert headers["note"] == "kept"
+    assert not [key for key in headers if key.startswith("x-")]
+    assert channel.frames == [("ack", 1, True)]
+
+
+@pytest.mark.parametrize(
+    "poison",
+    [
+        Poison(PoisonReason.BODY_TOO_LARGE, "dropped unread", body_discarded=True),
+        Poison(PoisonReason.HEADERS_TOO_LARGE, "headers over 65536 bytes"),
+    ],
+    ids=["body discarded", "headers too large"],
+)
+async def test_poison_no_copy_can_carry_is_nacked_for_the_broker_to_dead_letter(
+    poison: Poison,
+) -> None:
+    channel, publisher = RecordingChannel(), RecordingPublisher()
+    [delivery] = deliveries(channel, 1)
+
+    [settled] = await settler(publisher).settle([Outcome(delivery, Rejected(poison))])
+    await delivery.acker.send_all()
+
+    assert settled.kind is OutcomeKind.POISON
+    assert publisher.published == []
+    assert channel.frames == [("nack", 1, False)]
 
 
 async def test_a_copy_the_broker_refuses_returns_the_original_never_acks_it() -> None:

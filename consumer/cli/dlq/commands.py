@@ -8,7 +8,7 @@ from contextlib import AsyncExitStack
 from aio_pika.abc import AbstractConnection
 
 from consumer.amqp.connect import connect
-from consumer.cli.dlq.letters import REFUSED_EXPIRED, DeadMessage, Selection, read_dead_letter
+from consumer.cli.dlq.letters import DeadMessage, Selection, read_dead_letter
 from consumer.cli.dlq.output import (
     Counts,
     letter_json,
@@ -19,9 +19,9 @@ from consumer.cli.dlq.output import (
 )
 from consumer.cli.dlq.replay import ReplayOptions, Tally, replay
 from consumer.cli.dlq.replay_sender import ReplaySender
-from consumer.cli.dlq.stream import Held, QueueScan
+from consumer.cli.dlq.stream import DEFAULT_STALL, Held, QueueScan
 from consumer.config.settings import Settings
-from consumer.config.startup import load_handlers
+from consumer.config.startup import EXIT_FAILURE, load_handlers
 from consumer.observe.tracing_setup import TracingSetup
 from consumer.pipeline.envelope_parser import EnvelopeParser
 from consumer.service.components import broker_config, envelope_limits, names_for
@@ -39,8 +39,10 @@ class DlqCommands:
         selection: Selection,
         *,
         limit: int | None,
+        stall: float = DEFAULT_STALL,
     ) -> None:
         self._settings = settings
+        self._stall = stall
         self._connection = connection
         self._selection = selection
         self._limit = limit
@@ -64,7 +66,20 @@ class DlqCommands:
         return self._letter(held, validate=False)
 
     def _scan(self) -> QueueScan:
-        return QueueScan(self._connection, queue=self._queue)
+        return QueueScan(self._connection, queue=self._queue, stall=self._stall)
+
+    def _end(self, scan: QueueScan, code: int = 0) -> int:
+        """``code``, unless the scan ended before reading what the queue held: then it says so
+        on stderr and fails."""
+        if scan.shortfall is None:
+            return code
+        print(
+            f"error: incomplete: read {scan.read} of the {scan.present} letters {self._queue} "
+            f"held when the command began: {scan.shortfall} (another client took or purged "
+            "some, or the broker stopped sending; --stall-timeout waits longer)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE
 
     async def list(self, *, as_json: bool) -> int:
         counts = Counts()
@@ -81,9 +96,9 @@ class DlqCommands:
         if not as_json:
             for line in counts.lines(self._read):
                 print(line)
-            if self._read < present:
+            if self._read < present and not scan.incomplete:
                 print(f"read {self._read} of the {present} in the queue (--limit)")
-        return 0
+        return self._end(scan)
 
     async def show(self, ident: str) -> int:
         found = 0
@@ -95,8 +110,8 @@ class DlqCommands:
                     show_letter(letter)
         if not found:
             print(f"no dead letter with id {shown(ident)}", file=sys.stderr)
-            return 1
-        return 0
+            return EXIT_FAILURE
+        return self._end(scan)
 
     async def purge(self) -> int:
         async with self._scan() as scan:
@@ -122,7 +137,7 @@ class DlqCommands:
                     f"purged {purged} of {self._read} read from {self._queue}; the others stay, "
                     "in order"
                 )
-        return 0
+        return self._end(scan)
 
     async def replay(self, *, dry_run: bool, force: bool, rate: float | None) -> int:
         if dry_run:
@@ -166,7 +181,8 @@ class DlqCommands:
         finally:
             await stack.aclose()
             await publishing.close()
-        return 0 if not (tally.kept or tally.failed or tally.not_removed) else 1
+        code = 0 if not (tally.kept or tally.failed or tally.not_removed) else EXIT_FAILURE
+        return self._end(scan, code)
 
     async def _dry_run(self, *, force: bool) -> int:
         chosen = 0
@@ -176,8 +192,9 @@ class DlqCommands:
                 if not self._selection.matches(letter):
                     continue
                 chosen += 1
-                if letter.expired and not force:
-                    print(f"would keep   {shown(letter.id)}: {REFUSED_EXPIRED}")
+                refusal = letter.refusal(force=force)
+                if refusal is not None:
+                    print(f"would keep   {shown(letter.id)}: {refusal}")
                 else:
                     print(
                         f"would replay {shown(letter.id)} -> {self._settings.exchange} "
@@ -186,7 +203,7 @@ class DlqCommands:
                 if self._limit is not None and chosen >= self._limit:
                     break
         print(f"{chosen} of {self._read} would be replayed")
-        return 0
+        return self._end(scan)
 
 
 def _report(letter: DeadMessage, problem: str | None) -> None:

@@ -19,6 +19,7 @@ from consumer.amqp.connect import connect, describe_amqp_error
 from consumer.cli.common import positive_int
 from consumer.cli.dlq.commands import DlqCommands
 from consumer.cli.dlq.letters import Selection
+from consumer.cli.dlq.stream import DEFAULT_STALL
 from consumer.config.settings import Settings
 from consumer.config.startup import EXIT_CONFIG, fail
 from consumer.durations import parse_duration
@@ -26,7 +27,13 @@ from consumer.errors import BrokerUnreachable, ConfigError
 from consumer.event_loop import run_event_loop
 from consumer.service.components import broker_config, names_for
 
-__all__ = ["add_dlq_parser", "confirmed", "run_dlq", "since"]
+__all__ = [
+    "add_dlq_parser",
+    "add_stall_timeout",
+    "confirmed",
+    "run_dlq",
+    "since",
+]
 
 EXIT_INTERRUPTED = 130
 
@@ -44,6 +51,29 @@ def since(value: str) -> datetime:
             f"{value!r} is neither a duration (2h) nor a timestamp"
         ) from None
     return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
+
+
+def _stall(value: str) -> float:
+    try:
+        seconds = parse_duration(value).total_seconds()
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{value!r} {error}") from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a duration above 0 (e.g. 5m)")
+    return seconds
+
+
+def add_stall_timeout(parser: argparse.ArgumentParser) -> None:
+    """``--stall-timeout``: how long a scan waits with nothing arriving before it gives up."""
+    parser.add_argument(
+        "--stall-timeout",
+        type=_stall,
+        default=DEFAULT_STALL,
+        metavar="DURATION",
+        help="give up, incomplete (exit 1), when nothing at all arrives for this long (default "
+        f"{DEFAULT_STALL / 60:g}m); a scan otherwise ends only once every letter the queue held "
+        "when it began has arrived",
+    )
 
 
 def _rate(value: str) -> float:
@@ -80,9 +110,11 @@ def add_dlq_parser(commands: Any) -> None:
     list_cmd = actions.add_parser("list", help="list dead letters with counts by reason and type")
     _add_selection(list_cmd, ids=False)
     list_cmd.add_argument("--json", action="store_true", help="one JSON object per line")
+    add_stall_timeout(list_cmd)
 
     show = actions.add_parser("show", help="headers, body and why it failed")
     show.add_argument("id", help="event id or message id")
+    add_stall_timeout(show)
 
     replay_cmd = actions.add_parser(
         "replay", help="send dead letters back to the ingress exchange, attempts reset"
@@ -97,14 +129,17 @@ def add_dlq_parser(commands: Any) -> None:
         "--force",
         action="store_true",
         help="replay expired dead letters too, as new events (occurred_at set to now): applied "
-        "even if a copy was applied before",
+        "even if a copy was applied before; and routing_key_mismatch poison, under its type's "
+        "routing key",
     )
+    add_stall_timeout(replay_cmd)
 
     purge = actions.add_parser(
         "purge", help="delete dead letters: every one, or those the filters select"
     )
     _add_selection(purge)
     purge.add_argument("--yes", action="store_true", help="do not ask")
+    add_stall_timeout(purge)
 
 
 def selection_of(arguments: argparse.Namespace) -> Selection:
@@ -168,7 +203,11 @@ async def _run(settings: Settings, arguments: argparse.Namespace, selection: Sel
     connection = await connect(broker_config(settings), "dlq")
     try:
         commands = DlqCommands(
-            settings, connection, selection, limit=arguments.__dict__.get("limit")
+            settings,
+            connection,
+            selection,
+            limit=arguments.__dict__.get("limit"),
+            stall=arguments.stall_timeout,
         )
         command: str = arguments.dlq_command
         chosen: dict[str, Callable[[], Any]] = {

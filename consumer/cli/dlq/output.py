@@ -1,7 +1,9 @@
 """What the dead-letter tools print: rows, one letter in full, counts, and the progress bar.
 
 Most of what a dead letter says was written by a producer: it is escaped before it reaches a
-terminal (:func:`shown`) and marked as the producer's.
+terminal (:func:`shown`) and marked as the producer's. ``consumer-*`` headers are shown as the
+service's only on a letter the service published itself; on one the broker dead-lettered they are
+shown apart, unverified (:mod:`consumer.cli.dlq.letters` says why).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def letter_row(letter: DeadMessage) -> str:
     row = letter.summary()
     return (
         f"{shown(row['id'], 64):<36}  {shown(row['type'], 64):<24}  "
-        f"{shown(row['reason'], 32):<18}  attempts={row['attempts']}  "
+        f"{shown(row['reason'], 32):<18}  attempts={_count(row['attempts'])}  "
         f"at={row['dead_lettered_at'] or '?'}  "
         f"{shown(row['error_class'] or '', 80)} {shown(row['error'] or '', 80)}"
     )
@@ -73,31 +75,51 @@ def show_letter(letter: DeadMessage, out: TextIO = sys.stdout) -> None:
     def say(text: str) -> None:
         print(text, file=out)
 
+    def headers(title: str, chosen: dict[str, Any]) -> None:
+        say(title)
+        for key, value in sorted(chosen.items()):
+            say(f"  {shown(key, 64)}: {shown(value, 500)}")
+
+    broker = "" if letter.by_service else "  (the broker's x-death)"
     say(f"id:              {shown(letter.id)}  (from the producer)")
     say(f"type:            {shown(letter.type)}  (from the producer)")
-    say(f"reason:          {shown(letter.reason)}")
-    say(f"attempts:        {letter.attempts}")
-    say(f"dead-lettered:   {letter.dead_lettered_at or '?'}")
+    say(f"reason:          {shown(letter.reason)}{broker}")
+    say(f"attempts:        {_count(letter.attempts)}")
+    say(f"dead-lettered:   {letter.dead_lettered_at or '?'}{broker}")
     say(f"original:        {shown(letter.original_exchange)} {shown(letter.original_routing_key)}")
-    error = f"{shown(letter.error_class or '')} {shown(letter.error_message or '', 500)}"
-    say(f"error:           {error.rstrip()}")
+    if letter.by_service:
+        error = f"{shown(letter.error_class or '')} {shown(letter.error_message or '', 500)}"
+        say(f"error:           {error.rstrip()}")
+        say("dead-lettered by: the service")
+    else:
+        say(
+            "dead-lettered by: the broker (x-death): its consumer-* headers are not the "
+            "service's word"
+        )
     if letter.poison_detail:
         say(f"parse error:     {shown(letter.poison_detail, 500)}")
     say(f"browsed:         {letter.deliveries} times")
-    own = {k: v for k, v in letter.headers.items() if _set_by_us(k)}
-    theirs = {k: v for k, v in letter.headers.items() if not _set_by_us(k)}
-    say("headers set by the service and the broker:")
-    for key, value in sorted(own.items()):
-        say(f"  {shown(key, 64)}: {shown(value, 500)}")
-    say("headers set by the producer:")
-    for key, value in sorted(theirs.items()):
-        say(f"  {shown(key, 64)}: {shown(value, 500)}")
+    unverified = letter.unverified
+    theirs = {k: v for k, v in letter.headers.items() if not k.startswith(_SET_BY_US)}
+    ours = {
+        k: v for k, v in letter.headers.items() if k.startswith(_SET_BY_US) and k not in unverified
+    }
+    if letter.by_service:
+        headers("headers set by the service and the broker:", ours)
+    else:
+        headers("headers set by the broker (x-*; a producer can write some of them too):", ours)
+    if unverified:
+        headers("consumer-* headers, unverified (a producer's, or the retry ladder's):", unverified)
+    headers("headers set by the producer:", theirs)
     say("body (from the producer):")
     say("  " + shown(letter.body, 4000))
 
 
-def _set_by_us(header: str) -> bool:
-    return header.startswith(("consumer-", "x-"))
+_SET_BY_US = ("consumer-", "x-")
+
+
+def _count(value: int | None) -> str:
+    return "?" if value is None else str(value)
 
 
 def progress_bar(total: int, what: str) -> Any:

@@ -25,7 +25,7 @@ import aiormq
 
 from consumer.amqp import headers as h
 from consumer.amqp.publisher import copy_properties
-from consumer.cli.dlq.letters import REFUSED_EXPIRED, DeadMessage, Selection, renewed
+from consumer.cli.dlq.letters import DeadMessage, Selection, renewed
 from consumer.cli.dlq.replay_sender import ReplaySender
 from consumer.cli.dlq.stream import Held, QueueScan
 from consumer.errors import PublishFailed, Unroutable
@@ -238,9 +238,7 @@ class _Removal:
 def _refusal(letter: DeadMessage, *, force: bool) -> str | None:
     if letter.type is None:
         return NO_ENVELOPE
-    if letter.expired and not force:
-        return REFUSED_EXPIRED
-    return None
+    return letter.refusal(force=force)
 
 
 async def _one(

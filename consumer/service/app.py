@@ -52,12 +52,14 @@ from consumer.service.components import (
     broker_config,
     database_config,
     envelope_limits,
+    memory_budget,
     names_for,
     receipt_window,
     topology_for,
     worker_count,
 )
 from consumer.service.dispatch import Dispatcher
+from consumer.service.memory import worst_case
 from consumer.service.pruner import PeriodicPruner
 from consumer.service.settle import Settler
 from consumer.service.supervisor import Service, ServiceConfig
@@ -245,7 +247,14 @@ async def serve(
             tracing=tracer,
             message_log=message_log,
         )
-        logger.info("starting", settings=settings.describe(), handlers=list(registry))
+        # The worst case start-up checked against the memory limit: what the process at these
+        # settings can hold, whatever its producers send (consumer.service.memory).
+        logger.info(
+            "starting",
+            settings=settings.describe(),
+            handlers=list(registry),
+            memory_budget_bytes=worst_case(memory_budget(settings)),
+        )
         _warn_of_refused_hooks(logger, fast_path=settings.amqp_fast_path)
         try:
             async with (

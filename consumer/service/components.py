@@ -147,6 +147,7 @@ def memory_budget(settings: Settings) -> MemoryBudget:
         max_body_bytes=settings.max_body_bytes,
         workers=worker_count(settings),
         limit=settings.memory_limit,
+        max_header_bytes=settings.max_header_bytes,
     )
 
 

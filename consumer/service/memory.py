@@ -7,8 +7,14 @@ a larger body is never kept: its frames are dropped as they arrive
 Python objects (measured: a megabyte of short strings is nine of objects; containers, the costliest,
 are bounded by ``CONSUMER_MAX_JSON_CONTAINERS``), so only small bodies stay parsed while they wait
 (:data:`KEEP_PARSED_BYTES`); a larger one is parsed again by the worker that applies it, and a
-worker's batch holds at most :data:`BATCH_BYTES` of bodies (or one body). A configuration whose
-worst case does not fit the memory limit stops start-up with one line naming the settings.
+worker's batch holds at most :data:`BATCH_BYTES` of bodies (or one body). Held deliveries keep
+their decoded headers too: at most ``CONSUMER_MAX_HEADER_BYTES`` on the wire and
+:data:`~consumer.amqp.field_table.MAX_HEADER_ENTRIES` entries (refused before decoding past
+either), which decode to up to :data:`HEADER_EXPANSION` times their bytes (a byte that is not
+UTF-8 becomes a two-byte replacement character) plus :data:`HEADER_ENTRY_BYTES` an entry
+(measured: 1,023 empty tables in 11 KB decode to 143 KiB; 64 KiB of strings that are not UTF-8
+in 1,023 entries to 259 KiB). A configuration whose worst case does not fit the memory limit
+stops start-up with one line naming the settings.
 """
 
 from __future__ import annotations
@@ -16,14 +22,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from consumer.amqp.field_table import MAX_HEADER_ENTRIES
 from consumer.errors import ConfigError
 
 __all__ = [
     "BATCH_BYTES",
+    "HEADER_ENTRY_BYTES",
+    "HEADER_EXPANSION",
     "KEEP_PARSED_BYTES",
     "MemoryBudget",
     "check_memory_budget",
     "container_memory_limit",
+    "header_bytes",
     "worst_case",
 ]
 
@@ -32,6 +42,8 @@ BASE_BYTES = 96 * 1024 * 1024
 PARSED_EXPANSION = 20
 KEEP_PARSED_BYTES = 8 * 1024
 BATCH_BYTES = 1024 * 1024
+HEADER_EXPANSION = 2
+HEADER_ENTRY_BYTES = 160
 
 _CGROUP_LIMITS = (
     Path("/sys/fs/cgroup/memory.max"),  # cgroup v2
@@ -49,6 +61,7 @@ class MemoryBudget:
     max_body_bytes: int
     workers: int
     limit: int | None = None
+    max_header_bytes: int = 64 * 1024
 
 
 def worst_case(budget: MemoryBudget) -> int:
@@ -57,7 +70,18 @@ def worst_case(budget: MemoryBudget) -> int:
     held = budget.prefetch * body
     parsed_while_held = budget.prefetch * min(body, KEEP_PARSED_BYTES) * PARSED_EXPANSION
     being_applied = budget.workers * max(body, BATCH_BYTES) * PARSED_EXPANSION
-    return BASE_BYTES + held + parsed_while_held + being_applied
+    return (
+        BASE_BYTES
+        + held
+        + parsed_while_held
+        + being_applied
+        + budget.prefetch * header_bytes(budget.max_header_bytes)
+    )
+
+
+def header_bytes(max_header_bytes: int) -> int:
+    """The most a held delivery's decoded headers can take (module docstring)."""
+    return max_header_bytes * HEADER_EXPANSION + MAX_HEADER_ENTRIES * HEADER_ENTRY_BYTES
 
 
 def container_memory_limit(paths: tuple[Path, ...] = _CGROUP_LIMITS) -> int | None:
@@ -85,9 +109,10 @@ def check_memory_budget(budget: MemoryBudget, container: int | None = None) -> N
         source = "CONSUMER_MEMORY_LIMIT" if budget.limit else "the container's limit"
         raise ConfigError(
             f"CONSUMER_PREFETCH ({budget.prefetch}) x CONSUMER_MAX_BODY_BYTES "
-            f"({budget.max_body_bytes}) with {budget.workers} workers "
+            f"({budget.max_body_bytes}) with {budget.workers} workers and "
+            f"CONSUMER_MAX_HEADER_BYTES ({budget.max_header_bytes}) "
             f"could take {_mib(needed)} of memory, more than {source} ({_mib(limit)}): lower "
-            "CONSUMER_PREFETCH or CONSUMER_MAX_BODY_BYTES"
+            "CONSUMER_PREFETCH, CONSUMER_MAX_BODY_BYTES or CONSUMER_MAX_HEADER_BYTES"
         )
 
 

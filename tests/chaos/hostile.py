@@ -1,7 +1,8 @@
 """What a hostile producer puts on the wire around a body, and how the suite's own producer sends
 it (as tests/integration/test_hostile_producers.py does): a recursion limit raised to encode a
 deeply nested table, a ``str`` whose ``encode()`` returns bytes that are not UTF-8, a ``float``
-sent as an AMQP double (pamqp sends floats as singles, which cannot hold 1e300).
+sent as an AMQP double (pamqp sends floats as singles, which cannot hold 1e300), a header table
+written by hand (:class:`bench.hostile.RawTable`: issue 29's floods and a key twice).
 
 The runner reads the dead-letter queue, where some of these land, through the service's own
 hardened decoder (:func:`consumer.amqp.wire.install`), as ``dlq`` does: a header nested 3,000 deep
@@ -18,6 +19,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from pamqp import encode
+
+from bench.hostile import RawTable, flood_table, forged_tables
 
 DEEP = 3_000
 """How deep the ``deep_headers`` table is nested: far past the service's limit of 16 and past
@@ -38,6 +41,20 @@ FORGED = {
     "consumer-error-class": "Forged",
 }
 """The service's own headers, as a producer would forge them."""
+FORGED_DEAD = {
+    "consumer-dead-reason": "expired",
+    "consumer-attempt": 99,
+    "consumer-dead-lettered-at": "1999-01-01T00:00:00+00:00",
+    "consumer-original-routing-key": "payments.refund",
+}
+"""Issue 29's forged dead-letter headers: a reason replay would refuse (``expired``), an attempt
+count no ladder reaches, a time that hides the letter from ``--since``, another routing key."""
+FORGED_YEAR = "1999"
+FORGED_ATTEMPT = 99
+FLOOD_ENTRIES = 60_000
+"""Issue 29's flood: 60,000 entries sharing the empty key, 120 KB, within one 128 KiB frame."""
+WIDE_ENTRIES = 1_025
+"""Distinct entries, one past the service's 1,024, in 6 KB."""
 COMPLEX_ARRAYS = 12_000
 """Empty arrays in a ``too_complex`` payload: past the service's 10,000 containers, in 36 KB
 (the body limit is 256 KiB)."""
@@ -52,6 +69,10 @@ class Wire(enum.Enum):
     HUGE_DOUBLE = "a header double of 1e300"
     NOT_UTF8_MESSAGE_ID = "a message id that is not UTF-8"
     FORGED = "forged consumer-* headers"
+    FORGED_DEAD = "forged dead-letter headers: reason expired, attempt 99, time 1999"
+    FLOOD = "a header table of 60,000 entries sharing one key (120 KB)"
+    WIDE = "a header table of 1,025 distinct entries"
+    KEY_TWICE = "a header table with a key twice"
 
 
 SAFE_ONCE_READ = (
@@ -106,7 +127,24 @@ def headers(wire: Wire | None) -> dict[str, Any] | None:
         return {KEPT_HEADER[wire]: _Double(HUGE)}
     if wire is Wire.FORGED:
         return dict(FORGED)
+    if wire is Wire.FORGED_DEAD:
+        return dict(FORGED_DEAD)
+    if wire is Wire.FLOOD:
+        return RawTable(flood_table(FLOOD_ENTRIES))
+    if wire is Wire.WIDE:
+        return RawTable(_table(b"".join(_short(b"w%d" % n) + b"V" for n in range(WIDE_ENTRIES))))
+    if wire is Wire.KEY_TWICE:
+        key = _short(b"x-twice")
+        return RawTable(_table(key + b"b\x01" + key + b"b\x02"))
     return None
+
+
+def _table(entries: bytes) -> bytes:
+    return struct.pack(">I", len(entries)) + entries
+
+
+def _short(raw: bytes) -> bytes:
+    return bytes([len(raw)]) + raw
 
 
 def message_id(wire: Wire | None, sent: str) -> str:
@@ -136,7 +174,8 @@ def hostile_encoding() -> Iterator[None]:
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 20 * DEEP))
     try:
-        yield
+        with forged_tables():  # header tables written by hand, as they are
+            yield
     finally:
         encode.encode_table_value = original
         sys.setrecursionlimit(limit)

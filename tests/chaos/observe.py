@@ -27,6 +27,7 @@ DEAD_REASON = "consumer-dead-reason"
 ERROR_CLASS = "consumer-error-class"
 ATTEMPT = "consumer-attempt"
 ROUTING_KEY = "consumer-original-routing-key"
+DEAD_LETTERED_AT = "consumer-dead-lettered-at"
 
 
 def _text(value: object) -> str | None:
@@ -55,6 +56,8 @@ class DeadCopy:
     attempt: object = None
     """``consumer-attempt`` as it came (an int where the service wrote it)."""
     header_names: frozenset[str] = frozenset()
+    dead_lettered_at: str | None = None
+    """``consumer-dead-lettered-at`` as it came."""
 
 
 def _deaths(headers: dict[str, Any]) -> str:
@@ -171,6 +174,7 @@ async def take_dead_letters(url: str, queue: str, state: EndState) -> None:
                     routing_key=_text(headers.get(ROUTING_KEY)),
                     attempt=headers.get(ATTEMPT),
                     header_names=frozenset(headers),
+                    dead_lettered_at=_text(headers.get(DEAD_LETTERED_AT)),
                 )
             )
     finally:

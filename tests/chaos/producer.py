@@ -69,6 +69,17 @@ class PublishLog:
         return sum(1 for state in self.attempts.values() if state is Attempt.UNCERTAIN)
 
 
+def merged(*logs: PublishLog) -> PublishLog:
+    """One log of several producers' (their message ids differ)."""
+    out = PublishLog()
+    for log in logs:
+        out.attempts.update(log.attempts)
+        out.published += log.published
+        out.unsent += log.unsent
+        out.reconnects += log.reconnects
+    return out
+
+
 class ResilientProducer:
     """Publishes a workload at a steady rate to ``exchange`` on ``url``."""
 
@@ -113,8 +124,10 @@ class ResilientProducer:
             event.body,
             content_type="application/json",
             delivery_mode=DeliveryMode.PERSISTENT,
-            headers=hostile.headers(event.wire),
         )
+        # Set after construction: the constructor makes an empty-looking raw table ``{}``.
+        headers = hostile.headers(event.wire)
+        message.headers = headers if headers is not None else {}
         # Set after construction: the constructor makes it a plain str, losing hostile bytes.
         message.message_id = hostile.message_id(event.wire, attempt_id(publication, attempt))
         await exchange.publish(

@@ -9,7 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tests.chaos.verify import Figures, Verdict
+from tests.chaos.verify import Figures, Resources, Verdict
 
 
 @dataclass
@@ -147,6 +147,8 @@ class RunReport:
                     f"- {f.to_apply} events to apply, {f.dead_expected} dead copies expected, "
                     f"{f.handler_calls} handler calls"
                 )
+                if result.verdict.resources is not None:
+                    lines.append(f"- resources: {result.verdict.resources.describe()}")
                 lines += [f"- note: {note}" for note in result.verdict.notes]
                 lines += [f"- **VIOLATED**: {v}" for v in result.verdict.violations]
         return "\n".join(lines) + "\n"
@@ -175,6 +177,7 @@ class RunReport:
                     "violations": r.verdict.violations if r.verdict else [],
                     "notes": r.verdict.notes if r.verdict else [],
                     "details": r.verdict.details if r.verdict else {},
+                    "resources": _resources(r.verdict.resources if r.verdict else None),
                 }
                 for r in self.results
             ],
@@ -186,6 +189,17 @@ class RunReport:
         stem.with_suffix(".md").write_text(self.markdown())
         stem.with_suffix(".json").write_text(json.dumps(self.as_json(), indent=2) + "\n")
         return stem.with_suffix(".md")
+
+
+def _resources(resources: Resources | None) -> dict[str, Any] | None:
+    """The measured figures, with the ratios the invariant is on."""
+    if resources is None:
+        return None
+    return {
+        **dataclasses.asdict(resources),
+        "wall_ratio": resources.wall_ratio,
+        "cpu_ratio": resources.cpu_ratio,
+    }
 
 
 def _row(title: str, f: Figures, seconds: str, status: str) -> str:

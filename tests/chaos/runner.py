@@ -39,12 +39,30 @@ from tests.chaos.observe import (
     sample_messages,
     take_dead_letters,
 )
-from tests.chaos.producer import Attempt, Gates, PublishLog, ResilientProducer
+from tests.chaos.producer import Attempt, Gates, PublishLog, ResilientProducer, merged
 from tests.chaos.report import FaultRecord, RunReport, ScenarioResult
+from tests.chaos.resources import RssSampler, cpu_seconds, cpu_used, memory_budget
 from tests.chaos.scenarios import CONSUMER_SETTINGS, Profile, Scenario, chosen
 from tests.chaos.stranded import Stranding, held_back, recover
-from tests.chaos.verify import check, dead_by_reason, excuse_losses
-from tests.chaos.workload import SEED_STOCK, SKUS, UNKNOWN, Workload, plan_workload
+from tests.chaos.verify import (
+    Resources,
+    Throughput,
+    check,
+    check_resources,
+    dead_by_reason,
+    excuse_losses,
+)
+from tests.chaos.workload import (
+    ATTACK,
+    SEED_STOCK,
+    SKUS,
+    UNKNOWN,
+    Kind,
+    Workload,
+    combine,
+    plan_block,
+    plan_workload,
+)
 from tests.chaos.world import World
 from tests.servers import (
     PostgresServer,
@@ -65,6 +83,11 @@ MIN_SCENARIO_SECONDS = 20.0
 """A scenario is not started with less of the run's budget left."""
 LEAD = 0.06
 """Publications that go out past a fault's point (a share of all) before the stream waits for it."""
+BLOCK_RATE = 100_000.0
+"""The clean and attacked blocks go out as fast as the broker confirms them: the consumers'
+throughput is what is measured, not the producer's pace."""
+BLOCK_TIMEOUT = 120.0
+"""A block's innocents must be applied within this."""
 GATE_GRACE = 10.0
 """The stream waits at a fault's gate; if its share of effects is not reached this long after,
 the fault strikes anyway (and the report says it was late)."""
@@ -311,6 +334,7 @@ async def run_scenario(
     progress = asyncio.create_task(world.progress.run(), name="progress")
     publishing: asyncio.Task[PublishLog] | None = None
     supervisor: asyncio.Task[None] | None = None
+    sampling: asyncio.Task[None] | None = None
     try:
         if pair is not None:  # a pair of the scenario's own: a failover spends it
             await asyncio.to_thread(pair.start)
@@ -322,26 +346,64 @@ async def run_scenario(
         await env.bind_type(UNKNOWN)
         await world.start(*range(scenario.consumers))
         # Planned once the consumers are up: the events' occurred_at is now, not a start-up ago.
-        workload = plan_workload(events, seed=seed, faults=scenario.mix_in)
+        attack = {k: n for k, n in scenario.mix_in.items() if scenario.measures and k in ATTACK}
+        workload = plan_workload(
+            events,
+            seed=seed,
+            faults={k: n for k, n in scenario.mix_in.items() if k not in attack},
+            oversized=profile.oversized_bytes,
+        )
         if scenario.self_exits or scenario.supervised:
             supervisor = asyncio.create_task(world.supervise(), name="supervisor")
+        blocks: list[Workload] = []
+        block_logs: list[PublishLog] = []
+        resources: Resources | None = None
+        sampler: RssSampler | None = None
+        if scenario.measures:
+            sampler = RssSampler(world.pids)
+            sampling = asyncio.create_task(sampler.run(), name="rss")
+            resources = Resources()
+            blocks = [
+                plan_block("c", profile.probe, seed=seed + 7919),
+                plan_block(
+                    "a",
+                    profile.probe,
+                    seed=seed + 7920,
+                    burst=attack,
+                    oversized=profile.oversized_bytes,
+                ),
+            ]
+            resources.clean, clean_log = await _measure(world, blocks[0])
+            _say(f"  clean: {_rate(resources.clean)}")
+            resources.attack, attack_log = await _measure(world, blocks[1])
+            _say(f"  under attack: {_rate(resources.attack)}")
+            block_logs = [clean_log, attack_log]
         # Publishing takes events / rate; faults and a slow machine can stretch it, within bounds.
         publish_deadline = min(run_deadline + 60, time.monotonic() + events / profile.rate * 3 + 90)
         producer = ResilientProducer(env.amqp_url, env.settings().exchange)
-        total = len(workload.publications)
+        stream = [p for p in workload.publications if p.event.kind is not Kind.ID_CONFLICT]
+        total = len(stream)
         gates = Gates(
             [min(total, math.ceil((share + LEAD) * total)) for share, _ in scenario.schedule()]
         )
         publishing = asyncio.create_task(
-            producer.publish_all(
-                workload.publications, rate=profile.rate, deadline=publish_deadline, gates=gates
-            )
+            producer.publish_all(stream, rate=profile.rate, deadline=publish_deadline, gates=gates)
         )
         try:
             result.faults = await _inject(world, scenario, workload, gates, publish_deadline)
         finally:
             gates.open()
         log = await publishing
+        if workload.tail:
+            # Each id collision once its victim is applied: the innocent is the one applied.
+            await _until_applied(env.database_url, workload.victims, publish_deadline)
+            tail = ResilientProducer(env.amqp_url, env.settings().exchange)
+            log = merged(
+                log,
+                await tail.publish_all(workload.tail, rate=profile.rate, deadline=publish_deadline),
+            )
+        log = merged(*block_logs, log)
+        workload = combine(*blocks, workload)
         waited = await _settle(world, workload, log, timeout=profile.settle_timeout)
         if waited is not None:
             world.notes.append(waited)
@@ -359,6 +421,11 @@ async def run_scenario(
             supervisor.cancel()
             with contextlib.suppress(BaseException):
                 await supervisor
+        if sampler is not None and resources is not None:
+            resources.peak_rss_bytes = sampler.finish()
+            resources.budget_bytes = memory_budget(
+                line for service in world.services for line in service.log_lines()
+            )
         await world.stop_all()
         state = EndState()
         await _count_leftovers(env, state)
@@ -391,13 +458,15 @@ async def run_scenario(
                 f"the consumers paused: {len(pauses)} log lines say pausing "
                 f"(first: {pauses[0][:300]})"
             )
+        if resources is not None:
+            check_resources(resources, verdict)
         verdict.notes += world.notes + world.log_findings()
         result.verdict = verdict
     except Exception as error:  # report what could not be run, and go on with the next
         result.error = f"{type(error).__name__}: {error}"
         _say(f"scenario {scenario.slug} stopped: {result.error}")
     finally:
-        for task in (publishing, supervisor, progress):
+        for task in (publishing, supervisor, progress, sampling):
             if task is not None and not task.done():
                 task.cancel()
                 with contextlib.suppress(BaseException):
@@ -411,6 +480,45 @@ async def run_scenario(
         if pair is not None:
             await asyncio.to_thread(pair.destroy)
         result.seconds = time.monotonic() - started
+
+
+async def _measure(world: World, block: Workload) -> tuple[Throughput, PublishLog]:
+    """Publish ``block`` as fast as the broker confirms it and wait for its innocent events'
+    receipts: how long from the first publish, and the consumers' CPU time meanwhile."""
+    innocents = [event.event_id for event in block.of_kind(Kind.APPLIED) if event.event_id]
+    deadline = time.monotonic() + BLOCK_TIMEOUT
+    producer = ResilientProducer(world.env.amqp_url, world.env.settings().exchange)
+    before = {pid: cpu for pid in world.pids() if (cpu := cpu_seconds(pid)) is not None}
+    started = time.monotonic()
+    log = await producer.publish_all(block.publications, rate=BLOCK_RATE, deadline=deadline)
+    await _until_applied(world.env.database_url, innocents, deadline)
+    seconds = time.monotonic() - started
+    after = {pid: cpu for pid in world.pids() if (cpu := cpu_seconds(pid)) is not None}
+    return Throughput(len(innocents), seconds, cpu_used(before, after)), log
+
+
+def _rate(block: Throughput) -> str:
+    return (
+        f"{block.innocents} innocents in {block.seconds:.2f}s ({block.per_second:.0f}/s), "
+        f"{block.per_cpu_second:.0f} per consumer CPU-second"
+    )
+
+
+async def _until_applied(dsn: str, event_ids: list[uuid.UUID], deadline: float) -> None:
+    """Until every one of ``event_ids`` has a receipt, or ``deadline`` (then the checks say
+    which are missing)."""
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        while time.monotonic() < deadline:
+            found = await conn.fetchval(
+                "SELECT count(DISTINCT event_id) FROM receipts WHERE event_id = ANY($1::uuid[])",
+                event_ids,
+            )
+            if found >= len(set(event_ids)):
+                return
+            await asyncio.sleep(0.05)
+    finally:
+        await conn.close()
 
 
 def _broken_links(world: World) -> list[str]:

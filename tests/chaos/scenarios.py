@@ -67,6 +67,7 @@ cluster (each consumer given the node list starting at another node; quorum queu
 or the run's node and a PostgreSQL primary with a synchronous or asynchronous standby of the
 scenario's own, which its fault fails over."""
 CLUSTER_SETTINGS = {"quorum_initial_group_size": "3"}
+MIB = 1024 * 1024
 
 
 BEYOND_ONE = (
@@ -109,6 +110,13 @@ class Profile:
     messages, and twice as many of each ``hostile_headers*`` kind."""
     hostile_events: int | None
     """Publications of ``hostile-producers`` (None: :attr:`events`)."""
+    oversized: int
+    """``hostile-producers``: bodies over ``CONSUMER_MAX_BODY_BYTES``, of :attr:`oversized_bytes`
+    each, sent in the attacked block."""
+    oversized_bytes: int
+    probe: int
+    """``hostile-producers``: innocent events in each of the clean and the attacked blocks whose
+    throughput is compared."""
     named_only: frozenset[str]
     """Scenarios run only when named (``--scenario``)."""
     freeze_s: float = 4.0
@@ -148,6 +156,9 @@ PROFILES = {
         alarms=1,
         hostile=4,
         hostile_events=600,
+        oversized=4,
+        oversized_bytes=8 * MIB,
+        probe=1_000,
         # The handler faults run together here (`handler-faults`); each alone when named. The
         # cluster and failover scenarios too: tests/integration/test_cluster.py runs a leader kill
         # and a synchronous failover in `make test` already, and a cluster takes 20-30s to start.
@@ -180,6 +191,9 @@ PROFILES = {
         alarms=4,
         hostile=100,
         hostile_events=None,
+        oversized=24,
+        oversized_bytes=32 * MIB,
+        probe=5_000,
         named_only=frozenset({"handler-faults"}),
         pruning_events=5_000,
         settle_timeout=300,
@@ -218,6 +232,10 @@ class Scenario:
     database_setup: str = ""
     """SQL run on the scenario's database (a copy of the migrated template) before any consumer
     starts."""
+    measures: bool = False
+    """Measure the consumers' peak RSS against the budget they logged, and the throughput of
+    innocent events clean and under attack (:attr:`Profile.probe`), before the stream: the mix-in
+    kinds in :data:`~tests.chaos.workload.ATTACK` go in the attacked block, not the stream."""
     expired_copies: bool = False
     """Copies of an applied event may be dead-lettered ``expired`` (its receipts' window is short
     here): counted, not a violation. An event with no effect is still lost."""
@@ -345,7 +363,10 @@ def scenarios_for(profile: Profile) -> list[Scenario]:
         Scenario(
             "hostile-producers",
             f"hostile producers, 2 consumers supervised: {p.hostile} deep headers, {p.hostile} "
-            f"too complex, {p.hostile} forged, {4 * p.hostile} headers or ids to make safe",
+            f"too complex, {p.hostile} forged, {4 * p.hostile} headers or ids to make safe; "
+            f"{p.oversized} bodies of {p.oversized_bytes // MIB} MiB and {p.hostile} header "
+            f"floods amid {p.probe} innocents, after {p.probe} clean; {p.hostile} each of keys "
+            "twice, forged dead letters, routing-key mismatches, id collisions",
             consumers=2,
             mix_in={
                 Kind.HEADERS_TOO_DEEP: p.hostile,
@@ -353,10 +374,17 @@ def scenarios_for(profile: Profile) -> list[Scenario]:
                 Kind.HOSTILE_HEADERS: 2 * p.hostile,
                 Kind.HOSTILE_HEADERS_PERMANENT: 2 * p.hostile,
                 Kind.FORGED_HEADERS: p.hostile,
+                Kind.BODY_TOO_LARGE: p.oversized,
+                Kind.HEADERS_TOO_LARGE: p.hostile,
+                Kind.HEADERS_UNREADABLE: p.hostile,
+                Kind.FORGED_DEAD_LETTER: p.hostile,
+                Kind.ROUTING_KEY_MISMATCH: p.hostile,
+                Kind.ID_CONFLICT: p.hostile,
             },
             supervised=True,
             keeps_broker_links=True,
             events=p.hostile_events,
+            measures=True,
         ),
         Scenario(
             "receipt-pruning",

@@ -9,9 +9,17 @@ from datetime import UTC, datetime
 
 import pytest
 
+from consumer.amqp.field_table import UNREADABLE_KEY
 from consumer.errors import Poison, PoisonReason
 from consumer.pipeline.envelope_parser import EnvelopeLimits, EnvelopeParser
-from tests.chaos.hostile import KEPT_HEADER, READ_TAIL, SAFE_ONCE_READ, Wire
+from tests.chaos.hostile import (
+    FORGED_ATTEMPT,
+    FORGED_DEAD,
+    KEPT_HEADER,
+    READ_TAIL,
+    SAFE_ONCE_READ,
+    Wire,
+)
 from tests.chaos.observe import DeadCopy, EndState
 from tests.chaos.producer import Attempt, PublishLog
 from tests.chaos.report import RunReport, ScenarioResult
@@ -57,7 +65,14 @@ def perfect(workload: Workload) -> tuple[PublishLog, EndState]:
             continue
         state.dead.append(dead_copy(publication.message_id, event))
         state.listed.append(
-            {"id": str(event.event_id or publication.message_id), "reason": event.kind.dead_reason}
+            {
+                "id": str(event.event_id or publication.message_id),
+                "type": event.routing_key,
+                "reason": event.kind.dead_reason,
+                "dead_lettered_by": "broker" if event.kind.by_broker else "service",
+                "attempts": None if event.kind.by_broker else 0,
+                "dead_lettered_at": datetime.now(UTC).isoformat(),
+            }
         )
     for event in workload.events:
         if not event.kind.applies:
@@ -71,6 +86,18 @@ def perfect(workload: Workload) -> tuple[PublishLog, EndState]:
 
 def dead_copy(message_id: str, event: PlannedEvent) -> DeadCopy:
     """The dead copy the service and the broker leave of ``event``, as the runner reads it."""
+    if event.kind is Kind.HEADERS_TOO_LARGE:  # the runner's decoder refuses its headers too
+        return DeadCopy(message_id, None, None, header_names=frozenset({UNREADABLE_KEY}))
+    if event.kind.by_broker:  # the original, nacked: the producer's forged headers and x-death
+        return DeadCopy(
+            message_id,
+            FORGED_DEAD["consumer-dead-reason"],
+            "rejected",
+            routing_key=FORGED_DEAD["consumer-original-routing-key"],
+            attempt=FORGED_ATTEMPT,
+            header_names=frozenset({*FORGED_DEAD, "x-death", "x-first-death-reason"}),
+            dead_lettered_at=FORGED_DEAD["consumer-dead-lettered-at"],
+        )
     names = {"consumer-dead-reason", "consumer-attempt", "consumer-original-routing-key"}
     if event.wire in KEPT_HEADER:
         names.add(KEPT_HEADER[event.wire])
@@ -82,6 +109,7 @@ def dead_copy(message_id: str, event: PlannedEvent) -> DeadCopy:
         routing_key=event.routing_key,
         attempt=0,
         header_names=frozenset(names),
+        dead_lettered_at=datetime.now(UTC).isoformat(),
     )
 
 
@@ -336,7 +364,8 @@ def test_hostile_messages_are_mixed_in_by_number_each_header_in_turn() -> None:
     workload = plan_workload(600, seed=4, faults=EVERY_HOSTILE)
 
     kinds = Counter(event.kind for event in workload.events)
-    assert {kind: kinds[kind] for kind in HOSTILE} == EVERY_HOSTILE
+    assert {kind: kinds[kind] for kind in EVERY_HOSTILE} == EVERY_HOSTILE
+    assert not {kind for kind in HOSTILE - set(EVERY_HOSTILE) if kinds[kind]}
     for kind in (Kind.HOSTILE_HEADERS, Kind.HOSTILE_HEADERS_PERMANENT):
         wires = Counter(event.wire for event in workload.of_kind(kind))
         assert wires == dict.fromkeys(SAFE_ONCE_READ, 2), kind

@@ -146,6 +146,13 @@ class Kind(enum.Enum):
     HOSTILE_HEADERS = "hostile_headers"
     HOSTILE_HEADERS_PERMANENT = "hostile_headers_permanent"
     FORGED_HEADERS = "forged_headers"
+    # Issue 29's: oversized bodies, header floods, forged dead letters, routing, ids.
+    BODY_TOO_LARGE = "body_too_large"
+    HEADERS_TOO_LARGE = "headers_too_large"
+    HEADERS_UNREADABLE = "headers_unreadable"
+    FORGED_DEAD_LETTER = "forged_dead_letter"
+    ROUTING_KEY_MISMATCH = "routing_key_mismatch"
+    ID_CONFLICT = "id_conflict"
 
     @property
     def applies(self) -> bool:
@@ -164,13 +171,21 @@ class Kind(enum.Enum):
         if self.applies:
             return None
         if self.poison:
-            return self.value
+            return _POISON_REASONS.get(self, self.value)
         return _SERVICE_REASONS.get(self, "permanent_failure")
 
     @property
     def header_reason(self) -> str | None:
-        """The ``consumer-dead-reason`` header its dead copies must carry (None: none at all)."""
-        return self.dead_reason
+        """The ``consumer-dead-reason`` header its dead copies must carry (None: none at all;
+        on a broker's letter, whatever the producer wrote, see :attr:`by_broker`)."""
+        return None if self.by_broker else self.dead_reason
+
+    @property
+    def by_broker(self) -> bool:
+        """Poison the service nacks, so that the broker dead-letters the original with the
+        producer's headers and its own ``x-death`` (``rejected``): no copy can carry it. ``dlq``
+        judges the letter again for its reason and says the broker dead-lettered it."""
+        return self in (Kind.BODY_TOO_LARGE, Kind.HEADERS_TOO_LARGE)
 
     @property
     def error_class(self) -> str | None:
@@ -182,19 +197,29 @@ class Kind(enum.Enum):
     def true_headers(self) -> bool:
         """Its producer forged or broke ``consumer-*`` headers: its dead copies must carry the
         service's own (the event's routing key, an attempt count the ladder can reach)."""
-        return self in (Kind.HOSTILE_HEADERS_PERMANENT, Kind.FORGED_HEADERS)
+        return self in (
+            Kind.HOSTILE_HEADERS_PERMANENT,
+            Kind.FORGED_HEADERS,
+            Kind.FORGED_DEAD_LETTER,
+        )
 
     @property
     def republished(self) -> bool:
         """It may be picked as a random duplicate (see the module docstring)."""
-        return self not in (Kind.BLOCK, Kind.CRASH, Kind.KILL_CONNECTION, Kind.SLOW_DUPLICATE)
+        return self not in (
+            Kind.BLOCK,
+            Kind.CRASH,
+            Kind.KILL_CONNECTION,
+            Kind.SLOW_DUPLICATE,
+            Kind.ID_CONFLICT,
+        )
 
     @property
     def table(self) -> str:
         """Where its effect is: ``test_effects``, ``stock_movements`` or ``notifications``."""
-        if self in (Kind.RESTOCK, Kind.RESERVE):
+        if self in (Kind.RESTOCK, Kind.RESERVE, Kind.ROUTING_KEY_MISMATCH):
             return "stock_movements"
-        if self in (Kind.NOTIFY, Kind.TOO_COMPLEX):
+        if self in (Kind.NOTIFY, Kind.TOO_COMPLEX, Kind.ID_CONFLICT):
             return "notifications"
         return "test_effects"
 
@@ -219,13 +244,21 @@ _POISON = frozenset(
         Kind.INVALID_PAYLOAD,
         Kind.HEADERS_TOO_DEEP,
         Kind.TOO_COMPLEX,
+        Kind.BODY_TOO_LARGE,
+        Kind.HEADERS_TOO_LARGE,
+        Kind.HEADERS_UNREADABLE,
+        Kind.FORGED_DEAD_LETTER,
+        Kind.ROUTING_KEY_MISMATCH,
     }
 )
+_POISON_REASONS = {Kind.FORGED_DEAD_LETTER: "not_json"}
+"""Poison whose reason is not its kind's name."""
 _SERVICE_REASONS = {
     Kind.BLOCK: "hard_time_limit",
     Kind.CRASH: "crashed",
     Kind.KILL_CONNECTION: "connection_lost",
     Kind.ODD_POISON: "invalid_payload",
+    Kind.ID_CONFLICT: "id_conflict",
 }
 _ERROR_CLASSES = {
     Kind.SWALLOW: "SwallowedDatabaseError",
@@ -254,9 +287,22 @@ HOSTILE = frozenset(
         Kind.HOSTILE_HEADERS,
         Kind.HOSTILE_HEADERS_PERMANENT,
         Kind.FORGED_HEADERS,
+        Kind.BODY_TOO_LARGE,
+        Kind.HEADERS_TOO_LARGE,
+        Kind.HEADERS_UNREADABLE,
+        Kind.FORGED_DEAD_LETTER,
+        Kind.ROUTING_KEY_MISMATCH,
+        Kind.ID_CONFLICT,
     }
 )
 """A hostile producer's messages, mixed in by number like the handler faults."""
+ATTACK = frozenset({Kind.BODY_TOO_LARGE, Kind.HEADERS_TOO_LARGE})
+"""The costly ones: sent in a burst among innocent events whose throughput is measured
+(:func:`plan_block`)."""
+OVERSIZED_BYTES = 4 * 1024 * 1024
+"""A ``body_too_large`` body, unless the profile says otherwise: 16 times the 256 KiB limit."""
+ROUTED_QTY = 500
+"""What an ``inventory.restock`` under a ``notification.*`` key would have added (issue 29)."""
 MIXED_IN = HANDLER_FAULTS | HOSTILE
 """Every kind a scenario mixes in by number."""
 
@@ -290,6 +336,8 @@ class PlannedEvent:
     qty: int = 0
     wire: Wire | None = None
     """A hostile producer's headers or properties around the body (:mod:`.hostile`)."""
+    victim: str | None = None
+    """``id_conflict``: the key of the event whose ``event_id`` and ``occurred_at`` it reuses."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,9 +375,21 @@ class Workload:
         object.__setattr__(
             self,
             "by_event_id",
-            {event.event_id: event for event in self.events if event.event_id is not None},
+            {
+                event.event_id: event
+                for event in self.events
+                if event.event_id is not None and event.kind is not Kind.ID_CONFLICT
+            },
         )
         object.__setattr__(self, "by_message_id", {p.message_id: p for p in self.publications})
+
+    def listed_event(self, event_id: uuid.UUID, event_type: object) -> PlannedEvent | None:
+        """The event a dead letter of ``event_id`` and ``event_type`` is: an ``id_conflict``
+        shares its victim's id under another type."""
+        for event in self.of_kind(Kind.ID_CONFLICT):
+            if event.event_id == event_id and event.routing_key == event_type:
+                return event
+        return self.by_event_id.get(event_id)
 
     def of_kind(self, *kinds: Kind) -> Iterator[PlannedEvent]:
         return (event for event in self.events if event.kind in kinds)
@@ -344,6 +404,19 @@ class Workload:
             for copy in (0, 1)
             if (publication := self.by_message_id.get(f"{event.key}.{copy}")) is not None
         ]
+
+    @property
+    def tail(self) -> tuple[Publication, ...]:
+        """The ``id_conflict`` publications: last, each published once its victim is applied, so
+        that the innocent is the one applied (the first to commit an id keeps it: a hostile copy
+        first would be applied and the innocent dead-lettered ``id_conflict``, which is why ids
+        must be unguessable)."""
+        return tuple(p for p in self.publications if p.event.kind is Kind.ID_CONFLICT)
+
+    @property
+    def victims(self) -> list[uuid.UUID]:
+        """The event ids the ``id_conflict`` events reuse."""
+        return [e.event_id for e in self.of_kind(Kind.ID_CONFLICT) if e.event_id is not None]
 
     def stock(self) -> dict[str, int]:
         """What ``stock.available`` must be per SKU once every restock and every reserve is
@@ -360,10 +433,43 @@ def _occurred_at() -> str:
     return datetime.now(UTC).isoformat()
 
 
-def _event(kind: Kind, key: str, rng: random.Random, turn: int = 0) -> PlannedEvent:
+def _event(
+    kind: Kind,
+    key: str,
+    rng: random.Random,
+    turn: int = 0,
+    *,
+    oversized: int = OVERSIZED_BYTES,
+) -> PlannedEvent:
     """An event of ``kind``; ``turn`` (its number among its kind's) picks the hostile headers of
-    the ``hostile_headers*`` kinds, each in turn."""
+    the ``hostile_headers*`` kinds, each in turn, and of the header floods. An ``id_conflict``
+    gets its victim's id in :func:`_collide`."""
     event_id = uuid.UUID(int=rng.getrandbits(128), version=4)
+    if kind is Kind.ROUTING_KEY_MISMATCH:
+        # Issue 29: a producer allowed only notification.* raises the stock by 500.
+        sku = rng.choice(SKUS)
+        body = envelope_body(RESTOCK, {"sku": sku, "qty": ROUTED_QTY}, event_id=event_id)
+        return PlannedEvent(key, kind, event_id, NOTIFY, body, sku, ROUTED_QTY)
+    if kind is Kind.FORGED_DEAD_LETTER:
+        body = f"chaos {key}: {{not json, forged dead-letter headers".encode()
+        return PlannedEvent(key, kind, event_id, BEHAVE, body, wire=Wire.FORGED_DEAD)
+    if kind is Kind.BODY_TOO_LARGE:
+        # An event that would apply but for its size; its producer forged the dead-letter
+        # headers too, which the broker's letter keeps and dlq must not present as the service's.
+        padded = {"key": key, "padding": "x" * oversized}
+        body = envelope_body(BEHAVE, padded, event_id=event_id)
+        return PlannedEvent(key, kind, event_id, BEHAVE, body, wire=Wire.FORGED_DEAD)
+    if kind in (Kind.HEADERS_TOO_LARGE, Kind.HEADERS_UNREADABLE):
+        flood = (Wire.FLOOD, Wire.WIDE)[turn % 2]
+        body = envelope_body(BEHAVE, {"key": key}, event_id=event_id)
+        return PlannedEvent(
+            key,
+            kind,
+            event_id,
+            BEHAVE,
+            body,
+            wire=flood if kind is Kind.HEADERS_TOO_LARGE else Wire.KEY_TWICE,
+        )
     if kind in (Kind.RESTOCK, Kind.RESERVE):
         sku, qty = rng.choice(SKUS), rng.randint(1, MAX_QTY)
         if kind is Kind.RESTOCK:
@@ -451,6 +557,63 @@ _EITHER_HANDLER = frozenset(
 """Kinds sent as ``test.behave`` or, for half of them at random, ``test.behave_many``."""
 
 
+def _collide(events: list[PlannedEvent], rng: random.Random) -> list[PlannedEvent]:
+    """Each ``id_conflict`` event made a ``notification.requested`` with the ``event_id`` and
+    ``occurred_at`` of an ``applied`` event of its own (its victim), as a producer that can derive
+    another's ids would send it."""
+    victims = iter(
+        rng.sample(
+            [event for event in events if event.kind is Kind.APPLIED],
+            sum(1 for event in events if event.kind is Kind.ID_CONFLICT),
+        )
+    )
+    made: list[PlannedEvent] = []
+    for event in events:
+        if event.kind is Kind.ID_CONFLICT:
+            victim = next(victims)
+            assert victim.event_id is not None
+            occurred_at = datetime.fromisoformat(json.loads(victim.body)["occurred_at"])
+            request = {"recipient": f"{event.key}@chaos.test", "template": "chaos", "params": {}}
+            body = envelope_body(NOTIFY, request, event_id=victim.event_id, occurred_at=occurred_at)
+            event = PlannedEvent(
+                event.key, event.kind, victim.event_id, NOTIFY, body, victim=victim.key
+            )
+        made.append(event)
+    return made
+
+
+def plan_block(
+    prefix: str,
+    innocents: int,
+    *,
+    seed: int,
+    burst: Mapping[Kind, int] | None = None,
+    oversized: int = OVERSIZED_BYTES,
+) -> Workload:
+    """``innocents`` ``applied`` events keyed ``<prefix>NNNNN``, with ``burst`` (so many of each
+    hostile kind) spread evenly among them; no duplicates. The blocks whose innocents' throughput
+    the hostile scenario measures, clean and under attack."""
+    rng = random.Random(seed)
+    kinds = [Kind.APPLIED] * innocents
+    hostile = [kind for kind, count in (burst or {}).items() for _ in range(count)]
+    for n, kind in enumerate(hostile):
+        kinds.insert(round((n + 0.5) * len(kinds) / len(hostile)), kind)
+    turns: Counter[Kind] = Counter()
+    events: list[PlannedEvent] = []
+    for n, kind in enumerate(kinds):
+        events.append(_event(kind, f"{prefix}{n:05d}", rng, turns[kind], oversized=oversized))
+        turns[kind] += 1
+    return Workload(tuple(events), tuple(Publication(event, 0) for event in events))
+
+
+def combine(*workloads: Workload) -> Workload:
+    """One workload of several published one after the other (their keys must differ)."""
+    return Workload(
+        tuple(event for workload in workloads for event in workload.events),
+        tuple(publication for workload in workloads for publication in workload.publications),
+    )
+
+
 def check_faults(total: int, faults: Mapping[Kind, int]) -> None:
     """Raise ValueError unless ``faults`` fit in a workload of ``total`` publications: handler
     faults and hostile messages only, at most half the unique events, a duplicate for every slow
@@ -470,11 +633,14 @@ def plan_workload(
     seed: int,
     retry_rungs: int = RETRY_RUNGS,
     faults: Mapping[Kind, int] | None = None,
+    oversized: int = OVERSIZED_BYTES,
 ) -> Workload:
     """``total`` publications: unique events in the proportions of :data:`MIX`, with ``faults``
     (so many events of each handler-fault kind) in place of some of them, then
     :data:`DUPLICATE_SHARE` of ``total`` republished: a random event a little after its first
-    copy, and every ``slow_duplicate`` right after its first copy.
+    copy, and every ``slow_duplicate`` right after its first copy. Every ``id_conflict`` goes
+    last, after every other publication (the runner holds it until its victim is applied: see
+    :attr:`Workload.tail`).
 
     ``fail_transient`` stays below ``retry_rungs`` so that flaky events end up applied.
     """
@@ -500,10 +666,12 @@ def plan_workload(
     turns: Counter[Kind] = Counter()
     events: list[PlannedEvent] = []
     for n, kind in enumerate(kinds):
-        events.append(_event(kind, f"k{n:06d}", rng, turns[kind]))
+        events.append(_event(kind, f"k{n:06d}", rng, turns[kind], oversized=oversized))
         turns[kind] += 1
+    events = _collide(events, rng)
     order: list[tuple[float, Publication]] = [
-        (float(n), Publication(event, 0)) for n, event in enumerate(events)
+        (float(n + (10 * total if event.kind is Kind.ID_CONFLICT else 0)), Publication(event, 0))
+        for n, event in enumerate(events)
     ]
     # A slow event's duplicate right behind it, while its first copy is still in the handler.
     order += [

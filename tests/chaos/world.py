@@ -181,6 +181,10 @@ class World:
         service = self.services[index]
         return service.process is not None and service.process.poll() is None
 
+    def pids(self) -> list[int]:
+        """The running consumers' process ids."""
+        return [s.pid for index, s in enumerate(self.services) if self.alive(index)]
+
     def any_alive(self) -> bool:
         return any(self.alive(index) for index in range(len(self.services)))
 

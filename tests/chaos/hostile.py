@@ -41,16 +41,19 @@ FORGED = {
     "consumer-error-class": "Forged",
 }
 """The service's own headers, as a producer would forge them."""
-FORGED_DEAD = {
-    "consumer-dead-reason": "expired",
-    "consumer-attempt": 99,
-    "consumer-dead-lettered-at": "1999-01-01T00:00:00+00:00",
-    "consumer-original-routing-key": "payments.refund",
+FORGED_REASON = "expired"
+FORGED_TIME = "1999-01-01T00:00:00+00:00"
+FORGED_ROUTING_KEY = "payments.refund"
+FORGED_ATTEMPT = 99
+FORGED_DEAD: dict[str, Any] = {
+    "consumer-dead-reason": FORGED_REASON,
+    "consumer-attempt": FORGED_ATTEMPT,
+    "consumer-dead-lettered-at": FORGED_TIME,
+    "consumer-original-routing-key": FORGED_ROUTING_KEY,
 }
 """Issue 29's forged dead-letter headers: a reason replay would refuse (``expired``), an attempt
 count no ladder reaches, a time that hides the letter from ``--since``, another routing key."""
 FORGED_YEAR = "1999"
-FORGED_ATTEMPT = 99
 FLOOD_ENTRIES = 60_000
 """Issue 29's flood: 60,000 entries sharing the empty key, 120 KB, within one 128 KiB frame."""
 WIDE_ENTRIES = 1_025

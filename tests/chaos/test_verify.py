@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import uuid
 from collections import Counter
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +17,9 @@ from consumer.pipeline.envelope_parser import EnvelopeLimits, EnvelopeParser
 from tests.chaos.hostile import (
     FORGED_ATTEMPT,
     FORGED_DEAD,
+    FORGED_REASON,
+    FORGED_ROUTING_KEY,
+    FORGED_TIME,
     KEPT_HEADER,
     READ_TAIL,
     SAFE_ONCE_READ,
@@ -23,8 +28,17 @@ from tests.chaos.hostile import (
 from tests.chaos.observe import DeadCopy, EndState
 from tests.chaos.producer import Attempt, PublishLog
 from tests.chaos.report import RunReport, ScenarioResult
+from tests.chaos.resources import cpu_used, memory_budget, parse_cpu_seconds, parse_memory
 from tests.chaos.stranded import Stranding
-from tests.chaos.verify import Figures, Verdict, check, excuse_losses
+from tests.chaos.verify import (
+    Figures,
+    Resources,
+    Throughput,
+    Verdict,
+    check,
+    check_resources,
+    excuse_losses,
+)
 from tests.chaos.workload import (
     DUPLICATE_SHARE,
     HANDLER_FAULTS,
@@ -33,6 +47,8 @@ from tests.chaos.workload import (
     Kind,
     PlannedEvent,
     Workload,
+    combine,
+    plan_block,
     plan_workload,
 )
 
@@ -91,12 +107,12 @@ def dead_copy(message_id: str, event: PlannedEvent) -> DeadCopy:
     if event.kind.by_broker:  # the original, nacked: the producer's forged headers and x-death
         return DeadCopy(
             message_id,
-            FORGED_DEAD["consumer-dead-reason"],
+            FORGED_REASON,
             "rejected",
-            routing_key=FORGED_DEAD["consumer-original-routing-key"],
+            routing_key=FORGED_ROUTING_KEY,
             attempt=FORGED_ATTEMPT,
             header_names=frozenset({*FORGED_DEAD, "x-death", "x-first-death-reason"}),
-            dead_lettered_at=FORGED_DEAD["consumer-dead-lettered-at"],
+            dead_lettered_at=FORGED_TIME,
         )
     names = {"consumer-dead-reason", "consumer-attempt", "consumer-original-routing-key"}
     if event.wire in KEPT_HEADER:
@@ -583,3 +599,214 @@ def test_without_a_stranding_the_lost_cell_is_the_count_alone() -> None:
 
     assert "| 3 | 0 |" in table
     assert "stranded" not in table
+
+
+# -- issue 29's hostile kinds ---------------------------------------------------------------------
+
+ISSUE_29 = {
+    Kind.HEADERS_UNREADABLE: 3,
+    Kind.FORGED_DEAD_LETTER: 3,
+    Kind.ROUTING_KEY_MISMATCH: 3,
+    Kind.ID_CONFLICT: 3,
+}
+BURST = {Kind.BODY_TOO_LARGE: 2, Kind.HEADERS_TOO_LARGE: 2}
+
+
+def issue_29_workload() -> Workload:
+    """The hostile scenario's shape: a clean block, an attacked one, the stream."""
+    return combine(
+        plan_block("c", 40, seed=5),
+        plan_block("a", 40, seed=6, burst=BURST, oversized=1024),
+        plan_workload(600, seed=7, faults={**EVERY_HOSTILE, **ISSUE_29}),
+    )
+
+
+def test_issue_29s_kinds_are_planned_as_the_scenario_sends_them() -> None:
+    stream = plan_workload(600, seed=7, faults=ISSUE_29)
+    attacked = plan_block("a", 40, seed=6, burst=BURST, oversized=1024)
+
+    # The id collisions reuse an applied event's id and occurred_at under another type, last
+    assert [p.event.kind for p in stream.publications[-3:]] == [Kind.ID_CONFLICT] * 3
+    assert stream.tail == stream.publications[-3:]
+    for collision in stream.of_kind(Kind.ID_CONFLICT):
+        victim = stream.by_key[collision.victim or ""]
+        assert victim.kind is Kind.APPLIED
+        assert collision.event_id == victim.event_id
+        assert collision.routing_key != victim.routing_key
+        assert json.loads(collision.body)["occurred_at"] == json.loads(victim.body)["occurred_at"]
+        assert victim.event_id is not None
+        assert stream.listed_event(victim.event_id, victim.routing_key) is victim
+        assert stream.listed_event(victim.event_id, collision.routing_key) is collision
+    assert set(stream.victims) == {e.event_id for e in stream.of_kind(Kind.ID_CONFLICT)}
+    # A routing-key mismatch is a restock under a notification key, outside the stock's sums
+    for mismatch in stream.of_kind(Kind.ROUTING_KEY_MISMATCH):
+        assert json.loads(mismatch.body)["type"] == "inventory.restock"
+        assert mismatch.routing_key == "notification.requested"
+    assert stream.stock() == plan_workload(600, seed=7, faults=ISSUE_29).stock()
+    # The attacked block: its innocents with the burst spread among them, none first or last
+    kinds = [event.kind for event in attacked.events]
+    assert kinds.count(Kind.APPLIED) == 40
+    assert Counter(kinds) - Counter({Kind.APPLIED: 40}) == BURST
+    assert kinds[0] is kinds[-1] is Kind.APPLIED
+    assert {e.wire for e in attacked.of_kind(Kind.HEADERS_TOO_LARGE)} == {Wire.FLOOD, Wire.WIDE}
+    assert all(len(e.body) > 1024 for e in attacked.of_kind(Kind.BODY_TOO_LARGE))
+    assert all(e.key.startswith("a") for e in attacked.events)
+
+
+def test_a_faultless_end_state_with_issue_29s_kinds_passes_every_check() -> None:
+    workload = issue_29_workload()
+    log, state = perfect(workload)
+
+    verdict = check(workload, log, state, extra_dead_allowed=False)
+
+    assert verdict.ok, verdict.violations
+    assert verdict.figures.dead_lettered == verdict.figures.dead_expected
+
+
+def test_forged_dead_letter_headers_presented_as_the_services_are_caught() -> None:
+    workload = issue_29_workload()
+    log, state = perfect(workload)
+    forged = next(workload.of_kind(Kind.FORGED_DEAD_LETTER))
+    oversized = next(workload.of_kind(Kind.BODY_TOO_LARGE))
+    # The service's copy of a forged poison letter keeping the producer's reason and time
+    index = dead_copy_of(state, forged)
+    state.dead[index] = dataclasses.replace(
+        state.dead[index], reason="expired", dead_lettered_at="1999-01-01T00:00:00+00:00"
+    )
+    # and dlq presenting the broker's letter's forged headers as the service's
+    row = next(r for r in state.listed if r["id"] == str(oversized.event_id))
+    row.update(dead_lettered_by="service", attempts=FORGED_ATTEMPT)
+
+    verdict = check(workload, log, state, extra_dead_allowed=False)
+
+    assert any("wrong reason headers: 1" in v for v in verdict.violations)
+    assert any("service's own headers: 1" in v and "1999" in v for v in verdict.violations), (
+        verdict.violations
+    )
+    assert any("dlq list reasons" in v and "not the broker" in v for v in verdict.violations)
+
+
+def test_an_oversized_body_copied_instead_of_nacked_is_caught() -> None:
+    workload = issue_29_workload()
+    log, state = perfect(workload)
+    oversized = next(workload.of_kind(Kind.BODY_TOO_LARGE))
+    index = dead_copy_of(state, oversized)
+    state.dead[index] = dataclasses.replace(
+        state.dead[index], reason="body_too_large", first_death_reason=None
+    )
+
+    verdict = check(workload, log, state, extra_dead_allowed=False)
+
+    assert any("not the broker's letter" in v for v in verdict.violations)
+
+
+def test_a_routed_restock_or_a_collision_applied_is_caught() -> None:
+    workload = issue_29_workload()
+    log, state = perfect(workload)
+    mismatch = next(workload.of_kind(Kind.ROUTING_KEY_MISMATCH))
+    collision = next(workload.of_kind(Kind.ID_CONFLICT))
+    assert mismatch.event_id is not None
+    assert collision.event_id is not None
+    assert mismatch.sku is not None
+    # The restock applied under the notification key, the stock up by its 500
+    state.movements[mismatch.event_id] = 1
+    state.stock[mismatch.sku] += mismatch.qty
+    # The collision applied in place of its victim
+    victim = workload.by_key[collision.victim or ""]
+    state.notifications[collision.event_id] = 1
+    del state.effects[collision.event_id]
+
+    verdict = check(workload, log, state, extra_dead_allowed=False)
+
+    assert any(
+        v.startswith("LOST: events that must apply") and victim.key in v for v in verdict.violations
+    )
+    dead_with_effect = next(v for v in verdict.violations if v.startswith("dead-bound events"))
+    assert mismatch.key in dead_with_effect
+    assert collision.key in dead_with_effect
+    assert any(v.startswith("stock that is not") for v in verdict.violations)
+
+
+# -- resources ------------------------------------------------------------------------------------
+
+MIB = 1024 * 1024
+
+
+def measured(
+    clean: tuple[float, float], attack: tuple[float, float], peak: int = 100 * MIB
+) -> Resources:
+    """1,000 innocents each way, in (seconds, CPU seconds)."""
+    return Resources(
+        budget_bytes=391 * MIB,
+        peak_rss_bytes=peak,
+        clean=Throughput(1_000, *clean),
+        attack=Throughput(1_000, *attack),
+    )
+
+
+def checked(resources: Resources) -> Verdict:
+    verdict = Verdict(Figures())
+    check_resources(resources, verdict)
+    return verdict
+
+
+def test_rss_over_the_logged_budget_or_no_budget_is_a_violation() -> None:
+    assert checked(measured((1, 1), (1.5, 1.5))).ok
+    [over] = checked(measured((1, 1), (1, 1), peak=400 * MIB)).violations
+    assert over == "memory: peak RSS 400 MiB over the start-up budget 391 MiB"
+    unbudgeted = dataclasses.replace(measured((1, 1), (1, 1)), budget_bytes=None)
+    assert checked(unbudgeted).violations == [
+        "memory: no consumer logged memory_budget_bytes at start-up"
+    ]
+
+
+def test_throughput_under_half_the_clean_runs_is_a_violation_unless_the_machine_starved_it() -> (
+    None
+):
+    # Half as fast exactly: holds
+    assert checked(measured((1, 0.8), (2, 1.6))).ok
+    # Slower by the clock and per CPU-second (the hostile messages cost the CPU): violated
+    [slow] = checked(measured((1, 0.8), (2.5, 2.0))).violations
+    assert slow.startswith("throughput: innocents under attack at 0.40")
+    # Slower by the clock only, while the consumers got less CPU a second than clean: excused
+    starved = checked(measured((1, 0.8), (2.5, 0.9)))
+    assert starved.ok
+    assert starved.notes[0].startswith("throughput: wall-clock 0.40 of the clean run's")
+    # Slower by the clock only, with as much CPU a second (a stall): violated
+    assert not checked(measured((1, 0.4), (2.5, 1.0))).ok
+    assert checked(Resources(budget_bytes=1, peak_rss_bytes=1)).violations == [
+        "throughput: the clean and attacked blocks were not measured"
+    ]
+
+
+def test_the_report_shows_the_resources_and_saves_the_ratios(tmp_path: Path) -> None:
+    verdict = checked(measured((1, 0.8), (1.25, 1.0)))
+    result = ScenarioResult("hostile-producers", "hostile", 2, verdict=verdict)
+    report = RunReport("short", "x", datetime.now(UTC), {}, {}, results=[result])
+
+    assert (
+        "- resources: peak RSS 100 MiB (budget 391 MiB); innocents clean: 1000 in 1.00s = "
+        "1000/s, 0.80 consumer CPU-s = 1250/CPU-s; innocents under attack: 1000 in 1.25s = "
+        "800/s, 1.00 consumer CPU-s = 1000/CPU-s; throughput under attack / clean: 0.80 "
+        "wall-clock, 0.80 CPU"
+    ) in report.markdown()
+    saved = json.loads(report.save(tmp_path).with_suffix(".json").read_text())
+    figures = saved["results"][0]["resources"]
+    assert figures["wall_ratio"] == pytest.approx(0.8)
+    assert figures["peak_rss_bytes"] == 100 * MIB
+
+
+def test_proc_readings_are_parsed() -> None:
+    stat = "4242 (python -m (x)) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 3 0"
+    assert parse_cpu_seconds(stat, ticks=100) == 3.0
+    assert parse_memory("Name:\tpython\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\n") == (
+        1024 * 1024,
+        2048 * 1024,
+    )
+    assert cpu_used({1: 1.0, 2: 5.0}, {1: 3.5, 3: 9.0}) == 2.5
+    lines: list[dict[str, object]] = [
+        {"event": "configured"},
+        {"event": "starting", "memory_budget_bytes": 42},
+    ]
+    assert memory_budget(lines) == 42
+    assert memory_budget([{"event": "starting"}]) is None

@@ -88,8 +88,8 @@ BLOCK_RATE = 100_000.0
 throughput is what is measured, not the producer's pace."""
 BLOCK_TIMEOUT = 120.0
 """A block's innocents must be applied within this."""
-HOLD_AT_MOST = 10.0
-"""How long the consumers stay SIGSTOPped while a block is published: well inside the scenario's
+HOLD_AT_MOST = 15.0
+"""How long the consumers stay SIGSTOPped while a block is published: inside the scenario's
 20s hard time limit (whose watchdog thread is stopped with them) and the 60s heartbeat."""
 GATE_GRACE = 10.0
 """The stream waits at a fault's gate; if its share of effects is not reached this long after,

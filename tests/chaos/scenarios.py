@@ -158,7 +158,7 @@ PROFILES = {
         hostile_events=600,
         oversized=4,
         oversized_bytes=8 * MIB,
-        probe=1_000,
+        probe=600,
         # The handler faults run together here (`handler-faults`); each alone when named. The
         # cluster and failover scenarios too: tests/integration/test_cluster.py runs a leader kill
         # and a synchronous failover in `make test` already, and a cluster takes 20-30s to start.
@@ -193,7 +193,7 @@ PROFILES = {
         hostile_events=None,
         oversized=24,
         oversized_bytes=32 * MIB,
-        probe=5_000,
+        probe=2_000,
         named_only=frozenset({"handler-faults"}),
         pruning_events=5_000,
         settle_timeout=300,

@@ -8,6 +8,8 @@ from datetime import UTC, datetime
 
 import pytest
 
+from consumer.service.components import memory_budget
+from consumer.service.memory import worst_case
 from tests.support import (
     ServiceProcess,
     TestEnv,
@@ -32,6 +34,9 @@ async def test_a_thousand_reserves_with_duplicates_apply_exactly_once(
     await service.wait_ready()
     (starting,) = [line for line in service.log_lines() if line.get("event") == "starting"]
     assert starting["settings"]["amqp_fast_path"] is (fast_path == "true")
+    # and the worst case its start-up memory check fitted, for the chaos suite to hold RSS to
+    settings = env.settings(batch_size=batch_size, prefetch="100", amqp_fast_path=fast_path)
+    assert starting["memory_budget_bytes"] == worst_case(memory_budget(settings))
     async with env.producer() as producer:
         restock = await producer.send("inventory.restock", {"sku": "SKU-1", "qty": 1500})
         await wait_until(

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from consumer.amqp.headers import attempts_so_far, truncate
+from consumer.classification import schema_missing
 from consumer.error_text import error_name, message_of
 from consumer.logs import MessageLog
 from consumer.observe.metrics import Metrics
@@ -87,6 +88,8 @@ class OutcomeReporter:
                 metrics.dead_letters.labels(reason=verdict.poison.reason.value).inc()
         if isinstance(verdict, Failed):
             fields["error_class"] = error_name(verdict.error)
+            if schema_missing(verdict.error):
+                metrics.schema_missing.labels(type=type_label).inc()
             fields["error"] = truncate(message_of(verdict.error), 300)
             decision = verdict.decision
             if isinstance(decision, Retry):

@@ -47,7 +47,11 @@ class OutcomeReporter:
         # Read straight off the frames: one line per message passes here.
         message = delivery.message
         properties = message.header.properties
-        event_type = event.type if event is not None else None
+        if event is not None:
+            event_type: str | None = event.type
+        else:
+            # Poison: the type its body named, if it got that far (a payload its model refused).
+            event_type = verdict.poison.event_type if isinstance(verdict, Rejected) else None
         type_label = metrics.type_label(event_type)
         metrics.count(event_type, kind)
         fields: dict[str, Any] = {

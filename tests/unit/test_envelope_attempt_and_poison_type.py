@@ -10,7 +10,7 @@ import time
 import uuid
 from datetime import UTC, datetime
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -31,7 +31,10 @@ PREPARER = Preparer(REGISTRY, EnvelopeParser(envelope_limits(Settings.model_vali
 
 
 def _delivery(
-    payload: dict[str, Any], *, event_type: str = "inventory.restock", **headers: Any
+    payload: dict[str, Any],
+    *,
+    event_type: str = "inventory.restock",
+    headers: dict[str, Any] | None = None,
 ) -> Any:
     body = {
         "event_id": str(uuid.uuid4()),
@@ -42,7 +45,7 @@ def _delivery(
     return FakeDelivery(
         content_type=None,
         content_encoding=None,
-        headers=headers,
+        headers=headers or {},
         body=json.dumps(body).encode(),
         body_discarded=False,
         message_id=None,
@@ -60,7 +63,7 @@ def _delivery(
 def _attempt(delivery: Any) -> int:
     prepared = PREPARER.prepared(delivery)
     assert not isinstance(prepared, Poison), prepared
-    return cast(int, prepared.event.attempt)
+    return prepared.event.attempt
 
 
 def test_the_first_delivery_is_attempt_one() -> None:
@@ -71,12 +74,12 @@ def test_the_first_delivery_is_attempt_one() -> None:
 def test_a_retried_delivery_is_on_the_attempt_after_the_retries_published(
     header: object, attempt: int
 ) -> None:
-    assert _attempt(_delivery({"sku": "A", "qty": 1}, **{h.ATTEMPT: header})) == attempt
+    assert _attempt(_delivery({"sku": "A", "qty": 1}, headers={h.ATTEMPT: header})) == attempt
 
 
 @pytest.mark.parametrize("forged", ["abc", -4, True, "9" * 5000, 10**30, "", None, 1.5])
 def test_an_unreadable_or_absurd_attempt_header_stays_a_small_whole_number(forged: object) -> None:
-    attempt = _attempt(_delivery({"sku": "A", "qty": 1}, **{h.ATTEMPT: forged}))
+    attempt = _attempt(_delivery({"sku": "A", "qty": 1}, headers={h.ATTEMPT: forged}))
 
     assert 1 <= attempt <= h.MAX_ATTEMPT + 1
 
@@ -88,7 +91,7 @@ def test_the_attempt_is_not_part_of_what_is_published_or_accepted_from_a_produce
     delivery.body = json.dumps({**body, "attempt": 7}).encode()
     assert isinstance(PREPARER.prepared(delivery), Poison)
     # ...and the envelope's JSON does not carry it
-    prepared = PREPARER.prepared(_delivery({"sku": "A", "qty": 1}, **{h.ATTEMPT: 2}))
+    prepared = PREPARER.prepared(_delivery({"sku": "A", "qty": 1}, headers={h.ATTEMPT: 2}))
     assert not isinstance(prepared, Poison)
     assert "attempt" not in prepared.event.model_dump()
 

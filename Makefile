@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(LOCK) | sha1sum | cut -
 # the image installs (pip's hash checking cannot take an editable install).
 CONSTRAINTS := $(VENV)/constraints.txt
 
-.PHONY: run test lint typecheck pytest services tools migrate topology install dist lock \
+.PHONY: run test lint typecheck pytest docs services tools migrate topology install dist lock \
 	pin-base-image clean
 
 $(STAMP): pyproject.toml $(LOCK)
@@ -96,7 +96,12 @@ PYTEST_ARGS ?= --numprocesses 2 --dist loadfile
 pytest: install services tools
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
-test: lint typecheck pytest
+# `make docs`: the documentation site (mkdocs.yml, docs/) into site/, every warning an error: a
+# broken link, a page missing from the nav, an anchor that is not there.
+docs: install
+	@NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+test: lint typecheck docs pytest
 
 # `make bench` / `make soak`: see bench/README.md. BENCH_EVENTS, BENCH_RUNS, SOAK_EVENTS and the
 # service's CONSUMER_* settings come from the environment; more flags in BENCH_ARGS / SOAK_ARGS.
@@ -124,4 +129,4 @@ chaos: install services
 	@$(PY) -m tests.chaos --profile $(PROFILE) $(CHAOS_ARGS)
 
 clean:
-	rm -rf $(VENV) $(DIST_VENV) .mypy_cache .pytest_cache .ruff_cache build dist
+	rm -rf $(VENV) $(DIST_VENV) .mypy_cache .pytest_cache .ruff_cache build dist site

@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="consumer",
         description="Apply RabbitMQ events to PostgreSQL exactly once.",
-        epilog="Settings come from CONSUMER_* environment variables; see the README.",
+        epilog="Settings come from CONSUMER_* environment variables: docs/operations/settings.md.",
     )
     parser.add_argument("--version", action="version", version=f"rabbit-pg-consumer {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)

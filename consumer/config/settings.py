@@ -187,7 +187,7 @@ class Settings(BaseSettings):
     covers a batch's wait, a retry in flight and the service's clock against the database's
     (shorter than the retention)."""
     # An hour: the partition being written stays small, and the receipt insert costs with a week
-    # of receipts kept what it costs in an empty table (README "Performance").
+    # of receipts kept what it costs in an empty table (docs/performance.md).
     receipt_partition: Duration = timedelta(hours=1)
     """The span of one receipts partition (whole seconds, at most the retention); applies to
     partitions made from now on."""

@@ -1,6 +1,6 @@
 """Preparing a delivery: its body parsed and validated, and bound to its handler; or poison.
 
-The service's first step for every delivery (see the README's "How it works").
+The service's first step for every delivery (docs/internals/delivery-flow.md).
 """
 
 from __future__ import annotations

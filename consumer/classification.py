@@ -10,7 +10,7 @@ import asyncpg
 
 from consumer.errors import DatabaseUnavailable, HandlerTimeout, PermanentError, TransientError
 
-__all__ = ["ErrorKind", "classify", "timed_out"]
+__all__ = ["ErrorKind", "classify", "schema_missing", "timed_out"]
 
 
 class ErrorKind(enum.Enum):
@@ -28,6 +28,14 @@ _TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.DeadlockDetectedError,
     asyncpg.LockNotAvailableError,
     asyncpg.QueryCanceledError,
+    # Undefined table or column (42P01, 42703): handler code deployed before its migration ran,
+    # a deploy-ordering race that `consumer migrate` ends (`consumer run` refuses to start while
+    # a migration is pending, so only a replica started before the new code's migration meets
+    # it). The ladder gives the migration time; a handler that names a table that never comes
+    # is dead-lettered when the ladder ends (retries_exhausted), and the metric
+    # consumer_schema_missing_total counts each meeting meanwhile.
+    asyncpg.UndefinedTableError,
+    asyncpg.UndefinedColumnError,
     # A handler's own network calls (an HTTP API, a cache) failing or timing out.
     ConnectionError,
     TimeoutError,
@@ -65,3 +73,8 @@ def timed_out(error: BaseException) -> bool:
     """Whether ``error`` is a time limit running out: the soft limit, a driver's or a statement's
     timeout. Waiting on a database that stopped answering looks like this too."""
     return isinstance(error, HandlerTimeout | TimeoutError | asyncpg.QueryCanceledError)
+
+
+def schema_missing(error: BaseException) -> bool:
+    """Whether ``error`` is a table or column the handler names not being there (yet)."""
+    return isinstance(error, asyncpg.UndefinedTableError | asyncpg.UndefinedColumnError)

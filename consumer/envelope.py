@@ -9,9 +9,9 @@ from datetime import datetime
 from typing import Any, Generic, TypeVar
 from uuid import UUID
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
-__all__ = ["EVENT_TYPE_PATTERN", "Envelope", "RawEnvelope"]
+__all__ = ["EVENT_TYPE_PATTERN", "Envelope", "RawEnvelope", "set_attempt"]
 
 PayloadT = TypeVar("PayloadT")
 
@@ -21,7 +21,8 @@ EVENT_TYPE_PATTERN = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"
 class Envelope(BaseModel, Generic[PayloadT]):
     """One event: what producers publish as the JSON body of a message.
 
-    Handlers receive it with ``payload`` already validated by their payload model.
+    Handlers receive it with ``payload`` already validated by their payload model, and
+    :attr:`attempt` set.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -31,6 +32,17 @@ class Envelope(BaseModel, Generic[PayloadT]):
     occurred_at: AwareDatetime
     payload: PayloadT
     correlation_id: str | None = Field(default=None, max_length=255)
+    # Not a field: producers cannot set it (the body has no such key), and it is never published.
+    _attempt: int = PrivateAttr(default=1)
+
+    @property
+    def attempt(self) -> int:
+        """Which delivery of this event the handler is on: 1 the first time, 2 on the first
+        retry, and so on. From the retry count the service's own header carries (a producer's
+        copy of that header is dropped on arrival, an unreadable one reads as none, and it is
+        capped), so a handler may trust it: to log, to give up early on its own terms, to call a
+        slower fallback. Duplicates and isolated re-runs of the same delivery keep its number."""
+        return self._attempt
 
     @field_validator("occurred_at", mode="before")
     @classmethod
@@ -42,3 +54,8 @@ class Envelope(BaseModel, Generic[PayloadT]):
 
 
 RawEnvelope = Envelope[dict[str, Any]]
+
+
+def set_attempt(event: Envelope[Any], attempt: int) -> None:
+    """Set the :attr:`Envelope.attempt` a handler sees (the pipeline does, from the headers)."""
+    event._attempt = attempt

@@ -295,7 +295,12 @@ class Poison(ConsumerError):
     ``body_discarded``: the body was over the limit and dropped as it arrived, unread
     (:mod:`consumer.amqp.direct_consume`). No copy can carry it, so such poison is always settled
     with a nack: the broker dead-letters the original, body and all.
+
+    ``event_type``: the type the body names, when it got as far as naming one (a payload that
+    fails its model's validation has one): the line and the metrics say it instead of nothing.
     """
+
+    event_type: str | None = None
 
     def __init__(
         self,

@@ -1,9 +1,10 @@
-"""The README's code map, made from the tree: a table per wing, a row per module, each module's
-line the first sentence of its docstring. ``tests/unit/test_code_map.py`` fails when the README's
-copy differs from what the tree gives (a module added, moved, removed, or its docstring changed).
+"""The code map (docs/internals/code-map.md), made from the tree: a table per wing, a row per
+module, each module's line the first sentence of its docstring. ``tests/unit/test_code_map.py``
+fails when the page's copy differs from what the tree gives (a module added, moved, removed,
+or its docstring changed).
 
     python -m tests.code_map           # prints the map
-    python -m tests.code_map --write   # writes it into README.md, between its markers
+    python -m tests.code_map --write   # writes it into the page, between its markers
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-README = REPO / "README.md"
+PAGE = REPO / "docs" / "internals" / "code-map.md"
 BEGIN = "<!-- code map: made by `python -m tests.code_map --write`; checked by a test -->"
 END = "<!-- end of the code map -->"
 
@@ -64,16 +65,16 @@ def code_map(root: Path = REPO) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def in_readme(text: str) -> str:
-    """The map as the README has it (between the markers)."""
+def on_page(text: str) -> str:
+    """The map as the page has it (between the markers)."""
     start = text.index(BEGIN) + len(BEGIN)
     return text[start : text.index(END)].strip("\n") + "\n"
 
 
-def write(readme: Path = README) -> None:
-    text = readme.read_text()
+def write(page: Path = PAGE) -> None:
+    text = page.read_text()
     start = text.index(BEGIN) + len(BEGIN)
-    readme.write_text(text[:start] + "\n\n" + code_map() + "\n" + text[text.index(END) :])
+    page.write_text(text[:start] + "\n\n" + code_map() + "\n" + text[text.index(END) :])
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ consume`
 
 ``CONSUMER_AMQP_FAST_PATH=false`` leaves aiormq's own frame receiver and channel in place: slower,
 otherwise the same. The total decoders stay installed either way: they are what keeps a hostile
-header from closing the connection it came on (README, "Security"), not a speed-up, and the fast
-frame decoder reads properties through them too.
+header from closing the connection it came on (docs/operations/security.md), not a speed-up, and
+the fast frame decoder reads properties through them too.
 
 aiormq is pinned below 8, and a 7.x release may still rename what a hook relies on. Each hook's
 :func:`problems` compare aiormq's and pamqp's private surface with what the hook replaces

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from collections.abc import Sequence
 from datetime import datetime
 from uuid import UUID
@@ -15,6 +16,7 @@ from uuid import UUID
 import asyncpg
 
 from consumer.amqp import fast_paths, wire
+from consumer.cli.pipes import end_by_sigpipe
 from consumer.cli.producer import PublishRequest, publish_event
 from consumer.config.settings import Settings
 from consumer.config.startup import EXIT_CONFIG, fail, load_handlers, load_settings
@@ -42,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="consumer",
         description="Apply RabbitMQ events to PostgreSQL exactly once.",
-        epilog="Settings come from CONSUMER_* environment variables; see the README.",
+        epilog="Settings come from CONSUMER_* environment variables: docs/operations/settings.md.",
     )
     parser.add_argument("--version", action="version", version=f"rabbit-pg-consumer {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -97,6 +99,18 @@ def _aware_time(text: str) -> datetime:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            code = _command(argv)
+        finally:
+            # Here, not at exit (argparse's --help exits): a reader gone is a closed pipe too.
+            sys.stdout.flush()
+    except BrokenPipeError:
+        end_by_sigpipe()
+    return code
+
+
+def _command(argv: Sequence[str] | None) -> int:
     arguments = _parser().parse_args(argv)
     settings = load_settings()
     if arguments.command == "run":

@@ -61,7 +61,7 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
         hint = (
             f"did you mean {ENV_PREFIX}{nearest[0]}?"
             if nearest
-            else "the README's Settings table lists them"
+            else "docs/operations/settings.md lists them"
         )
         problems.append(f"{name} is not a setting ({hint})")
     return problems

@@ -83,20 +83,43 @@ class Settings(BaseSettings):
     )
 
     amqp_url: SecretStr = SecretStr("amqp://guest:guest@127.0.0.1:5672/")
+    """RabbitMQ; a cluster's nodes comma-separated (each connection tries them in turn, starting
+    after the last one that failed)."""
     database_url: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:5432/consumer")
+    """PostgreSQL; several hosts comma-separated in the URL (`host1,host2`) for a failover pair
+    (the primary is found by asking)."""
     name: str = "consumer"
+    """Prefix of every queue and exchange the service owns, and the `consumer` column of its
+    receipts."""
     exchange: str = "events"
+    """The ingress topic exchange."""
     prefetch: int = Field(default=400, ge=1, le=65535)
+    """Deliveries in flight per process (the consume channel's QoS); at the default, eight full
+    batches, so the next ones fill while one commits; the workers and the batch size follow
+    from it unless set."""
     db_pool_size: int = Field(default=4, ge=1, le=1000)
+    """The pool's connections, and the most workers."""
     workers: int | None = Field(default=None, ge=1, le=1000)
-    """Unset: follows from the prefetch (:func:`consumer.service.components.worker_count`)."""
+    """Workers, each applying one transaction at a time (see Batching); more for handlers that
+    wait on something slow. Unset: one per 400 of the prefetch, at least 1, at most the pool
+    (:func:`consumer.service.components.worker_count`)."""
     batch_size: int | None = Field(default=None, ge=1, le=1000)
-    """Unset: follows from the prefetch (:func:`consumer.service.components.batch_size`)."""
+    """Most events a worker applies in one transaction (see Batching). Unset: the workers' share
+    of the prefetch, at most 50 (:func:`consumer.service.components.batch_size`)."""
     batch_wait: Annotated[timedelta, BeforeValidator(parse_duration)] = timedelta(milliseconds=10)
+    """How long a worker that is behind (or awaits the refill of a window it settled full) waits
+    for more events to fill a batch; a worker idle longer than this never waits (`0s`: never
+    wait)."""
     batch_lock_timeout: Duration = timedelta(milliseconds=100)
+    """A batch waiting longer than this for another transaction's row lock commits what it has
+    and goes round again."""
     db_stall_timeout: Duration = timedelta(seconds=5)
+    """The service's own statements (BEGIN, receipts, COMMIT) taking longer mean the database
+    stalled: pause."""
     http_host: str = "127.0.0.1"
+    """Where `/metrics`, `/healthz` and `/readyz` listen."""
     http_port: int = Field(default=8080, ge=1, le=65535)
+    """The port of `/metrics`, `/healthz` and `/readyz`."""
     retry_delays: Annotated[tuple[Duration, ...], NoDecode, BeforeValidator(split_ladder)] = (
         timedelta(seconds=1),
         timedelta(seconds=5),
@@ -104,60 +127,121 @@ class Settings(BaseSettings):
         timedelta(minutes=2),
         timedelta(minutes=10),
     )
+    """The retry ladder: one delay queue per rung; `none` for no retries (an empty value is an
+    error)."""
     retry_jitter: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Fraction (0-1) by which a retry's wait may be shortened at random."""
     delivery_limit: int = Field(default=20, ge=1, le=1000)
+    """The work queue's `x-delivery-limit` (crash loops; see Dead letters for why not lower)."""
     work_queue_version: int = Field(default=1, ge=1, le=1_000_000)
-    """The work queue's generation: 1 is ``<name>.work``, n is ``<name>.work.v<n>``."""
+    """The work queue's generation: `1` is `<name>.work`, `n` is `<name>.work.v<n>`; a new
+    delivery limit needs a new one (see Changing the topology)."""
     quorum_initial_group_size: int | None = Field(default=None, ge=1, le=99)
-    """Replicas for each quorum queue at creation; unset, the broker's default."""
+    """Replicas of each quorum queue when `consumer topology apply` creates it (fixed at
+    creation: a different value for an existing queue is reported as a conflict). Unset: the
+    broker's default."""
     handlers: Annotated[
         tuple[Annotated[str, AfterValidator(module_name)], ...],
         NoDecode,
         BeforeValidator(split_list),
     ] = DEFAULT_HANDLER_MODULES
+    """Handler modules to load, comma-separated; `consumer migrate` applies the migration folder
+    each declares (`MIGRATIONS`), in this order. The default is the reference handlers."""
     handler_timeout: Duration = timedelta(seconds=15)
+    """Soft time limit per handler (`register(..., timeout=)` overrides)."""
     hard_timeout: Duration = timedelta(seconds=20)
+    """Event loop blocked this long: the process exits (code 3)."""
     shutdown_grace: Duration = timedelta(seconds=30)
+    """Time in-flight events get to finish after SIGTERM."""
     publish_timeout: Duration = timedelta(seconds=10)
+    """Wait for a publisher confirm."""
     reconnect_max_delay: Duration = timedelta(seconds=30)
+    """Cap of the reconnect and database-probe backoff."""
     max_body_bytes: int = Field(default=256 * 1024, ge=64, le=128 * 1024 * 1024)
+    """Larger bodies are poison (`body_too_large`), refused on the size their content header
+    declares and dropped unread as they arrive; set the broker's `max_message_size` to match
+    (`deploy/README.md`, "Message size")."""
     max_json_depth: int = Field(default=32, ge=2, le=512)
+    """Deeper nesting is poison (`too_deep`)."""
     max_json_containers: int = Field(default=10_000, ge=10, le=10_000_000)
+    """A body with more objects and arrays is poison (`too_complex`), counted before it is
+    parsed."""
     # What the process may use, to budget prefetched bodies against (consumer.service.memory);
     # unset: the container's limit (cgroup) if it has one.
     memory_limit: ByteSize | None = None
+    """What the process may use (`512MiB`): start-up refuses settings whose worst case does not
+    fit (see Security). Unset: the container's limit (cgroup), if any."""
     max_header_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    """Larger message headers are poison (`headers_too_large`), refused by their length on the
+    wire before they are decoded (as are headers of more than 1,024 entries)."""
     max_future_skew: Duration = timedelta(hours=24)
+    """An `occurred_at` further ahead of this host's clock is poison (`invalid_envelope`)."""
     # Receipts retention (consumer.db.retention): how long a receipt is kept, how much sooner than
     # that an event is refused as expired, the span of one partition, and how often one replica
     # drops the partitions past the retention.
     receipt_retention: Duration = timedelta(days=7)
+    """Receipts are kept this long past their event's `occurred_at`, then dropped a whole
+    partition at a time (see Receipts retention)."""
     receipt_margin: Duration = timedelta(hours=1)
+    """An event older than the retention less this is never applied: dead-lettered `expired`;
+    covers a batch's wait, a retry in flight and the service's clock against the database's
+    (shorter than the retention)."""
     # An hour: the partition being written stays small, and the receipt insert costs with a week
-    # of receipts kept what it costs in an empty table (README "Performance").
+    # of receipts kept what it costs in an empty table (docs/performance.md).
     receipt_partition: Duration = timedelta(hours=1)
+    """The span of one receipts partition (whole seconds, at most the retention); applies to
+    partitions made from now on."""
     receipt_prune_interval: Duration = timedelta(minutes=10)
+    """How often a replica (one at a time) makes partitions ahead and drops those past the
+    retention."""
     # How long a prune waits for the receipts' lock: inserts queued behind it wait as long.
     receipt_prune_lock_wait: Duration = timedelta(milliseconds=200)
+    """How long a prune waits for the receipts' lock (inserts queued behind it wait as long); a
+    round refused it changes nothing and is tried at the next interval: raise it where
+    transactions often last longer."""
     allow_extra_fields: bool = False
+    """Accept (and ignore) unknown top-level envelope fields."""
     log_level: LogLevel = "INFO"
+    """`DEBUG`, `INFO`, `WARNING`, `ERROR`."""
     log_format: LogFormat = "auto"
+    """`json`, `console`, or `auto` (console on a terminal)."""
     log_payloads: bool = False
+    """Include payloads in the per-message log line."""
     # Read by _secrets_from_files before anything else; kept to show where the URL came from.
     amqp_url_file: Path | None = None
+    """Read `CONSUMER_AMQP_URL` from this file instead (a Docker or Kubernetes secret), without
+    its trailing newline; setting both the variable and its `_FILE` is an error."""
     database_url_file: Path | None = None
+    """Read `CONSUMER_DATABASE_URL` from this file instead (a Docker or Kubernetes secret),
+    without its trailing newline; setting both the variable and its `_FILE` is an error."""
     # TLS to RabbitMQ (amqps:// URLs): the CA to trust (default: the system's), a client
     # certificate and key, and whether the URL's host must be named in the broker's certificate.
     amqp_ca_file: Path | None = None
+    """PEM CA certificates to verify an `amqps://` broker with (the chain is always verified).
+    Unset: the system's CAs."""
     amqp_cert_file: Path | None = None
+    """Client certificate, for a broker that asks for one (`amqps://` only)."""
     amqp_key_file: Path | None = Field(default=None, validate_default=True)
+    """The client certificate's unencrypted key (`amqps://` only)."""
     amqp_verify_hostname: bool = True
+    """The broker's certificate must name the URL's host; `false` checks only that a trusted CA
+    signed it."""
     # aiormq's frame receiver and channel replaced by faster ones (consumer.amqp.fast_paths);
     # false runs on aiormq's own code: slower, otherwise the same.
     amqp_fast_path: bool = True
+    """Read frames in bulk and hand deliveries over from the channel's reader, in place of
+    aiormq's own code (`consumer.amqp.fast_paths`); `false` runs on aiormq's: slower,
+    otherwise the same, but for one bound: a body over `CONSUMER_MAX_BODY_BYTES` is then read
+    whole before it is refused (the same `body_too_large` nack), not dropped as it arrives.
+    Start-up falls back by itself, with a warning, where aiormq's private code is not what
+    they replace. The hardened header decoders stay on either way."""
     # TLS to PostgreSQL, libpq's meaning; they override sslmode= and sslrootcert= in the URL.
     database_sslmode: SslMode | None = None
+    """libpq's `disable`, `allow`, `prefer`, `require`, `verify-ca`, `verify-full` (use
+    `verify-full`); wins over the URL's. Unset: the URL's `sslmode`, else `prefer`."""
     database_sslrootcert: Path | None = Field(default=None, validate_default=True)
+    """CA certificate(s) to verify PostgreSQL with; needs `require`, `verify-ca` or
+    `verify-full`. Unset: the URL's `sslrootcert`."""
 
     @model_validator(mode="before")
     @classmethod

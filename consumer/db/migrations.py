@@ -28,7 +28,15 @@ from consumer.db.migration_sets import (
 )
 from consumer.errors import MigrationError
 
-__all__ = ["LEDGER", "MigrationReport", "Step", "create_database_if_missing", "migrate", "plan"]
+__all__ = [
+    "LEDGER",
+    "MigrationReport",
+    "Step",
+    "create_database_if_missing",
+    "migrate",
+    "pending",
+    "plan",
+]
 
 LEDGER = "consumer_migrations"
 
@@ -137,6 +145,23 @@ async def migrate(
         return report
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
+
+
+async def pending(conn: asyncpg.Connection[Any], migrations: Sequence[Migration]) -> list[str]:
+    """Labels (``set/file``) of ``migrations`` the ledger does not record as applied: all of them
+    when there is no ledger. Only reads (``consumer run`` asks, as the run-time role, which may
+    read the ledger but not write it); an edited file is ``consumer migrate``'s to refuse."""
+    if await conn.fetchval("SELECT to_regclass('consumer_migrations') IS NULL"):
+        return [migration.label for migration in migrations]
+    applied = {
+        (row["migration_set"], row["filename"])
+        for row in await conn.fetch("SELECT migration_set, filename FROM consumer_migrations")
+    }
+    return [
+        migration.label
+        for migration in migrations
+        if (migration.set_name, migration.filename) not in applied
+    ]
 
 
 async def _run(conn: asyncpg.Connection[Any], migration: Migration) -> None:

@@ -141,6 +141,13 @@ class Metrics:
             "Batches that ran into another transaction's row locks and went round again.",
             registry=registry,
         )
+        self.schema_missing = Counter(
+            "consumer_schema_missing_total",
+            "Events whose handler met a table or column not there (yet): a migration not run "
+            "before the code that needs it. Retried through the ladder.",
+            ["type"],
+            registry=registry,
+        )
         self.broker_connected = Gauge(
             "consumer_broker_connected", "1 while connected to RabbitMQ.", registry=registry
         )

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from consumer.amqp.headers import attempts_so_far, truncate
+from consumer.classification import schema_missing
 from consumer.error_text import error_name, message_of
 from consumer.logs import MessageLog
 from consumer.observe.metrics import Metrics
@@ -46,7 +47,11 @@ class OutcomeReporter:
         # Read straight off the frames: one line per message passes here.
         message = delivery.message
         properties = message.header.properties
-        event_type = event.type if event is not None else None
+        if event is not None:
+            event_type: str | None = event.type
+        else:
+            # Poison: the type its body named, if it got that far (a payload its model refused).
+            event_type = verdict.poison.event_type if isinstance(verdict, Rejected) else None
         type_label = metrics.type_label(event_type)
         metrics.count(event_type, kind)
         fields: dict[str, Any] = {
@@ -87,6 +92,8 @@ class OutcomeReporter:
                 metrics.dead_letters.labels(reason=verdict.poison.reason.value).inc()
         if isinstance(verdict, Failed):
             fields["error_class"] = error_name(verdict.error)
+            if schema_missing(verdict.error):
+                metrics.schema_missing.labels(type=type_label).inc()
             fields["error"] = truncate(message_of(verdict.error), 300)
             decision = verdict.decision
             if isinstance(decision, Retry):

@@ -1,6 +1,6 @@
 """Preparing a delivery: its body parsed and validated, and bound to its handler; or poison.
 
-The service's first step for every delivery (see the README's "How it works").
+The service's first step for every delivery (docs/internals/delivery-flow.md).
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from weakref import WeakKeyDictionary
 from pydantic import ValidationError
 
 from consumer.amqp.delivery import Delivery
+from consumer.amqp.headers import attempts_so_far
 from consumer.db.retention import ReceiptWindow
-from consumer.envelope import Envelope, RawEnvelope
+from consumer.envelope import Envelope, RawEnvelope, set_attempt
 from consumer.error_text import error_name, message_of
 from consumer.errors import Poison, PoisonReason
 from consumer.pipeline.calls import HandlerCall, HandlerCalls
@@ -24,7 +25,7 @@ from consumer.pipeline.ready import Prepared
 from consumer.registry import Handler, HandlerRegistry
 from consumer.safe_text import one_line
 
-__all__ = ["Identified", "Preparer", "ValidationCall"]
+__all__ = ["Identified", "Preparer", "ValidationCall", "named"]
 
 
 class Identified(NamedTuple):
@@ -81,31 +82,40 @@ class Preparer:
     def identified(self, delivery: Delivery) -> Identified | Poison:
         """The delivery's envelope by the service's own model only (no handler's code runs):
         enough to know which event it is. The body it decoded goes on to :meth:`prepared`."""
+        decoded: dict[str, Any] | None = None
         try:
             decoded = self._decoded(delivery)
             envelope = self._parser.validate(decoded)
             check_routing_key(delivery.routing_key, envelope.type)
             self._check_age(envelope)
         except Poison as poison:
-            return poison
+            return named(poison, decoded)
         return Identified(envelope, decoded)
 
     def _prepare_or_poison(
         self, delivery: Delivery, identified: Identified | None
     ) -> Prepared | Poison:
+        decoded: dict[str, Any] | None = None
         try:
             decoded = identified.decoded if identified is not None else self._decoded(delivery)
-            return self._prepare(delivery, decoded)
+            prepared = self._prepare(delivery, decoded)
         except Poison as poison:
-            return poison
+            return named(poison, decoded)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as error:  # a validator's own BaseException too: all of it
-            return Poison(
+            refused = Poison(
                 PoisonReason.INVALID_PAYLOAD,
                 one_line(f"{error_name(error)}: {message_of(error)}", 300),
                 error_class=error_name(error),
             )
+            return named(refused, decoded)
+        # The retry count the service's own header carries (clamped, a producer's copy dropped
+        # on arrival): absent on a first delivery, which keeps the default of 1.
+        retries = attempts_so_far(delivery.headers)
+        if retries:
+            set_attempt(prepared.event, retries + 1)
+        return prepared
 
     def _decoded(self, delivery: Delivery) -> dict[str, Any]:
         if delivery.body_discarded:
@@ -161,6 +171,20 @@ class Preparer:
         # for its receipt to be kept is never applied.
         if self._window is not None:
             self._window.check(event, datetime.now(UTC))
+
+
+def named(poison: Poison, decoded: dict[str, Any] | None) -> Poison:
+    """``poison`` with the type its body names, if the body was decoded and names one as text
+    (cut to the envelope's limit: the line carries it; the metrics bound it to the registered
+    types, :meth:`consumer.observe.metrics.Metrics.type_label`)."""
+    if decoded is not None:
+        event_type = decoded.get("type")
+        if isinstance(event_type, str) and event_type:
+            poison.event_type = event_type[:_TYPE_LIMIT]
+    return poison
+
+
+_TYPE_LIMIT = 255
 
 
 class ValidationCall:

@@ -20,9 +20,16 @@ from consumer.config.startup import EXIT_CONFIG, EXIT_FAILURE
 from consumer.db.crashes import CrashLedger, Liveness
 from consumer.db.database import Database
 from consumer.db.guard import Guard
+from consumer.db.migration_sets import discover, migration_sets
 from consumer.db.pruning import ReceiptPruner
 from consumer.db.receipts import Receipts
-from consumer.errors import BrokerUnreachable, ConfigError, PipelineFault, TopologyMissing
+from consumer.errors import (
+    BrokerUnreachable,
+    ConfigError,
+    MigrationError,
+    PipelineFault,
+    TopologyMissing,
+)
 from consumer.event_loop import run_event_loop
 from consumer.logs import (
     Logger,
@@ -184,6 +191,11 @@ def build_service(
             broker=broker_config(settings),
             reconnect_max_delay=settings.reconnect_max_delay.total_seconds(),
             shutdown_grace=settings.shutdown_grace.total_seconds(),
+            migrations=tuple(
+                migration
+                for migration_set in migration_sets(settings.handlers)
+                for migration in discover(migration_set)
+            ),
         ),
         names=names,
         topology=topology_for(settings, registry),
@@ -237,16 +249,21 @@ async def serve(
                 "tracing is configured (OTEL_*) but the otel extra is not installed: tracing is "
                 "off (pip install 'rabbit-pg-consumer[otel]')"
             )
-        service = build_service(
-            settings,
-            registry,
-            logger,
-            metrics,
-            calls=calls,
-            owner=owner,
-            tracing=tracer,
-            message_log=message_log,
-        )
+        try:
+            service = build_service(
+                settings,
+                registry,
+                logger,
+                metrics,
+                calls=calls,
+                owner=owner,
+                tracing=tracer,
+                message_log=message_log,
+            )
+        except ConfigError as error:
+            return _fatal(logger, str(error), EXIT_CONFIG)
+        except MigrationError as error:
+            return _fatal(logger, str(error), EXIT_FAILURE)
         # The worst case start-up checked against the memory limit: what the process at these
         # settings can hold, whatever its producers send (consumer.service.memory).
         logger.info(

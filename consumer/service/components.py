@@ -55,7 +55,7 @@ def worker_count(settings: Settings) -> int:
     the same for one event as for fifty, and the process is one core's worth of CPU. Each worker
     takes its share of the deliveries, so at a prefetch of 400 four workers made batches of 12-19
     where two made 43 (and a ``multiple`` ack covers fewer deliveries when more workers' batches
-    interleave). Measured side by side (README "Performance"): one worker drained as fast as two
+    interleave). Measured side by side (docs/performance.md): one worker drained as fast as two
     (3,585 against 3,590 msg/s) on 7% less CPU, and both 1.2-1.5 times as fast as four; at 1,000
     events a second one worker's p99 publish-to-commit latency was a third of two's. Handlers
     that wait on something slow want more (``CONSUMER_WORKERS``)."""

@@ -25,6 +25,7 @@ from consumer.amqp.delivery import Delivery
 from consumer.amqp.session import BrokerSession
 from consumer.db.crashes import Liveness
 from consumer.db.database import Database
+from consumer.db.migration_sets import Migration
 from consumer.errors import (
     BrokerRejected,
     BrokerUnreachable,
@@ -66,6 +67,8 @@ class ServiceConfig:
     broker: BrokerConfig
     reconnect_max_delay: float = 30.0
     shutdown_grace: float = 30.0
+    migrations: tuple[Migration, ...] = ()
+    """The service's and its handler modules' migrations: none may be pending at start-up."""
 
 
 class Service:
@@ -115,7 +118,11 @@ class Service:
                 lambda: database.size, lambda: database.in_use, database.max_size
             )
             if not await database_ready(
-                self._database, stop, self._logger, max_delay=self._config.reconnect_max_delay
+                self._database,
+                stop,
+                self._logger,
+                max_delay=self._config.reconnect_max_delay,
+                migrations=self._config.migrations,
             ):
                 return
             async with self._tasks:

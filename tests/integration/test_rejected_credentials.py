@@ -1,5 +1,6 @@
 """Credentials the servers start rejecting while the service runs (a rotated password): RabbitMQ's
-rejection is waited out, PostgreSQL's stops the service with one line (README, "Settings")."""
+rejection is waited out, PostgreSQL's stops the service with one line
+(docs/operations/settings.md)."""
 
 from __future__ import annotations
 

@@ -154,7 +154,7 @@ def test_an_empty_ladder_is_an_error_and_none_says_no_retries(
         ),
         (
             "CONSUMER_WHATEVER",
-            "CONSUMER_WHATEVER is not a setting (the README's Settings table lists them)",
+            "CONSUMER_WHATEVER is not a setting (docs/operations/settings.md lists them)",
         ),
     ],
 )

@@ -31,6 +31,7 @@ FOLDERS = (
     "consumer/cli",
     "consumer/cli/dlq",
     "consumer/cli/topology",
+    "consumer/testing",
     "consumer/handlers",
     "topology",
 )

@@ -15,6 +15,9 @@ Public, like :mod:`consumer`: what is exported here is kept from release to rele
   the fixtures ``consumer_handlers``, ``consumer_template``, ``consumer_database`` and
   ``consumer_harness``: :mod:`consumer.testing.plugin`.
 
+A message whose routing key no handler registers is refused at the send (:class:`Unroutable`),
+as the broker returns it to its producer: it never reaches the service.
+
 ::
 
     from consumer.testing import event, harness
@@ -26,6 +29,7 @@ Public, like :mod:`consumer`: what is exported here is kept from release to rele
 The guide: docs/guide/testing.md.
 """
 
+from consumer.errors import Unroutable
 from consumer.testing.database import TemplateDatabase, fresh_database
 from consumer.testing.harnesses import Harness, harness
 from consumer.testing.messages import Message, event
@@ -40,6 +44,7 @@ __all__ = [
     "Kind",
     "Message",
     "TemplateDatabase",
+    "Unroutable",
     "broker_requested",
     "event",
     "fresh_database",

@@ -26,6 +26,7 @@ from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from aio_pika.exceptions import DeliveryError
 
 from consumer.amqp.connect import connect
 from consumer.amqp.publisher import PERSISTENT
@@ -37,7 +38,7 @@ from consumer.registry import HandlerRegistry
 from consumer.service.app import build_service
 from consumer.service.components import broker_config, names_for, topology_for
 from consumer.service.supervisor import Service
-from consumer.testing.harness import SETTLE_WITHIN, prepare_receipts
+from consumer.testing.harness import SETTLE_WITHIN, prepare_receipts, unroutable
 from consumer.testing.messages import Message
 from consumer.testing.outcomes import EventOutcome, Kind
 from consumer.testing.tracking import HarnessError, OutcomeTracker
@@ -95,7 +96,9 @@ class BrokerHarness:
         self._connection = await connect(broker_config(settings), "test")
         try:
             await apply_topology(self._connection, self._topology)
-            self._channel = await self._connection.channel(publisher_confirms=True)
+            self._channel = await self._connection.channel(
+                publisher_confirms=True, on_return_raises=True
+            )
             await self._start_service()
         except BaseException:
             await self._close()
@@ -168,23 +171,28 @@ class BrokerHarness:
 
     async def send(self, *messages: Message) -> list[EventOutcome]:
         """Publish ``messages`` to the ingress exchange, confirmed, and return each one's
-        outcome, in their order."""
+        outcome, in their order. A routing key no queue is bound for (a type no handler
+        registers) raises :class:`~consumer.errors.Unroutable`, as the broker returns it."""
         channel = self._open_channel()
         exchange = await channel.get_exchange(self._names.ingress, ensure=False)
         futures = []
         for message in messages:
             message_id = f"test-{self._run}-{next(self._ids)}"
+            try:
+                await exchange.publish(
+                    aio_pika.Message(
+                        message.body,
+                        headers=dict(message.headers) or None,
+                        content_type=message.content_type,
+                        message_id=message_id,
+                        delivery_mode=PERSISTENT,
+                    ),
+                    routing_key=message.routing_key,
+                    mandatory=True,
+                )
+            except DeliveryError:
+                raise unroutable(message.routing_key) from None
             futures.append(self._tracker.expect(message_id))
-            await exchange.publish(
-                aio_pika.Message(
-                    message.body,
-                    headers=dict(message.headers) or None,
-                    content_type=message.content_type,
-                    message_id=message_id,
-                    delivery_mode=PERSISTENT,
-                ),
-                routing_key=message.routing_key,
-            )
         return self._counted(await self._tracker.wait(futures, within=SETTLE_WITHIN))
 
     async def redeliver(self) -> list[EventOutcome]:
@@ -192,22 +200,27 @@ class BrokerHarness:
         their rung's delay runs out; their outcomes, rung by rung."""
         channel = self._open_channel()
         redeliver = await channel.get_exchange(self._names.redeliver, ensure=False)
-        futures = []
+        # Every copy taken first, then sent back: a copy the service retries again meanwhile
+        # lands on the next rung, and waits for the next call.
+        copies = []
         for delay in self.settings.retry_delays:
             queue = await channel.get_queue(self._names.rung(delay), ensure=False)
             while (copy := await queue.get(no_ack=False, fail=False)) is not None:
-                futures.append(self._tracker.expect(copy.message_id or ""))
-                await redeliver.publish(
-                    aio_pika.Message(
-                        copy.body,
-                        headers=dict(copy.headers or {}),
-                        content_type=copy.content_type,
-                        message_id=copy.message_id,
-                        delivery_mode=PERSISTENT,
-                    ),
-                    routing_key=copy.routing_key or "",
-                )
-                await copy.ack()
+                copies.append(copy)
+        futures = []
+        for copy in copies:
+            futures.append(self._tracker.expect(copy.message_id or ""))
+            await redeliver.publish(
+                aio_pika.Message(
+                    copy.body,
+                    headers=dict(copy.headers or {}),
+                    content_type=copy.content_type,
+                    message_id=copy.message_id,
+                    delivery_mode=PERSISTENT,
+                ),
+                routing_key=copy.routing_key or "",
+            )
+            await copy.ack()
         self._ladder = 0
         return self._counted(await self._tracker.wait(futures, within=SETTLE_WITHIN))
 

@@ -1,7 +1,8 @@
 """Throwaway databases for handler tests: a template migrated once, a fresh copy per test.
 
 The template holds the service's migrations and those of the handler modules' sets, applied by
-the same code as ``consumer migrate``; each test gets ``CREATE DATABASE ... TEMPLATE`` of it (a
+the same code as ``consumer migrate``, and the receipts' partitions the service makes at
+start-up; each test gets ``CREATE DATABASE ... TEMPLATE`` of it (a
 file copy on the server, a few tens of milliseconds), dropped when the test ends. Each name
 carries a random part: tests running side by side (pytest-xdist, two checkouts) never meet.
 
@@ -21,8 +22,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from consumer.config.settings import Settings
 from consumer.db.migration_sets import migration_sets
 from consumer.db.migrations import migrate
+from consumer.db.pruning import ReceiptPruner
+from consumer.service.components import receipt_window
 
 __all__ = [
     "ADMIN_DSN_VARIABLE",
@@ -65,9 +69,17 @@ class TemplateDatabase:
     """
 
     def __init__(
-        self, handlers: Sequence[str], *, admin: str | None = None, prefix: str = "consumer_test"
+        self,
+        handlers: Sequence[str],
+        *,
+        admin: str | None = None,
+        prefix: str = "consumer_test",
+        settings: Settings | None = None,
     ) -> None:
+        """``settings``: the receipts' window to make partitions for (the environment's
+        ``CONSUMER_RECEIPT_*`` by default)."""
         self.handlers = tuple(handlers)
+        self._settings = settings or Settings(handlers=self.handlers)
         self.admin_dsn = admin or admin_dsn()
         self._prefix = f"{prefix}_{uuid.uuid4().hex[:10]}"
         self.name = f"{self._prefix}_template"
@@ -88,6 +100,11 @@ class TemplateDatabase:
             conn = await asyncpg.connect(self.url)
             try:
                 await migrate(conn, sets)
+                # The receipts' partitions, as the service makes them before it consumes: made
+                # once here, every copy has them.
+                window = receipt_window(self._settings)
+                skew = self._settings.max_future_skew
+                await ReceiptPruner(window, max_future_skew=skew).prune(conn, wait=True)
             finally:
                 await conn.close()
         except BaseException:
@@ -108,10 +125,8 @@ class TemplateDatabase:
             self._made = False
             await drop_database(self.admin_dsn, self.name)
 
-    @asynccontextmanager
-    async def copy(self) -> AsyncIterator[str]:
-        """A fresh copy of the template, its URL yielded, dropped afterwards (its sessions
-        ended)."""
+    async def new_copy(self) -> str:
+        """A fresh copy of the template: its URL. Drop it with :meth:`drop_copy`."""
         if not self._made:
             raise RuntimeError("the template database is not made: use `async with` first")
         self._copies += 1
@@ -119,10 +134,24 @@ class TemplateDatabase:
         await _admin(
             self.admin_dsn, f"CREATE DATABASE {_quoted(name)} TEMPLATE {_quoted(self.name)}"
         )
+        return database_url(self.admin_dsn, name)
+
+    async def drop_copy(self, url: str) -> None:
+        """Drop a copy :meth:`new_copy` made, ending its sessions."""
+        name = urlsplit(url).path.lstrip("/")
+        if not name.startswith(f"{self._prefix}_") or name == self.name:
+            raise ValueError(f"{name!r} is not a copy of {self.name}")
+        await drop_database(self.admin_dsn, name)
+
+    @asynccontextmanager
+    async def copy(self) -> AsyncIterator[str]:
+        """A fresh copy of the template, its URL yielded, dropped afterwards (its sessions
+        ended)."""
+        url = await self.new_copy()
         try:
-            yield database_url(self.admin_dsn, name)
+            yield url
         finally:
-            await drop_database(self.admin_dsn, name)
+            await self.drop_copy(url)
 
 
 @asynccontextmanager

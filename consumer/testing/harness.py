@@ -24,12 +24,19 @@ import asyncpg
 from consumer.amqp.headers import ORIGINAL_ROUTING_KEY, text
 from consumer.config.settings import Settings
 from consumer.db.pruning import ReceiptPruner
+from consumer.errors import Unroutable
 from consumer.observe.metrics import Metrics, ServiceRegistry
 from consumer.observe.report import OutcomeReporter
 from consumer.pipeline.calls import HandlerCalls
 from consumer.registry import HandlerRegistry
 from consumer.service.assembly import PipelineParts, build_pipeline
-from consumer.service.components import batch_size, names_for, receipt_window, worker_count
+from consumer.service.components import (
+    batch_size,
+    names_for,
+    receipt_window,
+    topology_for,
+    worker_count,
+)
 from consumer.service.dispatch import Dispatcher
 from consumer.service.workers import Workers
 from consumer.testing.memory import MemoryChannel, Published
@@ -38,7 +45,7 @@ from consumer.testing.outcomes import EventOutcome
 from consumer.testing.tracking import OutcomeTracker
 from topology.names import rung_label
 
-__all__ = ["InProcessHarness", "prepare_receipts"]
+__all__ = ["InProcessHarness", "prepare_receipts", "unroutable"]
 
 SETTLE_WITHIN = 60.0
 """Seconds a send waits for its outcomes before failing the test (a hang guard, not a measure)."""
@@ -54,6 +61,13 @@ async def prepare_receipts(settings: Settings, database_url: str) -> None:
         await conn.close()
 
 
+def unroutable(routing_key: str) -> Unroutable:
+    """What publishing with ``routing_key`` raises when no queue is bound for it."""
+    return Unroutable(
+        f"no queue is bound for routing key {routing_key!r}: no handler registers that type"
+    )
+
+
 class InProcessHarness:
     """Runs the service's pipeline on the messages a test sends; see the module docstring.
 
@@ -67,6 +81,13 @@ class InProcessHarness:
         self.settings = settings
         self.registry = registry
         self._names = names_for(settings)
+        # What the ingress exchange routes to the work queue: the handlers' types, as bound by
+        # the topology's plan (anything else the broker would return to the producer).
+        self._routed = frozenset(
+            binding.routing_key
+            for binding in topology_for(settings, registry).bindings
+            if binding.exchange == self._names.ingress
+        )
         self._ids = itertools.count(1)
         self._run = uuid.uuid4().hex[:8]
         self._tracker = OutcomeTracker()
@@ -146,7 +167,12 @@ class InProcessHarness:
 
     async def send(self, *messages: Message) -> list[EventOutcome]:
         """Deliver ``messages`` to the work queue together (batched as the service batches
-        them), and return each one's outcome, in their order."""
+        them), and return each one's outcome, in their order. A routing key no queue is bound
+        for (a type no handler registers) raises :class:`~consumer.errors.Unroutable`, as the
+        broker returns it to the producer."""
+        for message in messages:
+            if message.routing_key not in self._routed:
+                raise unroutable(message.routing_key)
         deliveries = []
         for message in messages:
             message_id = f"test-{self._run}-{next(self._ids)}"

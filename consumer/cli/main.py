@@ -1,4 +1,4 @@
-"""``consumer {run,migrate,topology,publish,dlq,events}`` and ``consumer --version``.
+"""``consumer {run,migrate,topology,publish,dlq,events,catalogue}`` and ``consumer --version``.
 
 ``python -m consumer`` is the same command.
 """
@@ -74,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     publish_cmd.add_argument("--correlation-id")
 
+    from consumer.cli.catalogue import add_catalogue_parser
     from consumer.cli.dlq.main import add_dlq_parser
     from consumer.cli.events import add_events_parser
     from consumer.cli.receipts import add_receipts_parser
@@ -83,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     add_dlq_parser(commands)
     add_receipts_parser(commands)
     add_events_parser(commands)
+    add_catalogue_parser(commands)
     return parser
 
 
@@ -117,6 +119,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from consumer.cli.events import run_events
 
         return run_events(settings, arguments)
+    if arguments.command == "catalogue":
+        from consumer.cli import catalogue
+
+        return catalogue.run(settings, arguments)
     from consumer.cli.dlq.main import run_dlq
 
     return run_dlq(settings, arguments)

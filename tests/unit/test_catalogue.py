@@ -96,7 +96,11 @@ def test_the_envelope_schema_takes_a_valid_event_and_refuses_a_bad_one(
     document: dict[str, Any],
 ) -> None:
     charge = envelope_validator(document, "billing.charge")
-    good = {**EVENT, "type": "billing.charge", "payload": {"order_id": "o-1", "cents": 5}}
+    good: dict[str, Any] = {
+        **EVENT,
+        "type": "billing.charge",
+        "payload": {"order_id": "o-1", "cents": 5},
+    }
 
     assert charge.is_valid(good)
     assert not charge.is_valid({**good, "type": "billing.refund"})

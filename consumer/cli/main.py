@@ -8,14 +8,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from collections.abc import Sequence
-from datetime import datetime
-from uuid import UUID
+from datetime import UTC, datetime
+from uuid import UUID, uuid4
 
 import asyncpg
 
 from consumer.amqp import fast_paths, wire
-from consumer.cli.producer import PublishRequest, publish_event
+from consumer.cli.producer import PublishRequest, payload_problem, publish_event, repeat_command
 from consumer.config.settings import Settings
 from consumer.config.startup import EXIT_CONFIG, fail, load_handlers, load_settings
 from consumer.db.database import describe_database_error
@@ -60,7 +61,13 @@ def _parser() -> argparse.ArgumentParser:
         help="create the database named in CONSUMER_DATABASE_URL if it does not exist",
     )
 
-    publish_cmd = commands.add_parser("publish", help="publish one event by hand")
+    publish_cmd = commands.add_parser(
+        "publish",
+        help="publish one event by hand",
+        description="Publish one event to CONSUMER_EXCHANGE, confirmed. Its payload is first "
+        "checked against the schema of its type's handler (in CONSUMER_HANDLERS). Prints the "
+        "event id, and on stderr the command that publishes the same event again.",
+    )
     publish_cmd.add_argument("--type", required=True, help="event type, also the routing key")
     body = publish_cmd.add_mutually_exclusive_group(required=True)
     body.add_argument("--payload", help="the payload as a JSON object")
@@ -73,6 +80,11 @@ def _parser() -> argparse.ArgumentParser:
         "needs the same --event-id and --occurred-at",
     )
     publish_cmd.add_argument("--correlation-id")
+    publish_cmd.add_argument(
+        "--no-check",
+        action="store_true",
+        help="send the payload without checking it against its handler's schema first",
+    )
 
     from consumer.cli.catalogue import add_catalogue_parser
     from consumer.cli.dlq.main import add_dlq_parser
@@ -201,13 +213,19 @@ async def _publish(settings: Settings, arguments: argparse.Namespace) -> int:
             fail(f"--payload is not JSON: {error}", EXIT_CONFIG)
         if not isinstance(payload, dict):
             fail("--payload must be a JSON object", EXIT_CONFIG)
+        if not arguments.no_check:
+            problem = payload_problem(load_handlers(settings), arguments.type, payload)
+            if problem is not None:
+                fail(f"{problem} (--no-check sends it anyway)", EXIT_CONFIG)
+    # Fixed here, not at the envelope: the command that repeats the event needs it.
+    occurred_at = arguments.occurred_at or datetime.now(UTC)
     request = PublishRequest(
         event_type=arguments.type,
         payload=payload if arguments.payload is not None else None,
         raw_body=arguments.raw_body.encode() if arguments.raw_body is not None else None,
-        event_id=arguments.event_id,
+        event_id=arguments.event_id or uuid4(),
         correlation_id=arguments.correlation_id,
-        occurred_at=arguments.occurred_at,
+        occurred_at=occurred_at,
     )
     try:
         tracing = TracingSetup.from_environment(settings.name)
@@ -221,4 +239,5 @@ async def _publish(settings: Settings, arguments: argparse.Namespace) -> int:
     except (BrokerUnreachable, ConfigError, PublishFailed) as error:
         fail(str(error))
     print(event_id)
+    print(f"to publish it again: {repeat_command(request, event_id, occurred_at)}", file=sys.stderr)
     return 0

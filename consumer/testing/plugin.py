@@ -68,18 +68,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 class DatabaseKeeper:
     """The run's template and its copies, made on an event loop of its own in a thread, so that
-    they fit whatever loop the tests use. The next test's copy is made while a test runs, and
-    the copies are dropped behind the tests: a test waits for neither, only for its own copy if
-    it is not ready yet. Everything left is dropped at :meth:`close`."""
+    they fit whatever loop the tests use. The copies the next tests will want are made while a
+    test runs (``ahead`` of them at a time), and the used ones are dropped behind the tests: a
+    test waits for neither, only for its own copy if it is not ready yet. Everything left is
+    dropped at :meth:`close`."""
 
-    def __init__(self, template: TemplateDatabase) -> None:
+    def __init__(self, template: TemplateDatabase, *, ahead: int = 2) -> None:
         self.template = template
+        self._ahead = ahead
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="consumer-testing-databases", daemon=True
         )
         self._thread.start()
-        self._next: Future[str] | None = None
+        self._ready: list[Future[str]] = []
         self._drops: list[Future[None]] = []
 
     def _submit(self, work: Coroutine[Any, Any, T]) -> Future[T]:
@@ -88,10 +90,13 @@ class DatabaseKeeper:
     def open(self) -> None:
         self._submit(self.template.__aenter__()).result()
 
-    def take(self) -> str:
-        """A fresh copy's URL; the next one is begun at once."""
-        ready = self._next or self._submit(self.template.new_copy())
-        self._next = self._submit(self.template.new_copy())
+    def take(self, wanted_after: int = 0) -> str:
+        """A fresh copy's URL; copies for the ``wanted_after`` tests that follow are begun."""
+        if not self._ready:
+            self._ready.append(self._submit(self.template.new_copy()))
+        ready = self._ready.pop(0)
+        while len(self._ready) < min(wanted_after, self._ahead):
+            self._ready.append(self._submit(self.template.new_copy()))
         return ready.result()
 
     def give_back(self, url: str) -> None:
@@ -100,15 +105,26 @@ class DatabaseKeeper:
 
     def close(self) -> None:
         try:
-            if self._next is not None:
-                self.give_back(self._next.result())
+            for unused in self._ready:
+                self.give_back(unused.result())
+            self._ready.clear()
+            self._drops.append(self._submit(self.template.__aexit__(None, None, None)))
             for drop in self._drops:
                 drop.result()
-            self._submit(self.template.__aexit__(None, None, None)).result()
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
             self._loop.close()
+
+
+def _tests_after(request: pytest.FixtureRequest, fixture: str) -> int:
+    """How many of the session's tests after this one use ``fixture``."""
+    items = request.session.items
+    try:
+        index = items.index(request.node)
+    except ValueError:
+        return 0
+    return sum(1 for item in items[index + 1 :] if fixture in getattr(item, "fixturenames", ()))
 
 
 @pytest.fixture(scope="session")
@@ -146,9 +162,11 @@ def consumer_template(consumer_databases: DatabaseKeeper) -> TemplateDatabase:
 
 
 @pytest.fixture
-def consumer_database(consumer_databases: DatabaseKeeper) -> Iterator[str]:
+def consumer_database(
+    request: pytest.FixtureRequest, consumer_databases: DatabaseKeeper
+) -> Iterator[str]:
     """The URL of a fresh copy of the template, dropped after the test."""
-    url = consumer_databases.take()
+    url = consumer_databases.take(wanted_after=_tests_after(request, "consumer_database"))
     try:
         yield url
     finally:

@@ -32,6 +32,7 @@ FOLDERS = (
     "consumer/cli",
     "consumer/cli/dlq",
     "consumer/cli/topology",
+    "consumer/testing",
     "consumer/handlers",
     "topology",
 )

@@ -4,22 +4,35 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from aiormq.abc import DeliveredMessage
 from pamqp.commands import Basic
 
-from consumer.amqp.acker import Acker
 from consumer.amqp.direct_consume import BodyDiscarded
 from consumer.errors import ChannelGone
 
-__all__ = ["ChannelGone", "Delivery"]
+__all__ = ["ChannelGone", "Delivery", "Settles"]
+
+
+class Settles(Protocol):
+    """What a delivery needs of the channel it came on: to ack or nack its tag. The consume
+    channel's :class:`~consumer.amqp.acker.Acker` in the service; an in-memory stand-in in
+    :mod:`consumer.testing`, which runs the same pipeline and settler with no broker."""
+
+    @property
+    def is_open(self) -> bool: ...
+
+    def ack(self, tag: int) -> None: ...
+
+    async def nack(self, tag: int, *, requeue: bool) -> None: ...
 
 
 @dataclass(slots=True, eq=False, weakref_slot=True)
 class Delivery:
-    """A delivered message and the :class:`Acker` of the channel it came on: what the broker
-    said, nothing the service made of it. What the service learns of a delivery is kept by whom
+    """A delivered message and what settles it on the channel it came on (:class:`Settles`,
+    the channel's :class:`~consumer.amqp.acker.Acker`): what the broker said, nothing the
+    service made of it. What the service learns of a delivery is kept by whom
     it concerns, keyed by the delivery itself (compared by identity): its parse by the
     :class:`~consumer.pipeline.prepare.Preparer`, its span by the tracer, whether it goes the
     isolated way next by the :class:`~consumer.service.dispatch.Dispatcher`.
@@ -29,7 +42,7 @@ class Delivery:
     """
 
     message: DeliveredMessage
-    acker: Acker
+    acker: Settles
     headers: dict[str, Any] = field(default_factory=dict)
     received_at: float = field(default_factory=time.monotonic)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from aio_pika.abc import AbstractChannel
 from pamqp.commands import Basic
@@ -16,7 +16,7 @@ from consumer.amqp.publishing import (
 )
 from topology.durations import to_milliseconds
 
-__all__ = ["PERSISTENT", "Publisher", "copy_properties"]
+__all__ = ["PERSISTENT", "Publisher", "Publishes", "copy_properties"]
 
 PERSISTENT = 2
 
@@ -46,6 +46,15 @@ def copy_properties(
         message_type=original.message_type,
         app_id=original.app_id,
     )
+
+
+class Publishes(Protocol):
+    """What the settler needs to publish a retry or dead-letter copy: a confirmed publish.
+    :class:`Publisher` in the service; an in-memory stand-in in :mod:`consumer.testing`."""
+
+    async def publish(
+        self, body: bytes, properties: Basic.Properties, *, exchange: str, routing_key: str
+    ) -> None: ...
 
 
 class Publisher:

@@ -1,4 +1,4 @@
-"""``consumer {run,migrate,topology,publish,dlq,events}`` and ``consumer --version``.
+"""``consumer {run,migrate,topology,publish,dlq,events,catalogue}`` and ``consumer --version``.
 
 ``python -m consumer`` is the same command.
 """
@@ -10,14 +10,14 @@ import asyncio
 import json
 import sys
 from collections.abc import Sequence
-from datetime import datetime
-from uuid import UUID
+from datetime import UTC, datetime
+from uuid import UUID, uuid4
 
 import asyncpg
 
 from consumer.amqp import fast_paths, wire
 from consumer.cli.pipes import end_by_sigpipe
-from consumer.cli.producer import PublishRequest, publish_event
+from consumer.cli.producer import PublishRequest, payload_problem, publish_event, repeat_command
 from consumer.config.settings import Settings
 from consumer.config.startup import EXIT_CONFIG, fail, load_handlers, load_settings
 from consumer.db.database import describe_database_error
@@ -62,7 +62,13 @@ def _parser() -> argparse.ArgumentParser:
         help="create the database named in CONSUMER_DATABASE_URL if it does not exist",
     )
 
-    publish_cmd = commands.add_parser("publish", help="publish one event by hand")
+    publish_cmd = commands.add_parser(
+        "publish",
+        help="publish one event by hand",
+        description="Publish one event to CONSUMER_EXCHANGE, confirmed. Its payload is first "
+        "checked against the schema of its type's handler (in CONSUMER_HANDLERS). Prints the "
+        "event id, and on stderr the command that publishes the same event again.",
+    )
     publish_cmd.add_argument("--type", required=True, help="event type, also the routing key")
     body = publish_cmd.add_mutually_exclusive_group(required=True)
     body.add_argument("--payload", help="the payload as a JSON object")
@@ -75,7 +81,13 @@ def _parser() -> argparse.ArgumentParser:
         "needs the same --event-id and --occurred-at",
     )
     publish_cmd.add_argument("--correlation-id")
+    publish_cmd.add_argument(
+        "--no-check",
+        action="store_true",
+        help="send the payload without checking it against its handler's schema first",
+    )
 
+    from consumer.cli.catalogue import add_catalogue_parser
     from consumer.cli.dlq.main import add_dlq_parser
     from consumer.cli.events import add_events_parser
     from consumer.cli.receipts import add_receipts_parser
@@ -85,6 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     add_dlq_parser(commands)
     add_receipts_parser(commands)
     add_events_parser(commands)
+    add_catalogue_parser(commands)
     return parser
 
 
@@ -131,6 +144,10 @@ def _command(argv: Sequence[str] | None) -> int:
         from consumer.cli.events import run_events
 
         return run_events(settings, arguments)
+    if arguments.command == "catalogue":
+        from consumer.cli import catalogue
+
+        return catalogue.run(settings, arguments)
     from consumer.cli.dlq.main import run_dlq
 
     return run_dlq(settings, arguments)
@@ -209,13 +226,19 @@ async def _publish(settings: Settings, arguments: argparse.Namespace) -> int:
             fail(f"--payload is not JSON: {error}", EXIT_CONFIG)
         if not isinstance(payload, dict):
             fail("--payload must be a JSON object", EXIT_CONFIG)
+        if not arguments.no_check:
+            problem = payload_problem(load_handlers(settings), arguments.type, payload)
+            if problem is not None:
+                fail(f"{problem} (--no-check sends it anyway)", EXIT_CONFIG)
+    # Fixed here, not at the envelope: the command that repeats the event needs it.
+    occurred_at = arguments.occurred_at or datetime.now(UTC)
     request = PublishRequest(
         event_type=arguments.type,
         payload=payload if arguments.payload is not None else None,
         raw_body=arguments.raw_body.encode() if arguments.raw_body is not None else None,
-        event_id=arguments.event_id,
+        event_id=arguments.event_id or uuid4(),
         correlation_id=arguments.correlation_id,
-        occurred_at=arguments.occurred_at,
+        occurred_at=occurred_at,
     )
     try:
         tracing = TracingSetup.from_environment(settings.name)
@@ -229,4 +252,5 @@ async def _publish(settings: Settings, arguments: argparse.Namespace) -> int:
     except (BrokerUnreachable, ConfigError, PublishFailed) as error:
         fail(str(error))
     print(event_id)
+    print(f"to publish it again: {repeat_command(request, event_id, occurred_at)}", file=sys.stderr)
     return 0

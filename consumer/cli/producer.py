@@ -3,19 +3,30 @@
 from __future__ import annotations
 
 import json
+import shlex
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pamqp.commands import Basic
+from pydantic import ValidationError
 
 from consumer.amqp.connect import BrokerConfig, connect
 from consumer.amqp.publisher import PERSISTENT, Publisher
 from consumer.errors import ConfigError, Unroutable
 from consumer.pipeline.tracing import Tracing, publish_span
+from consumer.registry import HandlerRegistry
+from consumer.safe_text import describe_validation_error
 
-__all__ = ["PublishRequest", "envelope_body", "event_properties", "publish_event"]
+__all__ = [
+    "PublishRequest",
+    "envelope_body",
+    "event_properties",
+    "payload_problem",
+    "publish_event",
+    "repeat_command",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +39,38 @@ class PublishRequest:
     occurred_at: datetime | None = None
     """Default: now. A retry of a publish must send the first one's: the receipts deduplicate on
     (event_id, occurred_at)."""
+
+
+def payload_problem(
+    registry: HandlerRegistry, event_type: str, payload: dict[str, Any]
+) -> str | None:
+    """Why the handler of ``event_type`` would refuse ``payload`` (one line), or None. The check
+    is the handler's own payload model, the source of its schema (``consumer catalogue``), so
+    what passes here is what the service takes. A type no handler registers is not checked:
+    with no queue bound for it, the broker refuses the publish."""
+    handler = registry.get(event_type)
+    if handler is None:
+        return None
+    try:
+        handler.payload.validate_python(payload)
+    except ValidationError as error:
+        return f"{event_type} payload refused by its schema: {describe_validation_error(error)}"
+    return None
+
+
+def repeat_command(request: PublishRequest, event_id: uuid.UUID, occurred_at: datetime) -> str:
+    """The command line that publishes the same event again (same id and occurred_at: a
+    duplicate the receipts catch, or the event again where it was lost)."""
+    argv = ["consumer", "publish", "--type", request.event_type]
+    if request.raw_body is not None:
+        argv += ["--raw-body", request.raw_body.decode("utf-8", errors="replace")]
+    else:
+        payload = json.dumps(request.payload or {}, separators=(",", ":"), ensure_ascii=False)
+        argv += ["--payload", payload]
+        argv += ["--event-id", str(event_id), "--occurred-at", occurred_at.isoformat()]
+        if request.correlation_id is not None:
+            argv += ["--correlation-id", request.correlation_id]
+    return shlex.join(argv)
 
 
 def envelope_body(

@@ -18,11 +18,8 @@ from consumer.amqp import fast_paths
 from consumer.config.settings import Settings
 from consumer.config.startup import EXIT_CONFIG, EXIT_FAILURE
 from consumer.db.crashes import CrashLedger, Liveness
-from consumer.db.database import Database
-from consumer.db.guard import Guard
 from consumer.db.migration_sets import discover, migration_sets
 from consumer.db.pruning import ReceiptPruner
-from consumer.db.receipts import Receipts
 from consumer.errors import (
     BrokerUnreachable,
     ConfigError,
@@ -44,21 +41,14 @@ from consumer.observe.http import HttpServer, build_app
 from consumer.observe.metrics import Metrics, ServiceRegistry
 from consumer.observe.report import OutcomeReporter
 from consumer.observe.tracing_setup import TracingSetup
-from consumer.pipeline.batch import BatchEngine
-from consumer.pipeline.calls import HandlerCaller, HandlerCalls, RunningCall
-from consumer.pipeline.envelope_parser import EnvelopeParser
-from consumer.pipeline.isolated import Isolated
-from consumer.pipeline.judge import Judge
-from consumer.pipeline.pipeline import Pipeline
-from consumer.pipeline.prepare import Preparer
-from consumer.pipeline.retry import RetryPolicy
+from consumer.pipeline.calls import HandlerCalls, RunningCall
 from consumer.pipeline.tracing import Tracing
 from consumer.registry import HandlerRegistry
+from consumer.service.assembly import build_pipeline
 from consumer.service.components import (
     batch_size,
     broker_config,
     database_config,
-    envelope_limits,
     memory_budget,
     names_for,
     receipt_window,
@@ -68,12 +58,10 @@ from consumer.service.components import (
 from consumer.service.dispatch import Dispatcher
 from consumer.service.memory import worst_case
 from consumer.service.pruner import PeriodicPruner
-from consumer.service.settle import Settler
 from consumer.service.supervisor import Service, ServiceConfig
 from consumer.service.watchdog import LoopWatchdog
 from consumer.service.window import PrefetchWindow
 from consumer.service.workers import Workers
-from topology.durations import to_milliseconds
 from topology.names import rung_label
 
 __all__ = ["build_service", "run", "serve"]
@@ -121,41 +109,20 @@ def build_service(
     (off by default). ``message_log`` takes the line per settled delivery (through ``logger``
     unless given)."""
     names = names_for(settings)
-    database = Database(database_config(settings))
-    guard = Guard(database, within=settings.db_stall_timeout.total_seconds())
-    judge = Judge(RetryPolicy.from_delays(settings.retry_delays))
-    receipts = Receipts(consumer=settings.name, guard=guard)
-    caller = HandlerCaller(default_timeout=settings.handler_timeout.total_seconds(), calls=calls)
-    ledger = CrashLedger(consumer=settings.name, owner=owner)
-    isolated = Isolated(
-        database=database,
-        guard=guard,
-        receipts=receipts,
-        caller=caller,
-        judge=judge,
-        ledger=ledger,
+    parts = build_pipeline(
+        settings,
+        registry,
+        calls=calls,
+        owner=owner,
         tracing=tracing,
+        on_conflict=metrics.batch_conflicts.inc,
     )
-    parser = EnvelopeParser(envelope_limits(settings))
-    preparer = Preparer(registry, parser, calls, receipt_window(settings))
-    pipeline = Pipeline(
-        preparer=preparer,
-        engine=BatchEngine(
-            database=database,
-            guard=guard,
-            receipts=receipts,
-            caller=caller,
-            judge=judge,
-            isolated=isolated,
-            lock_timeout_ms=to_milliseconds(settings.batch_lock_timeout),
-            on_conflict=metrics.batch_conflicts.inc,
-            tracing=tracing,
-        ),
-        isolated=isolated,
-        judge=judge,
-        database=database,
+    database, preparer, pipeline, settler = (
+        parts.database,
+        parts.preparer,
+        parts.pipeline,
+        parts.settler,
     )
-    settler = Settler(names=names, jitter=settings.retry_jitter, tracing=tracing)
     window = PrefetchWindow(settings.prefetch)
     workers_count = worker_count(settings)
     metrics.workers.set(workers_count)
@@ -204,7 +171,7 @@ def build_service(
         workers=workers,
         settler=settler,
         window=window,
-        liveness=Liveness(ledger, database.connect_one),
+        liveness=Liveness(parts.ledger, database.connect_one),
         logger=logger,
         metrics=metrics,
         pruner=PeriodicPruner(

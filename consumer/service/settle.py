@@ -31,7 +31,7 @@ from typing import Any
 
 from consumer.amqp.delivery import Delivery
 from consumer.amqp.headers import attempts_so_far, dead_letter_headers, retry_headers
-from consumer.amqp.publisher import Publisher, copy_properties
+from consumer.amqp.publisher import Publishes, copy_properties
 from consumer.error_text import error_name, message_of
 from consumer.errors import ChannelGone, Poison, PoisonReason, PublishFailed
 from consumer.pipeline.outcome import (
@@ -76,7 +76,7 @@ class Settler:
         self._jitter = jitter
         self._publish_failure_pause = publish_failure_pause
         self._rng = rng or random.Random()
-        self.publisher: Publisher | None = None
+        self.publisher: Publishes | None = None
 
     async def settle(self, outcomes: Sequence[Outcome]) -> list[Settled]:
         """One action per outcome, in their order. Acks go first, at once; copies are published

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from consumer import Connection, Envelope, PermanentError, register
+from consumer import Connection, Envelope, PermanentError, TransientError, register
 
 MIGRATIONS = "sql"
 
@@ -48,9 +48,17 @@ async def refund(event: Envelope[Refund], conn: Connection) -> None:
     # Two refunds of one order (on two replicas) must not both pass the check below: the lock
     # holds until the event's transaction ends, and needs no grant beyond the tables'.
     await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", order_id)
-    refundable = await conn.fetchval(
-        "SELECT coalesce((SELECT sum(cents) FROM charges WHERE order_id = $1), 0)"
-        " - coalesce((SELECT sum(cents) FROM refunds WHERE order_id = $1), 0)",
+    charged = await conn.fetchval(
+        "SELECT sum(cents) FROM charges WHERE order_id = $1",
+        order_id,
+    )
+    if charged is None:
+        # No order between events is promised: the charge may still be on its way. Waiting
+        # may fix it, so the event climbs the retry ladder (and is dead-lettered as
+        # retries_exhausted if the charge never comes).
+        raise TransientError(f"order {order_id}: no charge yet")
+    refundable = charged - await conn.fetchval(
+        "SELECT coalesce(sum(cents), 0) FROM refunds WHERE order_id = $1",
         order_id,
     )
     if event.payload.cents > refundable:

@@ -52,6 +52,11 @@ def test_the_wheel_carries_every_module_and_every_migration(installed_product: I
     with zipfile.ZipFile(installed_product.service_wheel) as archive:
         licenses = [name for name in archive.namelist() if name.endswith("/licenses/LICENSE")]
     assert licenses, "the LICENSE file is in the wheel's metadata"
+    # consumer.testing's pytest plugin loads wherever the wheel is installed beside pytest
+    with zipfile.ZipFile(installed_product.service_wheel) as archive:
+        [entry_points] = [n for n in archive.namelist() if n.endswith("/entry_points.txt")]
+        declared = archive.read(entry_points).decode()
+    assert "[pytest11]\nconsumer = consumer.testing.plugin" in declared
     assert _wheel_files(installed_product.example_wheel) == {
         "billing/__init__.py",
         "billing/handlers.py",

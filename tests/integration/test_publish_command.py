@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import uuid
 from datetime import UTC, datetime
 
@@ -68,3 +69,60 @@ async def test_publish_with_an_event_id_sends_that_id_and_twice_applies_once(env
     await wait_until(both_settled, what="one copy processed and one duplicate")
     await assert_applied_once(env.database_url, [event_id])
     assert await fetchval(env.database_url, "SELECT count(*) FROM receipts") == 1
+
+
+async def test_a_payload_its_schema_refuses_is_not_sent(env: TestEnv) -> None:
+    # Given the topology
+    await env.apply_topology()
+
+    # When a payload the restock handler's model refuses is published, then with --no-check
+    refused = run_cli(
+        "consumer",
+        *("publish", "--type", "inventory.restock", "--payload", '{"sku": "S-1", "qty": 0}'),
+        env=env.env(),
+    )
+    forced = run_cli(
+        "consumer",
+        *("publish", "--type", "inventory.restock", "--payload", '{"sku": "S-1", "qty": 0}'),
+        "--no-check",
+        env=env.env(),
+    )
+
+    # Then the first is refused in one line naming the field, and only the second is sent
+    assert refused.returncode == 2
+    assert refused.stdout == ""
+    assert refused.stderr.startswith("error: inventory.restock payload refused by its schema: qty")
+    assert len(refused.stderr.strip().splitlines()) == 1
+    assert forced.returncode == 0, forced.stderr
+    messages = await drain_queue(env.amqp_url, env.names.work, ack=True)
+    assert [json.loads(m.body)["payload"] for m in messages] == [{"sku": "S-1", "qty": 0}]
+
+
+async def test_publish_prints_the_command_that_sends_the_same_event_again(env: TestEnv) -> None:
+    # Given the topology
+    await env.apply_topology()
+
+    # When an event is published, then again with the command it printed on stderr
+    first = run_cli(
+        "consumer",
+        *("publish", "--type", "test.behave", "--payload", '{"key": "it\'s again"}'),
+        *("--correlation-id", "c-1"),
+        env=env.env(),
+    )
+    assert first.returncode == 0, first.stderr
+    prefix = "to publish it again: "
+    [line] = [line for line in first.stderr.splitlines() if line.startswith(prefix)]
+    argv = shlex.split(line.removeprefix(prefix))
+    assert argv[:2] == ["consumer", "publish"]
+    again = run_cli(*argv, env=env.env())
+
+    # Then both messages are the same event: same id, time, payload and correlation id
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == first.stdout
+    messages = await drain_queue(env.amqp_url, env.names.work, ack=True)
+    envelopes = [json.loads(message.body) for message in messages]
+    assert len(envelopes) == 2
+    assert envelopes[0] == envelopes[1]
+    assert envelopes[0]["event_id"] == first.stdout.strip()
+    assert envelopes[0]["payload"] == {"key": "it's again"}
+    assert envelopes[0]["correlation_id"] == "c-1"

@@ -82,5 +82,5 @@ def test_usage_names_the_consumer_command(capsys: pytest.CaptureFixture[str]) ->
     assert usage.startswith("usage: consumer ")
     # The usage paragraph (argparse wraps it once the commands no longer fit on one line).
     paragraph = usage.split("\n\n")[0]
-    for command in ("run", "migrate", "topology", "publish", "dlq", "receipts"):
+    for command in ("run", "migrate", "topology", "publish", "dlq", "receipts", "catalogue"):
         assert command in paragraph

@@ -80,7 +80,7 @@ async def test_poison_whose_body_was_discarded_is_nacked_never_copied() -> None:
     poison = Poison(PoisonReason.BODY_TOO_LARGE, "x", error_class="Any", body_discarded=True)
 
     [settled] = await settler.settle([Outcome(delivery, Rejected(poison))])
-    await delivery.acker.send_all()
+    await cast(Acker, delivery.acker).send_all()
 
     assert settled.kind is OutcomeKind.POISON
     assert publisher.published == []

@@ -107,7 +107,7 @@ async def test_every_kind_of_verdict_becomes_its_one_action() -> None:
     ]
 
     settled = await settler(publisher).settle(outcomes)
-    await d[0].acker.send_all()
+    await cast(Acker, d[0].acker).send_all()
 
     assert [s.kind for s in settled] == [
         OutcomeKind.PROCESSED,
@@ -130,7 +130,7 @@ async def test_every_kind_of_verdict_becomes_its_one_action() -> None:
     # acks for 1, 2 (joined into one multiple ack), the poison, 4 and 5 after their copies; the
     # held one untouched
     assert settled_as(channel.frames, {1, 2, 3, 4, 5, 6}) == {"ack": {1, 2, 3, 4, 5}}
-    assert d[5].acker.unsettled == 1
+    assert cast(Acker, d[5].acker).unsettled == 1
 
 
 async def test_poison_from_a_validators_exception_is_published_with_its_class() -> None:
@@ -139,7 +139,7 @@ async def test_poison_from_a_validators_exception_is_published_with_its_class() 
     poison = Poison(PoisonReason.INVALID_PAYLOAD, "AttributeError: ...", "AttributeError")
 
     [settled] = await settler(publisher).settle([Outcome(delivery, Rejected(poison))])
-    await delivery.acker.send_all()
+    await cast(Acker, delivery.acker).send_all()
 
     assert settled.kind is OutcomeKind.POISON
     [(exchange, _, headers)] = publisher.published
@@ -158,7 +158,7 @@ async def test_poison_is_published_with_the_service_s_reason_and_no_broker_heade
 
     # When it is settled
     [settled] = await settler(publisher).settle([Outcome(delivery, Rejected(poison))])
-    await delivery.acker.send_all()
+    await cast(Acker, delivery.acker).send_all()
 
     # Then a copy goes to the dead-letter exchange with the service's reason headers, no x-*
     # header, the producer's others kept; and only then is the original acked
@@ -190,7 +190,7 @@ async def test_poison_no_copy_can_carry_is_nacked_for_the_broker_to_dead_letter(
     [delivery] = deliveries(channel, 1)
 
     [settled] = await settler(publisher).settle([Outcome(delivery, Rejected(poison))])
-    await delivery.acker.send_all()
+    await cast(Acker, delivery.acker).send_all()
 
     assert settled.kind is OutcomeKind.POISON
     assert publisher.published == []
@@ -238,4 +238,4 @@ async def test_giving_back_is_a_single_nack_with_requeue() -> None:
     await asyncio.sleep(0)
 
     assert channel.frames == [("nack-requeue", 2, False)]
-    assert first.acker.unsettled == 1
+    assert cast(Acker, first.acker).unsettled == 1

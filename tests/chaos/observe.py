@@ -14,6 +14,7 @@ import sys
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import aio_pika
@@ -27,6 +28,7 @@ DEAD_REASON = "consumer-dead-reason"
 ERROR_CLASS = "consumer-error-class"
 ATTEMPT = "consumer-attempt"
 ROUTING_KEY = "consumer-original-routing-key"
+DEAD_LETTERED_AT = "consumer-dead-lettered-at"
 
 
 def _text(value: object) -> str | None:
@@ -55,6 +57,8 @@ class DeadCopy:
     attempt: object = None
     """``consumer-attempt`` as it came (an int where the service wrote it)."""
     header_names: frozenset[str] = frozenset()
+    dead_lettered_at: str | None = None
+    """``consumer-dead-lettered-at``: the service's clock when it dead-lettered the copy."""
 
 
 def _deaths(headers: dict[str, Any]) -> str:
@@ -86,6 +90,9 @@ class EndState:
     listed: list[dict[str, Any]] = field(default_factory=list)
     """``python -m consumer dlq list --json``, one object per dead letter."""
     list_error: str | None = None
+    dead_read_at: datetime | None = None
+    """When the dead-letter queue was read to its end: no copy can have been dead-lettered
+    later (the checker's bound on ``consumer-dead-lettered-at``)."""
     leftovers: dict[str, int] = field(default_factory=dict)
     """Messages still in the work queue or a delay queue after the consumers stopped."""
     leftover_samples: list[str] = field(default_factory=list)
@@ -171,8 +178,10 @@ async def take_dead_letters(url: str, queue: str, state: EndState) -> None:
                     routing_key=_text(headers.get(ROUTING_KEY)),
                     attempt=headers.get(ATTEMPT),
                     header_names=frozenset(headers),
+                    dead_lettered_at=_text(headers.get(DEAD_LETTERED_AT)),
                 )
             )
+        state.dead_read_at = datetime.now(UTC)
     finally:
         await connection.close()
 

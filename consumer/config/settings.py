@@ -133,6 +133,10 @@ class Settings(BaseSettings):
     # drops the partitions past the retention.
     receipt_retention: Duration = timedelta(days=7)
     receipt_margin: Duration = timedelta(hours=1)
+    # How far this host's clock may be from the database's (consumer.db.clock): further, and the
+    # service does not start; every prune round measures it again (a gauge, a warning). Shorter
+    # than the margin, which covers it.
+    max_clock_skew: Duration = timedelta(minutes=1)
     # An hour: the partition being written stays small, and the receipt insert costs with a week
     # of receipts kept what it costs in an empty table (README "Performance").
     receipt_partition: Duration = timedelta(hours=1)
@@ -331,6 +335,17 @@ class Settings(BaseSettings):
         if retention is not None and value >= retention:
             raise ValueError(
                 f"must be shorter than CONSUMER_RECEIPT_RETENTION ({format_duration(retention)})"
+            )
+        return value
+
+    @field_validator("max_clock_skew")
+    @classmethod
+    def _check_max_clock_skew(cls, value: timedelta, info: ValidationInfo) -> timedelta:
+        margin = info.data.get("receipt_margin")
+        if margin is not None and value >= margin:
+            raise ValueError(
+                f"must be shorter than CONSUMER_RECEIPT_MARGIN ({format_duration(margin)}), "
+                "which covers the clocks' difference"
             )
         return value
 

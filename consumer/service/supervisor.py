@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from datetime import timedelta
 
 import aiormq
 
 from consumer.amqp.connect import BrokerConfig
 from consumer.amqp.delivery import Delivery
 from consumer.amqp.session import BrokerSession
+from consumer.db.clock import read_clocks
 from consumer.db.crashes import Liveness
 from consumer.db.database import Database
 from consumer.errors import (
@@ -66,6 +68,9 @@ class ServiceConfig:
     broker: BrokerConfig
     reconnect_max_delay: float = 30.0
     shutdown_grace: float = 30.0
+    max_clock_skew: timedelta | None = None
+    """Start-up refuses past this difference between this host's clock and the database's
+    (:mod:`consumer.db.clock`); None: not checked."""
 
 
 class Service:
@@ -118,6 +123,7 @@ class Service:
                 self._database, stop, self._logger, max_delay=self._config.reconnect_max_delay
             ):
                 return
+            await self._check_clocks()
             async with self._tasks:
                 if self._pruner is None:
                     await self._run_broker(stop)
@@ -128,6 +134,17 @@ class Service:
                         await self._run_broker(stop)
         if self._tasks.fatal is not None:
             raise self._tasks.fatal
+
+    async def _check_clocks(self) -> None:
+        """:class:`~consumer.errors.ClockSkewed` if this host's clock is too far from the
+        database's."""
+        limit = self._config.max_clock_skew
+        if limit is None:
+            return
+        async with self._database.connection() as conn:
+            reading = await read_clocks(conn)
+        self._metrics.clock_ahead.set(reading.ahead)
+        reading.check(limit)
 
     async def readiness(self) -> Readiness:
         session = self._session

@@ -47,6 +47,7 @@ __all__ = [
     "BrokerRejected",
     "BrokerUnreachable",
     "ChannelGone",
+    "ClockSkewed",
     "ConfigError",
     "ConnectionLost",
     "ConnectionLostRepeatedly",
@@ -238,6 +239,11 @@ class DatabaseStalled(DatabaseUnavailable):
 
 class PipelineFault(ConsumerError):
     """Something no event can be blamed for is broken (no receipts table, a missing grant): stop."""
+
+
+class ClockSkewed(PipelineFault):
+    """This host's clock and the database's disagree by more than ``CONSUMER_MAX_CLOCK_SKEW``
+    (:mod:`consumer.db.clock`): the service does not start."""
 
 
 class BrokerUnreachable(ConsumerError, ConnectionError):

@@ -186,6 +186,11 @@ class Settings(BaseSettings):
     """An event older than the retention less this is never applied: dead-lettered `expired`;
     covers a batch's wait, a retry in flight and the service's clock against the database's
     (shorter than the retention)."""
+    max_clock_skew: Duration = timedelta(minutes=1)
+    """How far this host's clock may be from the database's (`clock_timestamp()`): further, and
+    `consumer run` refuses to start, one line naming the skew; every prune round measures again
+    (a warning and `consumer_clock_ahead_seconds`). Shorter than the margin, which covers it (see
+    Clock skew)."""
     # An hour: the partition being written stays small, and the receipt insert costs with a week
     # of receipts kept what it costs in an empty table (docs/performance.md).
     receipt_partition: Duration = timedelta(hours=1)
@@ -415,6 +420,17 @@ class Settings(BaseSettings):
         if retention is not None and value >= retention:
             raise ValueError(
                 f"must be shorter than CONSUMER_RECEIPT_RETENTION ({format_duration(retention)})"
+            )
+        return value
+
+    @field_validator("max_clock_skew")
+    @classmethod
+    def _check_max_clock_skew(cls, value: timedelta, info: ValidationInfo) -> timedelta:
+        margin = info.data.get("receipt_margin")
+        if margin is not None and value >= margin:
+            raise ValueError(
+                f"must be shorter than CONSUMER_RECEIPT_MARGIN ({format_duration(margin)}), "
+                "which covers the clocks' difference"
             )
         return value
 

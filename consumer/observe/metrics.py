@@ -188,6 +188,12 @@ class Metrics:
             "Receipt pruning rounds that failed (a lock not had in time, the database away).",
             registry=registry,
         )
+        self.clock_ahead = Gauge(
+            "consumer_clock_ahead_seconds",
+            "How far this host's clock is ahead of the database's (negative: behind), measured "
+            "at start-up and on every receipt pruning round (CONSUMER_MAX_CLOCK_SKEW).",
+            registry=registry,
+        )
         self.receipts_oldest_age = Gauge(
             "consumer_receipts_oldest_age_seconds",
             "Age of the oldest receipt range kept: no receipt kept is older.",

@@ -163,6 +163,7 @@ def build_service(
                 for migration_set in migration_sets(settings.handlers)
                 for migration in discover(migration_set)
             ),
+            max_clock_skew=settings.max_clock_skew,
         ),
         names=names,
         topology=topology_for(settings, registry),
@@ -181,6 +182,7 @@ def build_service(
                 lock_wait=settings.receipt_prune_lock_wait,
             ),
             connect=database.connect_one,
+            max_clock_skew=settings.max_clock_skew,
             logger=logger,
             metrics=metrics,
         ),

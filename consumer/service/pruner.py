@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
 import asyncpg
 
+from consumer.db.clock import read_clocks
 from consumer.db.pruning import ReceiptPruner
 from consumer.error_text import error_name
 from consumer.logs import Logger
@@ -33,8 +35,10 @@ class PeriodicPruner:
         connect: Callable[[], Awaitable[asyncpg.Connection[Any]]],
         logger: Logger,
         metrics: Metrics,
+        max_clock_skew: timedelta | None = None,
     ) -> None:
         self._pruner = pruner
+        self._max_clock_skew = max_clock_skew
         self._connect = connect
         self._logger = logger
         self._metrics = metrics
@@ -89,6 +93,7 @@ class PeriodicPruner:
             stats = await self._pruner.stats(conn)
             metrics.observe_receipts(stats.partitions, stats.estimated_rows, stats.oldest_age)
             metrics.describe_receipt_window(self._pruner.window, widest=stats.widest)
+            await self._watch_clocks(conn)
         except Exception as error:
             metrics.receipt_prune_failures.inc()
             self._logger.warning(
@@ -98,3 +103,17 @@ class PeriodicPruner:
             )
         finally:
             conn.terminate()
+
+    async def _watch_clocks(self, conn: asyncpg.Connection[Any]) -> None:
+        """The clocks measured again: a running service does not stop for a skew grown since
+        start-up (what it refuses to start with), it says so and the gauge shows it."""
+        if self._max_clock_skew is None:
+            return
+        reading = await read_clocks(conn)
+        self._metrics.clock_ahead.set(reading.ahead)
+        if reading.beyond(self._max_clock_skew):
+            self._logger.warning(
+                "clock skew past CONSUMER_MAX_CLOCK_SKEW: synchronise the clocks (NTP)",
+                clocks=f"this host's clock is {reading.describe()} the database's",
+                ahead_s=round(reading.ahead, 3),
+            )

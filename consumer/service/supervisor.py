@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from datetime import timedelta
 
 import aiormq
 
 from consumer.amqp.connect import BrokerConfig
 from consumer.amqp.delivery import Delivery
 from consumer.amqp.session import BrokerSession
+from consumer.db.clock import read_clocks
 from consumer.db.crashes import Liveness
 from consumer.db.database import Database
 from consumer.db.migration_sets import Migration
@@ -69,6 +71,9 @@ class ServiceConfig:
     shutdown_grace: float = 30.0
     migrations: tuple[Migration, ...] = ()
     """The service's and its handler modules' migrations: none may be pending at start-up."""
+    max_clock_skew: timedelta | None = None
+    """Start-up refuses past this difference between this host's clock and the database's
+    (:mod:`consumer.db.clock`); None: not checked."""
 
 
 class Service:
@@ -125,6 +130,7 @@ class Service:
                 migrations=self._config.migrations,
             ):
                 return
+            await self._check_clocks()
             async with self._tasks:
                 if self._pruner is None:
                     await self._run_broker(stop)
@@ -135,6 +141,17 @@ class Service:
                         await self._run_broker(stop)
         if self._tasks.fatal is not None:
             raise self._tasks.fatal
+
+    async def _check_clocks(self) -> None:
+        """:class:`~consumer.errors.ClockSkewed` if this host's clock is too far from the
+        database's."""
+        limit = self._config.max_clock_skew
+        if limit is None:
+            return
+        async with self._database.connection() as conn:
+            reading = await read_clocks(conn)
+        self._metrics.clock_ahead.set(reading.ahead)
+        reading.check(limit)
 
     async def readiness(self) -> Readiness:
         session = self._session

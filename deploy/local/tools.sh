@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Make sure the command-line tools that tests/deploy runs are installed, from Debian's packages:
-# prometheus and promtool (package prometheus), systemd-analyze (package systemd).
+# prometheus and promtool (package prometheus), systemd-analyze (package systemd), libfaketime
+# (package faketime: tests/integration/test_clock_skew.py runs the service on a skewed clock).
 # Used by `make pytest` (so `make test` and .ci/run); a no-op when they are already there.
 set -euo pipefail
 
@@ -11,11 +12,14 @@ fi
 if ! command -v systemd-analyze >/dev/null; then
   missing+=(systemd)
 fi
+if ! command -v faketime >/dev/null; then
+  missing+=(faketime)
+fi
 [ "${#missing[@]}" -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then
   if ! command -v sudo >/dev/null; then
-    echo "error: ${missing[*]} (Debian packages) are needed by tests/deploy; install them as root" >&2
+    echo "error: ${missing[*]} (Debian packages) are needed by the tests; install them as root" >&2
     exit 1
   fi
   exec sudo --preserve-env=PATH "$0" "$@"
@@ -33,4 +37,5 @@ echo "installing ${missing[*]} (Debian) for tests/deploy"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v systemd-analyze >/dev/null
+command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v systemd-analyze >/dev/null \
+  && command -v faketime >/dev/null

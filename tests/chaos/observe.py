@@ -14,6 +14,7 @@ import sys
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import aio_pika
@@ -57,7 +58,7 @@ class DeadCopy:
     """``consumer-attempt`` as it came (an int where the service wrote it)."""
     header_names: frozenset[str] = frozenset()
     dead_lettered_at: str | None = None
-    """``consumer-dead-lettered-at`` as it came."""
+    """``consumer-dead-lettered-at``: the service's clock when it dead-lettered the copy."""
 
 
 def _deaths(headers: dict[str, Any]) -> str:
@@ -89,6 +90,9 @@ class EndState:
     listed: list[dict[str, Any]] = field(default_factory=list)
     """``python -m consumer dlq list --json``, one object per dead letter."""
     list_error: str | None = None
+    dead_read_at: datetime | None = None
+    """When the dead-letter queue was read to its end: no copy can have been dead-lettered
+    later (the checker's bound on ``consumer-dead-lettered-at``)."""
     leftovers: dict[str, int] = field(default_factory=dict)
     """Messages still in the work queue or a delay queue after the consumers stopped."""
     leftover_samples: list[str] = field(default_factory=list)
@@ -177,6 +181,7 @@ async def take_dead_letters(url: str, queue: str, state: EndState) -> None:
                     dead_lettered_at=_text(headers.get(DEAD_LETTERED_AT)),
                 )
             )
+        state.dead_read_at = datetime.now(UTC)
     finally:
         await connection.close()
 

@@ -292,6 +292,12 @@ async def run(
     return report
 
 
+def _expiry_age(env: TestEnv) -> timedelta:
+    """The age past which the consumers refuse an event as ``expired``."""
+    settings = env.settings()
+    return settings.receipt_retention - settings.receipt_margin
+
+
 async def run_scenario(
     result: ScenarioResult,
     scenario: Scenario,
@@ -442,7 +448,7 @@ async def run_scenario(
             log,
             state,
             extra_dead_allowed=scenario.cuts_broker_links,
-            expired_copies=scenario.expired_copies,
+            expired_copies=_expiry_age(env) if scenario.expired_copies else None,
         )
         result.metrics, failures = world.metrics_check(
             state.applied, dead_by_reason(state), scenario.cuts_broker_links

@@ -37,6 +37,7 @@ RECEIPT_WINDOW = {
     "receipt_partition": "1s",
     "receipt_prune_interval": "1s",
     "max_future_skew": "2s",
+    "max_clock_skew": "5s",
 }
 """``receipt-pruning``: events older than 20s are refused, every second a partition goes. The
 window is wider than publishing the scenario's events takes (:attr:`Profile.pruning_events`), so

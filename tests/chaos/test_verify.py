@@ -6,7 +6,7 @@ import dataclasses
 import json
 import uuid
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -44,6 +44,7 @@ from tests.chaos.workload import (
     HANDLER_FAULTS,
     HOSTILE,
     MIX,
+    SEED_STOCK,
     Kind,
     PlannedEvent,
     Workload,
@@ -541,25 +542,34 @@ def test_excused_losses_become_notes_and_stay_counted() -> None:
     assert verdict.figures.lost == 2
 
 
+EXPIRY_AGE = timedelta(seconds=20)
+"""``receipt-pruning``'s: a 30s retention less a 10s margin."""
+
+
+def expired_copy(message_id: str, event: PlannedEvent, age: timedelta) -> DeadCopy:
+    """A copy of ``event`` the service dead-lettered ``expired`` when the event was ``age`` old."""
+    occurred_at = datetime.fromisoformat(json.loads(event.body)["occurred_at"])
+    return DeadCopy(
+        message_id,
+        "expired",
+        None,
+        error_class="EventExpired",
+        routing_key=event.routing_key,
+        attempt=0,
+        header_names=frozenset({"consumer-dead-reason", "consumer-dead-lettered-at"}),
+        dead_lettered_at=(occurred_at + age).isoformat(),
+    )
+
+
 def test_an_expired_late_copy_of_an_applied_event_is_counted_only_where_expected() -> None:
     workload = plan_workload(500, seed=5)
     log, state = perfect(workload)
     duplicate = next(p for p in workload.publications if p.copy and p.event.kind is Kind.APPLIED)
-    state.dead.append(
-        DeadCopy(
-            duplicate.message_id,
-            "expired",
-            None,
-            error_class="EventExpired",
-            routing_key=duplicate.event.routing_key,
-            attempt=0,
-            header_names=frozenset({"consumer-dead-reason"}),
-        )
-    )
+    state.dead.append(expired_copy(duplicate.message_id, duplicate.event, timedelta(seconds=25)))
     state.listed.append({"id": str(duplicate.event.event_id), "reason": "expired"})
 
     # A scenario with a short receipts window: a note, not a violation
-    expected = check(workload, log, state, extra_dead_allowed=False, expired_copies=True)
+    expected = check(workload, log, state, extra_dead_allowed=False, expired_copies=EXPIRY_AGE)
     assert expected.ok, expected.violations
     assert any("dead-lettered expired: 1" in note for note in expected.notes)
     # Anywhere else: an event that must apply found in the DLQ
@@ -569,8 +579,85 @@ def test_an_expired_late_copy_of_an_applied_event_is_counted_only_where_expected
     # And an expired event with no effect is lost even where expiry is expected
     assert duplicate.event.event_id is not None
     rows(state, duplicate.event)[duplicate.event.event_id] = 0
-    lost = check(workload, log, state, extra_dead_allowed=False, expired_copies=True)
+    lost = check(workload, log, state, extra_dead_allowed=False, expired_copies=EXPIRY_AGE)
     assert any("LOST" in violation for violation in lost.violations)
+
+
+def test_a_copy_dead_lettered_expired_while_young_is_innocent() -> None:
+    workload = plan_workload(500, seed=5)
+    log, state = perfect(workload)
+    duplicate = next(p for p in workload.publications if p.copy and p.event.kind is Kind.APPLIED)
+    state.dead.append(expired_copy(duplicate.message_id, duplicate.event, timedelta(seconds=3)))
+    state.listed.append({"id": str(duplicate.event.event_id), "reason": "expired"})
+
+    verdict = check(workload, log, state, extra_dead_allowed=False, expired_copies=EXPIRY_AGE)
+
+    assert any("INNOCENT" in violation for violation in verdict.violations), verdict.violations
+    assert verdict.figures.innocent_dead == 1
+
+
+def none_applied_all_expired(age: timedelta | None) -> tuple[Workload, PublishLog, EndState]:
+    """The issue's end state: no event that must apply has an effect or a receipt, and every
+    copy of each is in the DLQ as ``expired`` (stamped when ``age`` old; None: not stamped)."""
+    workload = plan_workload(500, seed=5)
+    log, state = perfect(workload)
+    for event in workload.events:
+        if not event.kind.applies:
+            continue
+        assert event.event_id is not None
+        rows(state, event)[event.event_id] = 0
+        del state.receipts[event.event_id]
+        for publication in workload.publications_of(event):
+            copy = expired_copy(publication.message_id, event, age or timedelta(0))
+            state.dead.append(
+                copy if age is not None else dataclasses.replace(copy, dead_lettered_at=None)
+            )
+            state.listed.append({"id": str(event.event_id), "reason": "expired"})
+    # What the stock is with none of them applied.
+    state.stock = dict.fromkeys(workload.stock(), SEED_STOCK)
+    return workload, log, state
+
+
+@pytest.mark.parametrize(
+    "age",
+    [None, timedelta(0), timedelta(seconds=19)],
+    ids=["unstamped", "dead-lettered-at-once", "just-inside-the-window"],
+)
+def test_events_dead_lettered_expired_before_their_age_made_it_inevitable_are_lost(
+    age: timedelta | None,
+) -> None:
+    workload, log, state = none_applied_all_expired(age)
+    assert workload.to_apply == 370
+
+    verdict = check(workload, log, state, extra_dead_allowed=False, expired_copies=EXPIRY_AGE)
+
+    assert verdict.figures.lost == 370
+    assert verdict.figures.applied == 0
+    assert any(v.startswith("LOST: events that must apply") for v in verdict.violations)
+
+
+def test_a_dead_lettered_at_later_than_the_queue_was_read_excuses_nothing() -> None:
+    workload, log, state = none_applied_all_expired(timedelta(seconds=25))
+    occurred_at = min(
+        datetime.fromisoformat(json.loads(event.body)["occurred_at"])
+        for event in workload.events
+        if event.kind.applies
+    )
+    state.dead_read_at = occurred_at + timedelta(seconds=10)
+
+    verdict = check(workload, log, state, extra_dead_allowed=False, expired_copies=EXPIRY_AGE)
+
+    assert verdict.figures.lost == 370
+
+
+def test_events_whose_age_made_every_copys_expiry_inevitable_are_accounted_for() -> None:
+    workload, log, state = none_applied_all_expired(timedelta(seconds=25))
+
+    verdict = check(workload, log, state, extra_dead_allowed=False, expired_copies=EXPIRY_AGE)
+
+    assert verdict.figures.lost == 0, verdict.violations
+    assert verdict.ok, verdict.violations
+    assert any("(370 events with no copy applied)" in note for note in verdict.notes)
 
 
 def test_a_stranding_the_runbooks_step_recovered_is_reported_with_its_raw_count() -> None:

@@ -20,17 +20,26 @@ dead copy must carry the service's (the event's routing key, an attempt count th
 reach), and a header the service had to make safe must still be there. A message id that was not
 UTF-8 comes back as read through the service's decoder (replacement characters) and counts as the id
 that was sent. A dead copy of an event that must apply is an *innocent dead letter*: counted, and
-always a violation."""
+always a violation.
+
+Where a scenario's receipts window is short (``receipt-pruning``), a copy of an event that must
+apply may be dead-lettered ``expired``: excused only where the event's age made it inevitable, that
+is its ``occurred_at`` was older than the expiry age (retention less margin) at the copy's
+``consumer-dead-lettered-at``, a stamp no later than the dead-letter queue was read. Any other
+``expired`` copy is innocent, and an event with no effect whose copies are not all so excused is
+lost."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 from consumer.amqp.field_table import UNREADABLE_KEY
 from tests.chaos.hostile import FORGED_ATTEMPT, FORGED_YEAR, KEPT_HEADER, Wire, sent_id
-from tests.chaos.observe import EndState
+from tests.chaos.observe import DeadCopy, EndState
 from tests.chaos.producer import Attempt, PublishLog
 from tests.chaos.workload import RETRY_RUNGS, Kind, PlannedEvent, Workload, publication_of
 
@@ -225,11 +234,14 @@ def check(
     state: EndState,
     *,
     extra_dead_allowed: bool,
-    expired_copies: bool = False,
+    expired_copies: timedelta | None = None,
 ) -> Verdict:
-    """Every invariant; the figures for the table. ``expired_copies``: a copy of an applied event
-    dead-lettered ``expired`` (a late duplicate of a short receipts window) is counted in a note,
-    not reported as an innocent dead letter."""
+    """Every invariant; the figures for the table. ``expired_copies``: the scenario's expiry age
+    (``CONSUMER_RECEIPT_RETENTION`` less ``CONSUMER_RECEIPT_MARGIN``) where its receipts' window
+    is short; a copy of an applied event dead-lettered ``expired`` (a late duplicate) is then
+    counted in a note, not reported as an innocent dead letter, but only where the event's age
+    made the expiry inevitable (:func:`_inevitably_expired`); any other is innocent, and an
+    event with no effect whose copies were not all inevitably expired is lost."""
     figures = Figures(sent=len(workload.publications), resent=log.resent)
     verdict = Verdict(figures)
     figures.to_apply = workload.to_apply
@@ -265,7 +277,9 @@ def check(
             # Where the window is short, an event whose every copy was refused as expired is in
             # the DLQ with its reason: accounted for, not lost.
             all_expired = (
-                expired_copies and dead_copies >= len(publications) and _all_expired(state, event)
+                expired_copies is not None
+                and dead_copies >= len(publications)
+                and _all_expired(state, event, expired_copies)
             )
             if effects:
                 figures.applied += 1
@@ -276,14 +290,14 @@ def check(
                 doubled.append(f"{event.key}x{effects}")
             # A receipt and its effect commit together; where receipts are pruned during the run
             # one may be gone since.
-            pruned = expired_copies and receipts == 0
+            pruned = expired_copies is not None and receipts == 0
             if receipts != (1 if effects else 0) and not pruned:
                 receipts_wrong.append(f"{event.key}: {receipts} receipts, {effects} effects")
             if (
-                expired_copies
+                expired_copies is not None
                 and dead_copies
                 and (effects == 1 or all_expired)
-                and _all_expired(state, event)
+                and _all_expired(state, event, expired_copies)
             ):
                 # A late copy, or (the machine too slow for the window) every copy: in the DLQ
                 # with its reason, replayable with --force; never applied twice.
@@ -344,9 +358,9 @@ def check(
             f"({len(expired_events)} events with no copy applied)"
         )
 
-    _check_dead_reasons(workload, state, verdict, expired_copies=expired_copies)
+    _check_dead_reasons(workload, state, verdict, expired_copies=expired_copies is not None)
     _check_true_headers(workload, state, verdict)
-    _check_listing(workload, state, verdict, expired_copies=expired_copies)
+    _check_listing(workload, state, verdict, expired_copies=expired_copies is not None)
     _check_unknown_rows(workload, state, verdict)
 
     stock = workload.stock()
@@ -370,12 +384,49 @@ def check(
     return verdict
 
 
-def _all_expired(state: EndState, event: PlannedEvent) -> bool:
+def _all_expired(state: EndState, event: PlannedEvent, max_age: timedelta) -> bool:
+    """Every dead copy of ``event`` inevitably expired."""
+    occurred_at = _occurred_at(event)
     return all(
-        copy.reason == "expired"
+        _inevitably_expired(copy, occurred_at, max_age, state.dead_read_at)
         for copy in state.dead
         if publication_of(copy.message_id or "").split(".")[0] == event.key
     )
+
+
+def _inevitably_expired(
+    copy: DeadCopy, occurred_at: datetime | None, max_age: timedelta, read_at: datetime | None
+) -> bool:
+    """An ``expired`` dead copy the event's age explains: the service stamped when it
+    dead-lettered it (``consumer-dead-lettered-at``), no later than the queue was read to its end,
+    and the event was by then older than ``max_age``. A reason alone excuses nothing: a service
+    that dead-letters young events as ``expired`` loses them."""
+    if copy.reason != "expired" or occurred_at is None:
+        return False
+    dead_at = _instant(copy.dead_lettered_at)
+    if dead_at is None or (read_at is not None and dead_at > read_at):
+        return False
+    return dead_at - occurred_at > max_age
+
+
+def _occurred_at(event: PlannedEvent) -> datetime | None:
+    """The ``occurred_at`` the event was published with."""
+    try:
+        envelope = json.loads(event.body)
+    except ValueError:
+        return None
+    return _instant(envelope.get("occurred_at")) if isinstance(envelope, dict) else None
+
+
+def _instant(value: object) -> datetime | None:
+    """An ISO 8601 instant with its offset; None for anything else."""
+    if not isinstance(value, str):
+        return None
+    try:
+        instant = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return instant if instant.tzinfo is not None else None
 
 
 def _check_dead_reasons(

@@ -6,6 +6,10 @@ patches the service before it runs; ``TEST_SABOTAGE`` names what to break:
   closing (``ChannelInvalidStateError``, a ``RuntimeError``);
 - ``report``: reporting the outcome of a ``test.sabotage`` event raises, as a bug outside the
   handled exceptions would, killing the worker that settles it;
+- ``ack_lost``: the ack of a ``test.sabotage`` event's first delivery is lost: after its commit,
+  the ack is never sent and the consume connection closes instead, as a network that fails
+  between the commit and the ack would have it; the broker delivers the event again, flagged
+  redelivered;
 - ``span_hooks``: with tracing on, a span processor on the provider raises whenever a span ends,
   and when a transaction's starts, as a library's processor may (the SDK does not catch what
   they raise).
@@ -13,6 +17,7 @@ patches the service before it runs; ``TEST_SABOTAGE`` names what to break:
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -21,6 +26,7 @@ import asyncpg
 from pydantic import BaseModel
 
 from consumer import Envelope, register
+from consumer.amqp.delivery import Delivery
 from consumer.amqp.session import BrokerSession
 from consumer.observe.report import OutcomeReporter
 
@@ -62,6 +68,25 @@ if "report" in SABOTAGE:
         _report(self, outcome, settled)
 
     OutcomeReporter.report = _broken_report  # type: ignore[method-assign]
+
+if "ack_lost" in SABOTAGE:
+    _ack = Delivery.ack
+    _lost: set[bytes] = set()
+    _closing: set[asyncio.Task[Any]] = set()
+
+    def _losing_ack(self: Delivery) -> None:
+        if self.routing_key != "test.sabotage" or self.redelivered or self.body in _lost:
+            _ack(self)
+            return
+        _lost.add(self.body)
+        connection = self.acker._channel.connection
+        closing = asyncio.get_running_loop().create_task(
+            connection.close(ConnectionError("the ack was lost (sabotage)"))
+        )
+        _closing.add(closing)
+        closing.add_done_callback(_closing.discard)
+
+    Delivery.ack = _losing_ack  # type: ignore[method-assign]
 
 if "span_hooks" in SABOTAGE:
     from opentelemetry import trace

@@ -85,3 +85,36 @@ async def test_a_worker_that_dies_stops_the_service_with_one_line_and_nothing_is
     await wait_until(applied, what="the event after the restart")
     assert await healthy.metric("consumer_in_flight") == 0
     assert await healthy.stop() == 0
+
+
+async def test_a_redelivered_copy_of_a_committed_event_whose_ack_was_lost_is_not_applied_again(
+    own: TestEnv,
+) -> None:
+    # Given a service that commits an event and loses its ack: the connection closes between the
+    # commit and the ack, so the broker holds the delivery unacked and gives it back, redelivered
+    env = own
+    await env.apply_topology()
+    service = await sabotaged(env, "service", "ack_lost").start().wait_ready()
+    async with env.producer() as producer:
+        event_id = await producer.send("test.sabotage", {"key": "once"})
+
+    # Then the redelivered copy takes the redelivery path (isolated, marked in progress), finds
+    # the receipt its first copy committed, and is acked as a duplicate: one effect
+    async def settled_as_duplicate() -> bool:
+        return await service.metric_is(
+            "consumer_messages_total", 1, type="test.sabotage", outcome="duplicate"
+        )
+
+    await wait_until(settled_as_duplicate, what="the redelivered copy settled as a duplicate")
+    await service.wait_idle()
+    assert await effects(env, event_id) == 1
+    assert await service.metric("consumer_redeliveries_total") == 1
+    assert (
+        await service.metric("consumer_messages_total", type="test.sabotage", outcome="processed")
+        == 1
+    )
+    lost = [line for line in service.log_lines() if line.get("event") == "lost RabbitMQ"]
+    assert len(lost) == 1, lost
+    marks = await fetchval(env.database_url, "SELECT count(*) FROM consumer_in_progress")
+    assert marks == 0
+    assert await service.stop() == 0

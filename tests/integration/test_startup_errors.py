@@ -19,6 +19,7 @@ from tests.support import TestEnv, run_cli
         # 400 prefetched bodies of up to 256 KiB cannot fit in 128 MiB
         (("consumer", "run"), "memory_limit", "128MiB"),
         (("consumer", "run"), "retry_delays", ""),
+        (("consumer", "run"), "max_clock_skew", "2h"),
         (("consumer", "dlq", "list"), "prefech", "10"),
     ],
 )

@@ -78,6 +78,9 @@ def test_a_window_that_cannot_work_is_refused(margin: timedelta, partition: time
         ),
         ({"receipt_partition": "1500ms"}, "receipt_partition"),
         ({"receipt_prune_interval": "0s"}, "receipt_prune_interval"),
+        # The margin covers the clocks' difference: the skew allowed must be shorter
+        ({"receipt_margin": "1m"}, "max_clock_skew"),
+        ({"receipt_margin": "10s", "max_clock_skew": "10s"}, "max_clock_skew"),
     ],
 )
 def test_bad_retention_settings_stop_start_up(variables: dict[str, str], named: str) -> None:

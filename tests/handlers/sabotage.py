@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any
+from typing import Any, cast
 
 import aiormq
 import asyncpg
@@ -79,7 +79,8 @@ if "ack_lost" in SABOTAGE:
             _ack(self)
             return
         _lost.add(self.body)
-        connection = self.acker._channel.connection
+        # The real channel's acker (consumer.amqp.acker.Acker), not the Settles protocol's face.
+        connection = cast(Any, self.acker)._channel.connection
         closing = asyncio.get_running_loop().create_task(
             connection.close(ConnectionError("the ack was lost (sabotage)"))
         )

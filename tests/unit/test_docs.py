@@ -51,6 +51,8 @@ def _command_lines() -> list[tuple[str, list[str]]]:
                 if match is None or command.startswith(("#", "-", "from ", "import ")):
                     continue
                 rest = match.group(1).split(" | ")[0].split(" && ")[0].strip()
+                # A shell redirection (> file, 2> file, < file) is the shell's, not the command's.
+                rest = re.sub(r"\s*\d?[<>]{1,2}\s*\S+", "", rest).strip()
                 # A usage line's optional parts ([--limit N]) are left out: the rest must parse.
                 rest = re.sub(r"\s*\[[^\]]*\]", "", rest).strip()
                 try:

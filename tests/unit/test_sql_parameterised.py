@@ -1,6 +1,8 @@
 """README "Security": every value reaches PostgreSQL as a parameter. The only statements built from
 text are the two below, neither with anything a message carries: ``CREATE DATABASE`` with the name
-from the settings, quoted as an identifier, and the lock timeout, an integer setting."""
+from the settings, quoted as an identifier, and the lock timeout, an integer setting. The test kit
+(``consumer.testing``, never run by the service) makes and drops its throwaway databases by their
+quoted names the same way."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ SQL_START = re.compile(
 BUILT_FROM_TEXT = {
     ("db/migrations.py", "CREATE DATABASE "),
     ("pipeline/batch.py", "SET LOCAL lock_timeout = '"),
+    ("testing/database.py", "CREATE DATABASE "),
+    ("testing/database.py", "DROP DATABASE IF EXISTS "),
 }
 
 

@@ -29,6 +29,10 @@ class Harness(Protocol):
     def waiting(self) -> int:
         """Retry copies on the ladder that have not come back yet."""
 
+    @property
+    def lines(self) -> list[dict[str, Any]]:
+        """The service's ``message settled`` log lines so far (their fields), in order."""
+
     async def send(self, *messages: Message) -> list[EventOutcome]:
         """Publish ``messages`` to the work queue together; each one's outcome, in order."""
 

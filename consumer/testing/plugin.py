@@ -6,9 +6,10 @@ Fixtures (all named ``consumer_*``):
 ``consumer_handlers`` (session)
     The handler modules under test: the ``consumer_handlers`` ini option, else
     ``CONSUMER_HANDLERS``. Override it in a ``conftest.py`` to name them in code.
-``consumer_template`` (session; ``consumer_databases`` keeps it and its copies)
+``consumer_template`` (``consumer_databases``, session, keeps it and its copies)
     A :class:`~consumer.testing.TemplateDatabase` with the service's and the handlers'
-    migrations, made once per test run (per xdist worker) and dropped at its end.
+    migrations, made once per test run (per xdist worker, and per set of handler modules)
+    and dropped at its end.
 ``consumer_database`` (function)
     The URL of a fresh copy of the template, dropped after the test.
 ``consumer_settings`` (function)
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from concurrent.futures import Future
@@ -40,14 +42,36 @@ if TYPE_CHECKING:  # imported when a fixture is used: pytest starts fast in ever
 
 __all__ = [
     "DatabaseKeeper",
+    "DatabaseKeepers",
     "consumer_database",
     "consumer_handlers",
     "consumer_settings",
     "consumer_template",
     "pytest_addoption",
+    "pytest_load_initial_conftests",
 ]
 
 T = TypeVar("T")
+
+
+_SERVICE_PACKAGES = frozenset({"consumer", "topology"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """Leave the service's own modules as they are. pytest rewrites the asserts of every
+    package of a distribution that declares a plugin: here the whole service, each time a test
+    run imports it (about half the run's CPU for a team's handler tests where bytecode is not
+    cached, as with PYTHONDONTWRITEBYTECODE). The service's asserts are not tests'. Done through
+    the rewrite hook's private set; a pytest without it keeps its default."""
+    for finder in sys.meta_path:
+        if type(finder).__name__ != "AssertionRewritingHook":
+            continue
+        marked = getattr(finder, "_must_rewrite", None)
+        cache = getattr(finder, "_marked_for_rewrite_cache", None)
+        if isinstance(marked, set) and isinstance(cache, dict):
+            marked.difference_update(_SERVICE_PACKAGES)
+            cache.clear()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -142,35 +166,61 @@ def consumer_handlers(pytestconfig: pytest.Config) -> list[str]:
     return named
 
 
-@pytest.fixture(scope="session")
-def consumer_databases(consumer_handlers: list[str]) -> Iterator[DatabaseKeeper]:
-    """The run's template and its copies (:class:`DatabaseKeeper`)."""
-    from consumer.testing.database import TemplateDatabase
+class DatabaseKeepers:
+    """A :class:`DatabaseKeeper` per set of handler modules, made when first wanted: a test
+    module may name handlers of its own (its ``consumer_handlers`` fixture)."""
 
-    keeper = DatabaseKeeper(TemplateDatabase(consumer_handlers))
-    keeper.open()
+    def __init__(self) -> None:
+        self._keepers: dict[tuple[str, ...], DatabaseKeeper] = {}
+
+    def for_handlers(self, handlers: list[str]) -> DatabaseKeeper:
+        key = tuple(handlers)
+        keeper = self._keepers.get(key)
+        if keeper is None:
+            from consumer.testing.database import TemplateDatabase
+
+            keeper = DatabaseKeeper(TemplateDatabase(handlers))
+            keeper.open()
+            self._keepers[key] = keeper
+        return keeper
+
+    def close(self) -> None:
+        keepers, self._keepers = list(self._keepers.values()), {}
+        for keeper in keepers:
+            keeper.close()
+
+
+@pytest.fixture(scope="session")
+def consumer_databases() -> Iterator[DatabaseKeepers]:
+    """The run's templates and their copies, one template per set of handler modules."""
+    keepers = DatabaseKeepers()
     try:
-        yield keeper
+        yield keepers
     finally:
-        keeper.close()
+        keepers.close()
 
 
-@pytest.fixture(scope="session")
-def consumer_template(consumer_databases: DatabaseKeeper) -> TemplateDatabase:
-    """The migrated template database of the run."""
-    return consumer_databases.template
+@pytest.fixture
+def consumer_template(
+    consumer_databases: DatabaseKeepers, consumer_handlers: list[str]
+) -> TemplateDatabase:
+    """The migrated template database of the run, for the test's handler modules."""
+    return consumer_databases.for_handlers(consumer_handlers).template
 
 
 @pytest.fixture
 def consumer_database(
-    request: pytest.FixtureRequest, consumer_databases: DatabaseKeeper
+    request: pytest.FixtureRequest,
+    consumer_databases: DatabaseKeepers,
+    consumer_handlers: list[str],
 ) -> Iterator[str]:
     """The URL of a fresh copy of the template, dropped after the test."""
-    url = consumer_databases.take(wanted_after=_tests_after(request, "consumer_database"))
+    keeper = consumer_databases.for_handlers(consumer_handlers)
+    url = keeper.take(wanted_after=_tests_after(request, "consumer_database"))
     try:
         yield url
     finally:
-        consumer_databases.give_back(url)
+        keeper.give_back(url)
 
 
 @pytest.fixture

@@ -112,7 +112,7 @@ def build_service(
     (off by default). ``message_log`` takes the line per settled delivery (through ``logger``
     unless given)."""
     names = names_for(settings)
-    database = Database(database_config(settings))
+    database = Database(database_config(settings, registry))
     guard = Guard(database, within=settings.db_stall_timeout.total_seconds())
     judge = Judge(RetryPolicy.from_delays(settings.retry_delays))
     receipts = Receipts(consumer=settings.name, guard=guard)

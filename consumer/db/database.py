@@ -61,6 +61,18 @@ _LOCK_CHECK_ERRORS: tuple[type[BaseException], ...] = (
 ACQUIRE_TIMEOUT = 5.0
 PROBE_TIMEOUT = 2.0
 
+# The server's side of a link that went silent (a partition drops packets, no RST): without these,
+# the server learns its client is gone only from the system's TCP keepalive (two hours on Linux),
+# and a session caught idle in a transaction keeps its row locks, receipts included, until then.
+# Keepalives: a peer silent for 30s is probed every 10s, and given up after 3 unanswered probes;
+# data the peer never acknowledges gives up after a minute (tcp_user_timeout).
+TCP_SETTINGS = {
+    "tcp_keepalives_idle": "30",
+    "tcp_keepalives_interval": "10",
+    "tcp_keepalives_count": "3",
+    "tcp_user_timeout": "60000",
+}
+
 
 def describe_database_error(error: BaseException) -> str:
     text = str(error) or type(error).__name__
@@ -78,6 +90,20 @@ class DatabaseConfig:
     pool_size: int = 4
     command_timeout: float = 60.0
     application_name: str = "consumer"
+    idle_in_transaction_timeout: float | None = None
+    """Seconds after which the server ends a session idle inside a transaction (rolled back, its
+    locks released): what a client that went silent mid-transaction leaves. None: the server's
+    own setting."""
+
+    @property
+    def server_settings(self) -> dict[str, str]:
+        """The session settings every connection of the service opens with (its startup
+        packet: no round trip)."""
+        settings = {"application_name": self.application_name, **TCP_SETTINGS}
+        if self.idle_in_transaction_timeout is not None:
+            milliseconds = max(1, round(self.idle_in_transaction_timeout * 1000))
+            settings["idle_in_transaction_session_timeout"] = str(milliseconds)
+        return settings
 
     @property
     def dsn(self) -> str:
@@ -160,7 +186,7 @@ class Database:
             min_size=0,
             max_size=config.pool_size,
             command_timeout=config.command_timeout,
-            server_settings={"application_name": config.application_name},
+            server_settings=config.server_settings,
             reset=_keep_session,
         )
         return self
@@ -217,7 +243,9 @@ class Database:
         try:
             async with asyncio.timeout(PROBE_TIMEOUT):
                 conn: asyncpg.Connection[Any] = await connect(
-                    self._config.dsn, timeout=PROBE_TIMEOUT
+                    self._config.dsn,
+                    timeout=PROBE_TIMEOUT,
+                    server_settings=self._config.server_settings,
                 )
                 return conn
         except _CONFIG_ERRORS as error:

@@ -60,7 +60,7 @@ def build_pipeline(
 ) -> PipelineParts:
     """Prepare, batch engine, handler call, judge and settler, as ``settings`` configure them;
     ``on_conflict`` is told of each batch that met a lock conflict (a metric)."""
-    database = Database(database_config(settings))
+    database = Database(database_config(settings, registry))
     guard = Guard(database, within=settings.db_stall_timeout.total_seconds())
     judge = Judge(RetryPolicy.from_delays(settings.retry_delays))
     receipts = Receipts(consumer=settings.name, guard=guard)

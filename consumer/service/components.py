@@ -18,6 +18,7 @@ from consumer.config.tls import TlsFiles
 from consumer.db.database import DatabaseConfig
 from consumer.db.retention import ReceiptWindow
 from consumer.pipeline.envelope_parser import EnvelopeLimits
+from consumer.registry import HandlerRegistry
 from consumer.service.memory import MemoryBudget
 from topology.model import Topology
 from topology.names import Names
@@ -29,6 +30,7 @@ __all__ = [
     "broker_config",
     "database_config",
     "envelope_limits",
+    "idle_in_transaction_timeout",
     "memory_budget",
     "names_for",
     "receipt_window",
@@ -116,18 +118,38 @@ def broker_config(settings: Settings) -> BrokerConfig:
     )
 
 
-def database_config(settings: Settings) -> DatabaseConfig:
+def database_config(settings: Settings, registry: HandlerRegistry | None = None) -> DatabaseConfig:
+    """The database's part; with the ``registry`` (the service, not a command), its sessions end
+    a transaction left idle past :func:`idle_in_transaction_timeout`."""
+    # Handlers run under the soft time limit; this only stops a hung server holding a
+    # connection for ever.
+    command_timeout = settings.hard_timeout.total_seconds() * 3
     return DatabaseConfig(
         url=settings.database_url,
         safe_url=settings.safe_database_url,
         sslmode=settings.database_sslmode,
         sslrootcert=settings.database_sslrootcert,
         pool_size=settings.db_pool_size,
-        # Handlers run under the soft time limit; this only stops a hung server holding a
-        # connection for ever.
-        command_timeout=settings.hard_timeout.total_seconds() * 3,
+        command_timeout=command_timeout,
         application_name=settings.name,
+        idle_in_transaction_timeout=(
+            idle_in_transaction_timeout(settings, registry) if registry is not None else None
+        ),
     )
+
+
+def idle_in_transaction_timeout(settings: Settings, registry: HandlerRegistry) -> float:
+    """Seconds a session of the service may sit idle inside a transaction before the server ends
+    it: a client that went silent mid-transaction (a partition, a frozen process) holds its row
+    locks no longer. The longest a live service leaves its transaction idle is a handler awaiting
+    something else than the database, up to its time limit: twice the longest limit, and never
+    less than the statements' own timeout (three hard time limits: 60s by default)."""
+    limits = [settings.handler_timeout]
+    limits += [
+        handler.timeout for handler in map(registry.__getitem__, registry) if handler.timeout
+    ]
+    longest = max(limits).total_seconds()
+    return max(settings.hard_timeout.total_seconds() * 3, 2 * longest)
 
 
 def envelope_limits(settings: Settings) -> EnvelopeLimits:

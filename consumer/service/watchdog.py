@@ -6,6 +6,10 @@ in synchronous code. This thread watches a heartbeat the loop writes; when it is
 (:mod:`consumer.pipeline.calls`), has the event convicted (``convict``: recorded in the database, so
 that the event is dead-lettered at its next delivery instead of killing the next process too), logs
 it and exits the process at once, so the broker redelivers and the supervisor restarts the service.
+
+A process that was stopped as a whole (SIGSTOP, a paused container or virtual machine) finds its
+heartbeat old when it runs again, though its loop never blocked: this thread was stopped as long.
+So a look that comes more than the limit after the one before restarts the count from then.
 """
 
 from __future__ import annotations
@@ -41,14 +45,16 @@ class LoopWatchdog:
         convict: Convict | None = None,
         interval: float | None = None,
         before_exit: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._limit = limit
+        self._clock = clock
         self._logger = logger
         self._calls = calls or HandlerCalls()
         self._convict = convict
         self._before_exit = before_exit
         self._interval = interval if interval is not None else min(0.5, limit / 4)
-        self._beat = time.monotonic()
+        self._beat = clock()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self._heartbeat: asyncio.Task[None] | None = None
@@ -56,7 +62,7 @@ class LoopWatchdog:
 
     async def __aenter__(self) -> LoopWatchdog:
         self._loop = asyncio.get_running_loop()
-        self._beat = time.monotonic()
+        self._beat = self._clock()
         self._heartbeat = asyncio.create_task(self._beat_forever(), name="watchdog-heartbeat")
         self._thread = threading.Thread(target=self._watch, name="loop-watchdog", daemon=True)
         self._thread.start()
@@ -76,13 +82,20 @@ class LoopWatchdog:
 
     async def _beat_forever(self) -> None:
         while True:
-            self._beat = time.monotonic()
+            self._beat = self._clock()
             await asyncio.sleep(self._interval)
 
     def _watch(self) -> None:
         seen: RunningCall | None = None
+        looked = resumed = self._clock()
         while not self._stopped.wait(self._interval):
-            blocked = time.monotonic() - self._beat
+            now = self._clock()
+            if now - looked > self._limit:
+                # This thread went unscheduled past the limit too: the whole process was
+                # stopped, not its loop blocked. The loop gets the limit again from now.
+                resumed = now
+            looked = now
+            blocked = now - max(self._beat, resumed)
             if blocked <= self._limit:
                 seen = None
                 continue

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make sure the command-line tools that tests/deploy runs are installed, from Debian's packages:
 # prometheus and promtool (package prometheus), systemd-analyze (package systemd), libfaketime
-# (package faketime: tests/integration/test_clock_skew.py runs the service on a skewed clock).
+# (package faketime: tests/integration/test_clock_skew.py runs the service on a skewed clock), nft
+# (package nftables: tests/chaos/network.py cuts links between network namespaces).
 # Used by `make pytest` (so `make test` and .ci/run); a no-op when they are already there.
 set -euo pipefail
 
@@ -14,6 +15,9 @@ if ! command -v systemd-analyze >/dev/null; then
 fi
 if ! command -v faketime >/dev/null; then
   missing+=(faketime)
+fi
+if ! command -v nft >/dev/null; then
+  missing+=(nftables)
 fi
 [ "${#missing[@]}" -eq 0 ] && exit 0
 
@@ -38,4 +42,4 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v systemd-analyze >/dev/null \
-  && command -v faketime >/dev/null
+  && command -v faketime >/dev/null && command -v nft >/dev/null

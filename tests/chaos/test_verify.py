@@ -650,6 +650,56 @@ def test_a_dead_lettered_at_later_than_the_queue_was_read_excuses_nothing() -> N
     assert verdict.figures.lost == 370
 
 
+def test_an_event_whose_one_dead_copy_expired_on_the_ladder_is_accounted_for() -> None:
+    # Its duplicate was acked as a copy of the first in their batch; the first went on along the
+    # retry ladder and was refused as expired there, old enough: in the DLQ, not lost
+    workload = plan_workload(500, seed=5)
+    log, state = perfect(workload)
+    duplicate = next(p for p in workload.publications if p.copy and p.event.kind is Kind.APPLIED)
+    event = duplicate.event
+    assert event.event_id is not None
+    rows(state, event)[event.event_id] = 0
+    del state.receipts[event.event_id]
+    off_the_ladder = dataclasses.replace(
+        expired_copy(f"{event.key}.0", event, timedelta(seconds=28)), attempt=2
+    )
+    state.dead.append(off_the_ladder)
+    state.listed.append({"id": str(event.event_id), "reason": "expired"})
+    state.stock = workload.stock()
+
+    verdict = check(workload, log, state, extra_dead_allowed=False, expired_copies=EXPIRY_AGE)
+
+    assert verdict.ok, verdict.violations
+    assert verdict.figures.lost == 0
+    # A first delivery's copy (never retried) explains no other copy: that one is lost
+    state.dead[-1] = dataclasses.replace(off_the_ladder, attempt=0)
+    lost = check(workload, log, state, extra_dead_allowed=False, expired_copies=EXPIRY_AGE)
+    assert lost.figures.lost == 1
+
+
+@pytest.mark.parametrize(("age", "ok"), [(timedelta(seconds=25), True), (timedelta(0), False)])
+def test_a_dead_bound_event_may_be_dead_lettered_expired_only_when_old_enough(
+    age: timedelta, ok: bool
+) -> None:
+    # Its age is judged before its type: an old event of an unknown type is refused as expired
+    workload = plan_workload(500, seed=5)
+    log, state = perfect(workload)
+    index, copy = next(
+        (i, c)
+        for i, c in enumerate(state.dead)
+        if workload.by_message_id[c.message_id or ""].event.kind is Kind.UNKNOWN_TYPE
+    )
+    event = workload.by_message_id[copy.message_id or ""].event
+    state.dead[index] = expired_copy(copy.message_id or "", event, age)
+    state.listed[index] = {"id": str(event.event_id), "reason": "expired"}
+
+    verdict = check(workload, log, state, extra_dead_allowed=False, expired_copies=EXPIRY_AGE)
+
+    assert verdict.ok is ok, verdict.violations
+    if not ok:
+        assert any("wrong reason" in violation for violation in verdict.violations)
+
+
 def test_events_whose_age_made_every_copys_expiry_inevitable_are_accounted_for() -> None:
     workload, log, state = none_applied_all_expired(timedelta(seconds=25))
 

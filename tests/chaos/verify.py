@@ -276,9 +276,12 @@ def check(
         if event.kind.applies:
             # Where the window is short, an event whose every copy was refused as expired is in
             # the DLQ with its reason: accounted for, not lost.
+            # Every copy, or one off the retry ladder: a duplicate is acked as a copy of the
+            # first in their batch when the first goes on along the ladder (and expired there).
             all_expired = (
                 expired_copies is not None
-                and dead_copies >= len(publications)
+                and (dead_copies >= len(publications) or _off_the_ladder(state, event))
+                and dead_copies >= 1
                 and _all_expired(state, event, expired_copies)
             )
             if effects:
@@ -317,8 +320,10 @@ def check(
                     for copy in state.dead
                     if publication_of(copy.message_id or "").split(".")[0] == event.key
                 ]
+                ages = _ages_when_dead(state, event)
                 applied_and_dead.append(
                     f"{event.key} ({event.kind.value}) reason: {reasons} x-death: {deaths}"
+                    + (f" age when dead-lettered: {ages}" if ages else "")
                 )
             continue
         if event.kind is Kind.ID_CONFLICT:
@@ -358,7 +363,7 @@ def check(
             f"({len(expired_events)} events with no copy applied)"
         )
 
-    _check_dead_reasons(workload, state, verdict, expired_copies=expired_copies is not None)
+    _check_dead_reasons(workload, state, verdict, expired_copies=expired_copies)
     _check_true_headers(workload, state, verdict)
     _check_listing(workload, state, verdict, expired_copies=expired_copies is not None)
     _check_unknown_rows(workload, state, verdict)
@@ -392,6 +397,28 @@ def _all_expired(state: EndState, event: PlannedEvent, max_age: timedelta) -> bo
         for copy in state.dead
         if publication_of(copy.message_id or "").split(".")[0] == event.key
     )
+
+
+def _off_the_ladder(state: EndState, event: PlannedEvent) -> bool:
+    """A dead copy of ``event`` came back from the retry ladder (``consumer-attempt`` past 0)."""
+    return any(
+        isinstance(copy.attempt, int) and not isinstance(copy.attempt, bool) and copy.attempt > 0
+        for copy in state.dead
+        if publication_of(copy.message_id or "").split(".")[0] == event.key
+    )
+
+
+def _ages_when_dead(state: EndState, event: PlannedEvent) -> list[str]:
+    """How old ``event`` was at each of its dead copies' ``consumer-dead-lettered-at``."""
+    occurred_at = _occurred_at(event)
+    ages = []
+    for copy in state.dead:
+        if publication_of(copy.message_id or "").split(".")[0] != event.key:
+            continue
+        dead_at = _instant(copy.dead_lettered_at)
+        if occurred_at is not None and dead_at is not None:
+            ages.append(f"{(dead_at - occurred_at).total_seconds():.3f}s")
+    return ages
 
 
 def _inevitably_expired(
@@ -430,10 +457,16 @@ def _instant(value: object) -> datetime | None:
 
 
 def _check_dead_reasons(
-    workload: Workload, state: EndState, verdict: Verdict, *, expired_copies: bool = False
+    workload: Workload,
+    state: EndState,
+    verdict: Verdict,
+    *,
+    expired_copies: timedelta | None = None,
 ) -> None:
     """Headers: the kind's ``consumer-dead-reason`` (and ``consumer-error-class`` where the kind
-    names one) on what the service dead-letters, poison included."""
+    names one) on what the service dead-letters, poison included; or ``expired`` where the
+    event's age made it inevitable (``expired_copies``: the expiry age), its age being judged
+    before its type and payload are."""
     wrong: list[str] = []
     wrong_class: list[str] = []
     strangers: list[str] = []
@@ -454,8 +487,11 @@ def _check_dead_reasons(
                     f"first-death={copy.first_death_reason} reason={copy.reason}"
                 )
             continue
-        if expired_copies and copy.reason == "expired" and not kind.poison:
-            good = True  # too old for the scenario's short receipts window by its turn
+        if expired_copies is not None and copy.reason == "expired":
+            # Too old for the scenario's short receipts window by its turn
+            good = _inevitably_expired(
+                copy, _occurred_at(publication.event), expired_copies, state.dead_read_at
+            )
         else:
             good = copy.reason == kind.header_reason
         if not good:
@@ -514,7 +550,7 @@ def _check_listing(
     workload: Workload, state: EndState, verdict: Verdict, *, expired_copies: bool = False
 ) -> None:
     """``dlq list --json``: one row per dead copy, each with its kind's reason (or ``expired``,
-    for a copy of an event that applies, where ``expired_copies``)."""
+    where ``expired_copies``: whether the copy's age made it so is the copy's own check)."""
     if state.list_error is not None:
         verdict.violations.append(f"dlq list failed: {state.list_error}")
         return
@@ -533,8 +569,8 @@ def _check_listing(
             event = publication.event if publication is not None else None
         if event is None:
             wrong.append(f"{ident}: not a published event")
-        elif expired_copies and not event.kind.poison and row.get("reason") == "expired":
-            continue
+        elif expired_copies and row.get("reason") == "expired":
+            continue  # the dead copy's own check judges its age
         elif row.get("reason") != (event.kind.dead_reason or "-"):
             wrong.append(f"{event.key} ({event.kind.value}): dlq list says {row.get('reason')}")
         elif problem := _listed_as_forged(event, row):

@@ -1,0 +1,90 @@
+"""The network-fault harness's ground (tests/chaos/network.py): namespaces, links, silent cuts, and
+a teardown that leaves no namespace, interface or process behind, even after a failure."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.chaos.network import Lab, leftovers
+
+PORT = "9000"
+SERVER = (
+    "import socket\n"
+    "s = socket.create_server(('0.0.0.0', 9000))\n"
+    "while True:\n"
+    "    c, _ = s.accept()\n"
+    "    c.sendall(c.recv(1))\n"
+    "    c.close()\n"
+)
+PROBE = (
+    "import socket, sys\n"
+    "c = socket.create_connection((sys.argv[1], 9000), timeout=float(sys.argv[2]))\n"
+    "c.sendall(b'x')\n"
+    "assert c.recv(1) == b'x'\n"
+)
+
+
+def probe(
+    lab: Lab, source: str, target: str, timeout: float = 5
+) -> subprocess.CompletedProcess[str]:
+    """A TCP round trip from ``source`` to ``target``'s echo server."""
+    return subprocess.run(
+        ["ip", "netns", "exec", lab.host(source).namespace, sys.executable, "-c", PROBE,
+         lab.host(target).address, str(timeout)],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+
+
+def wait_for_server(lab: Lab, source: str, target: str) -> None:
+    for _ in range(100):
+        if probe(lab, source, target, timeout=1).returncode == 0:
+            return
+    raise AssertionError(f"the echo server in {target} never answered {source}")
+
+
+async def test_a_cut_drops_silently_one_way_or_both_heals_and_leaves_nothing() -> None:
+    async with Lab(["a", "b", "c"]) as lab:
+        server = lab.start("a", [sys.executable, "-c", SERVER])
+        wait_for_server(lab, "b", "a")
+
+        # Cut between b and a, both ways: b's connect hears nothing (no RST, no ICMP): a timeout
+        lab.cut("b", "a")
+        cut = probe(lab, "b", "a", timeout=1)
+        assert cut.returncode != 0
+        assert "timed out" in cut.stderr, cut.stderr
+        # c is not cut off
+        assert probe(lab, "c", "a").returncode == 0
+
+        # One way only (a's replies to c dropped): c's connect times out too, silently
+        lab.cut("a", "c", "to")
+        assert "timed out" in probe(lab, "c", "a", timeout=1).stderr
+
+        lab.heal()
+        assert probe(lab, "b", "a").returncode == 0
+        assert probe(lab, "c", "a").returncode == 0
+        tag = lab.tag
+
+    assert server.poll() is not None
+    assert leftovers(tag) == []
+
+
+async def failing_scenario(lab: Lab, started: list[subprocess.Popen[bytes]]) -> None:
+    async with lab:
+        started.append(lab.start("a", ["sleep", "1000"]))
+        lab.cut("a", "b")
+        assert leftovers(lab.tag)  # there while it runs
+        raise ZeroDivisionError("a scenario that fails part-way")
+
+
+async def test_a_failed_scenario_still_leaves_no_namespace_interface_or_process() -> None:
+    lab = Lab(["a", "b"])
+    started: list[subprocess.Popen[bytes]] = []
+
+    with pytest.raises(ZeroDivisionError):
+        await failing_scenario(lab, started)
+
+    assert started[0].poll() is not None
+    assert leftovers(lab.tag) == []

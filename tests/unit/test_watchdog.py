@@ -1,0 +1,98 @@
+"""The hard time limit's watchdog against a process stopped as a whole (SIGSTOP, a paused
+container or VM): on a clock of the test's, which jumps as such a stop looks from inside."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import threading
+import time
+
+import pytest
+
+from consumer.logs import make_logger
+from consumer.service import watchdog
+from consumer.service.watchdog import LoopWatchdog
+
+LIMIT = 1.0
+INTERVAL = 0.01
+
+
+class Clock:
+    """A monotonic clock that moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Exited(BaseException):
+    """What the patched ``os._exit`` raises in the watchdog's thread (ending it)."""
+
+
+@pytest.fixture
+def exits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The exit codes the watchdog asked for, instead of ending the test run."""
+    codes: list[int] = []
+
+    def exit_(code: int) -> None:
+        codes.append(code)
+        raise Exited
+
+    monkeypatch.setattr(os, "_exit", exit_)
+    monkeypatch.setattr(threading, "excepthook", lambda _: None)
+    return codes
+
+
+async def looks(count: int) -> None:
+    """Let the watchdog's thread look ``count`` times, the loop beating between."""
+    for _ in range(count):
+        await asyncio.sleep(INTERVAL)
+
+
+async def test_a_process_stopped_past_the_limit_is_not_a_blocked_loop(exits: list[int]) -> None:
+    clock = Clock()
+    logger = make_logger("watchdog-test", log_format="console", stream=io.StringIO())
+    async with LoopWatchdog(limit=LIMIT, logger=logger, interval=INTERVAL, clock=clock):
+        await looks(5)
+        # The whole process stops for 30s: both the loop's heartbeat and the watchdog's last
+        # look are 30s old when it runs again, and the watchdog looks before the loop beats
+        clock.now += 30
+        time.sleep(INTERVAL * 10)
+        await looks(20)
+
+    assert exits == []
+
+
+async def test_a_loop_that_does_not_beat_past_the_limit_still_ends_the_process(
+    exits: list[int],
+) -> None:
+    clock = Clock()
+    stream = io.StringIO()
+    logger = make_logger("watchdog-test", log_format="console", stream=stream)
+    stop = threading.Event()
+
+    def time_passes() -> None:
+        # In steps shorter than the limit: the watchdog's thread is running all along
+        while not stop.wait(INTERVAL * 2):
+            clock.now += 0.3
+
+    async with LoopWatchdog(limit=LIMIT, logger=logger, interval=INTERVAL, clock=clock):
+        await looks(5)
+        ticking = threading.Thread(target=time_passes)
+        ticking.start()
+        try:
+            # The loop blocks (no heartbeat) until the watchdog has asked to exit
+            for _ in range(3_000):
+                if exits:
+                    break
+                time.sleep(INTERVAL)
+        finally:
+            stop.set()
+            ticking.join()
+
+    assert exits == [watchdog.EXIT_HARD_TIMEOUT]
+    assert "event loop blocked past the hard time limit" in stream.getvalue()

@@ -88,6 +88,8 @@ BLOCK_RATE = 100_000.0
 throughput is what is measured, not the producer's pace."""
 BLOCK_TIMEOUT = 120.0
 """A block's innocents must be applied within this."""
+TAIL_SECONDS = 60.0
+"""The id collisions' victims are waited for, and the collisions published, within this at least."""
 HOLD_AT_MOST = 40.0
 """How long the consumers stay SIGSTOPped while a block is published: inside the measuring
 scenario's hard time limit (:data:`~tests.chaos.scenarios.MEASURING_HARD_TIMEOUT`: its watchdog
@@ -401,12 +403,14 @@ async def run_scenario(
             gates.open()
         log = await publishing
         if workload.tail:
-            # Each id collision once its victim is applied: the innocent is the one applied.
-            await _until_applied(env.database_url, workload.victims, publish_deadline)
+            # Each id collision once its victim is applied: the innocent is the one applied. A
+            # deadline of their own: on a slow machine the victims come late, not never.
+            tail_deadline = max(publish_deadline, time.monotonic() + TAIL_SECONDS)
+            await _until_applied(env.database_url, workload.victims, tail_deadline)
             tail = ResilientProducer(env.amqp_url, env.settings().exchange)
             log = merged(
                 log,
-                await tail.publish_all(workload.tail, rate=profile.rate, deadline=publish_deadline),
+                await tail.publish_all(workload.tail, rate=profile.rate, deadline=tail_deadline),
             )
         log = merged(*block_logs, log)
         workload = combine(*blocks, workload)

@@ -29,6 +29,9 @@ from tests.chaos.workload import SLOW_S, Kind
 CONSUMER_SETTINGS = {"handler_timeout": "1s"}
 HARD_TIMEOUT = "2s"
 """Where handlers block the event loop: the hard time limit, low so that crash loops are short."""
+MEASURING_HARD_TIMEOUT = "60s"
+"""Where the consumers are SIGSTOPped while a block is published (``hostile-producers``): past the
+runner's longest hold, which the watchdog would otherwise take for a blocked loop."""
 STALL_TIMEOUT = "300ms"
 """Where a duplicate meets its first copy in a slow handler: below the handler's sleep."""
 RECEIPT_WINDOW = {
@@ -382,6 +385,7 @@ def scenarios_for(profile: Profile) -> list[Scenario]:
                 Kind.ROUTING_KEY_MISMATCH: p.hostile,
                 Kind.ID_CONFLICT: p.hostile,
             },
+            settings={"hard_timeout": MEASURING_HARD_TIMEOUT},
             supervised=True,
             keeps_broker_links=True,
             events=p.hostile_events,

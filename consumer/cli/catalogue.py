@@ -18,13 +18,14 @@ import sys
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import TypeAdapter
+from pydantic import PydanticUserError, TypeAdapter
 from pydantic.json_schema import models_json_schema
 
 from consumer.amqp import headers as h
 from consumer.config.settings import Settings, split_urls
-from consumer.config.startup import load_handlers
+from consumer.config.startup import EXIT_CONFIG, fail, load_handlers
 from consumer.envelope import Envelope
+from consumer.errors import ConfigError
 from consumer.registry import Handler, HandlerRegistry
 from consumer.service.components import names_for
 from consumer.version import __version__
@@ -55,10 +56,13 @@ def add_catalogue_parser(commands: Any) -> None:
 
 def run(settings: Settings, arguments: argparse.Namespace) -> int:
     registry = load_handlers(settings)
-    if arguments.format == "json-schema":
-        document = payload_schemas(registry)
-    else:
-        document = asyncapi(settings, registry)
+    try:
+        if arguments.format == "json-schema":
+            document = payload_schemas(registry)
+        else:
+            document = asyncapi(settings, registry)
+    except ConfigError as error:
+        fail(str(error), EXIT_CONFIG)
     json.dump(document, sys.stdout, indent=2, ensure_ascii=False)
     sys.stdout.write("\n")
     return 0
@@ -68,7 +72,7 @@ def payload_schemas(registry: HandlerRegistry) -> dict[str, Any]:
     """Each event type's payload JSON Schema (draft 2020-12, as pydantic writes it), by type."""
     schemas: dict[str, Any] = {}
     for event_type, handler in registry.items():
-        schema = TypeAdapter(handler.payload_type).json_schema(mode="validation")
+        schema = _payload_schema(event_type, handler)
         schemas[event_type] = {
             "$schema": "https://json-schema.org/draft/2020-12/schema",
             **schema,
@@ -78,6 +82,8 @@ def payload_schemas(registry: HandlerRegistry) -> dict[str, Any]:
 
 def asyncapi(settings: Settings, registry: HandlerRegistry) -> dict[str, Any]:
     """The AsyncAPI 3.0 document of the events ``registry``'s handlers take."""
+    for event_type, handler in registry.items():
+        _payload_schema(event_type, handler)  # one line naming a model with no schema
     names = names_for(settings)
     envelopes, schemas = _envelopes(registry)
     channels: dict[str, Any] = {}
@@ -134,6 +140,18 @@ def asyncapi(settings: Settings, registry: HandlerRegistry) -> dict[str, Any]:
             "schemas": schemas,
         },
     }
+
+
+def _payload_schema(event_type: str, handler: Handler) -> dict[str, Any]:
+    """The handler's payload JSON Schema, or :class:`ConfigError` naming the type and handler
+    if pydantic cannot write one (a field of a type it only checks with ``isinstance``)."""
+    try:
+        return TypeAdapter(handler.payload_type).json_schema(mode="validation")
+    except PydanticUserError as error:
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ConfigError(
+            f"{event_type}: the payload model of {handler.qualname} has no JSON Schema ({first})"
+        ) from None
 
 
 def _key(event_type: str) -> str:

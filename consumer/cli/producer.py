@@ -14,10 +14,11 @@ from pydantic import ValidationError
 
 from consumer.amqp.connect import BrokerConfig, connect
 from consumer.amqp.publisher import PERSISTENT, Publisher
+from consumer.error_text import error_name, message_of
 from consumer.errors import ConfigError, Unroutable
 from consumer.pipeline.tracing import Tracing, publish_span
 from consumer.registry import HandlerRegistry
-from consumer.safe_text import describe_validation_error
+from consumer.safe_text import describe_validation_error, one_line
 
 __all__ = [
     "PublishRequest",
@@ -55,6 +56,11 @@ def payload_problem(
         handler.payload.validate_python(payload)
     except ValidationError as error:
         return f"{event_type} payload refused by its schema: {describe_validation_error(error)}"
+    except Exception as error:
+        # A validator's own error pydantic lets through (a KeyError, a TypeError): the service
+        # takes the payload for poison (invalid_payload), and so does this check, on one line.
+        described = one_line(f"{error_name(error)}: {message_of(error)}", 300)
+        return f"{event_type} payload refused by its schema: {described}"
     return None
 
 

@@ -9,7 +9,12 @@ it and exits the process at once, so the broker redelivers and the supervisor re
 
 A process that was stopped as a whole (SIGSTOP, a paused container or virtual machine) finds its
 heartbeat old when it runs again, though its loop never blocked: this thread was stopped as long.
-So a look that comes more than the limit after the one before restarts the count from then.
+So a look that comes more than the limit after the one before restarts the count from then, if
+the loop's thread used next to no CPU meanwhile. A look comes late for another reason too: the loop
+blocked in C code that keeps the GIL (a regular expression backtracking, ``json.loads`` of a huge
+text) leaves this thread no turn until it returns. That loop was busy, not stopped: its thread's CPU
+time shows it, and the count goes on (else a handler that blocks the loop in such calls, one after
+another, would never be stopped).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from types import TracebackType
 from consumer.logs import Logger
 from consumer.pipeline.calls import HandlerCalls, RunningCall
 
-__all__ = ["EXIT_HARD_TIMEOUT", "Convict", "LoopWatchdog"]
+__all__ = ["EXIT_HARD_TIMEOUT", "Convict", "LoopWatchdog", "thread_cpu_clock"]
 
 EXIT_HARD_TIMEOUT = 3
 
@@ -46,14 +51,20 @@ class LoopWatchdog:
         interval: float | None = None,
         before_exit: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
+        cpu_clock: Callable[[], float] | None = None,
     ) -> None:
         self._limit = limit
         self._clock = clock
+        # The loop's thread's CPU time (None: read from the thread that enters, the loop's).
+        self._cpu_clock = cpu_clock
         self._logger = logger
         self._calls = calls or HandlerCalls()
         self._convict = convict
         self._before_exit = before_exit
         self._interval = interval if interval is not None else min(0.5, limit / 4)
+        # The most CPU the loop's thread can use across a late look and still have been stopped:
+        # it ran until the stop, at most an interval after the look before, and briefly after.
+        self._stopped_cpu = 2 * self._interval
         self._beat = clock()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -62,6 +73,8 @@ class LoopWatchdog:
 
     async def __aenter__(self) -> LoopWatchdog:
         self._loop = asyncio.get_running_loop()
+        if self._cpu_clock is None:
+            self._cpu_clock = thread_cpu_clock()
         self._beat = self._clock()
         self._heartbeat = asyncio.create_task(self._beat_forever(), name="watchdog-heartbeat")
         self._thread = threading.Thread(target=self._watch, name="loop-watchdog", daemon=True)
@@ -87,14 +100,18 @@ class LoopWatchdog:
 
     def _watch(self) -> None:
         seen: RunningCall | None = None
+        cpu_clock = self._cpu_clock or time.process_time
         looked = resumed = self._clock()
+        busy = cpu_clock()
         while not self._stopped.wait(self._interval):
             now = self._clock()
-            if now - looked > self._limit:
-                # This thread went unscheduled past the limit too: the whole process was
-                # stopped, not its loop blocked. The loop gets the limit again from now.
+            cpu = cpu_clock()
+            if now - looked > self._limit and cpu - busy <= self._stopped_cpu:
+                # This thread went unscheduled past the limit too, and the loop's thread used
+                # no CPU meanwhile: the whole process was stopped, not its loop blocked. The
+                # loop gets the limit again from now.
                 resumed = now
-            looked = now
+            looked, busy = now, cpu
             blocked = now - max(self._beat, resumed)
             if blocked <= self._limit:
                 seen = None
@@ -122,3 +139,13 @@ class LoopWatchdog:
             )
             sys.stdout.flush()
             os._exit(EXIT_HARD_TIMEOUT)
+
+
+def thread_cpu_clock() -> Callable[[], float]:
+    """The calling thread's CPU time as a clock any thread can read; the process's where the
+    platform has no per-thread clock (the loop's thread is the one that uses CPU anyway)."""
+    try:
+        clock_id = time.pthread_getcpuclockid(threading.get_ident())
+    except (AttributeError, OSError):
+        return time.process_time
+    return lambda: time.clock_gettime(clock_id)

@@ -3,6 +3,7 @@ schema (vendored: tests/asyncapi/), and its schemas accept what the handlers acc
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -12,10 +13,13 @@ from typing import Any
 
 import jsonschema
 import pytest
+from pydantic import BaseModel, ConfigDict, TypeAdapter
 
+from consumer.cli import catalogue
 from consumer.cli.catalogue import asyncapi, payload_schemas
 from consumer.config.settings import Settings
-from consumer.registry import HandlerRegistry
+from consumer.config.startup import EXIT_CONFIG
+from consumer.registry import Handler, HandlerRegistry
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = REPO / "tests" / "asyncapi" / "asyncapi-3.0.0.schema.json"
@@ -132,3 +136,43 @@ def test_the_command_prints_both_formats() -> None:
 
     assert asyncapi_validator().is_valid(json.loads(document.stdout))
     assert sorted(json.loads(schemas.stdout)) == ["billing.charge", "billing.refund"]
+
+
+class _Opaque:
+    """A type pydantic checks with ``isinstance`` only: it can write no JSON Schema for it."""
+
+
+class _OpaquePayload(BaseModel):
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    thing: _Opaque
+
+
+async def _apply_opaque(event: Any, conn: Any) -> None:
+    return None
+
+
+def _opaque_registry() -> HandlerRegistry:
+    handler = Handler(
+        event_type="catalogue.opaque",
+        func=_apply_opaque,
+        payload=TypeAdapter(_OpaquePayload),
+        payload_type=_OpaquePayload,
+    )
+    return HandlerRegistry([handler])
+
+
+@pytest.mark.parametrize("form", ["asyncapi", "json-schema"])
+def test_a_payload_model_with_no_json_schema_is_one_line_naming_its_type(
+    form: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(catalogue, "load_handlers", lambda _: _opaque_registry())
+
+    with pytest.raises(SystemExit) as exited:
+        catalogue.run(Settings(), argparse.Namespace(format=form))
+
+    assert exited.value.code == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("error: catalogue.opaque: the payload model of ")
+    assert "_apply_opaque has no JSON Schema" in err

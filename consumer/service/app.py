@@ -40,6 +40,7 @@ from consumer.observe.tracing_setup import TracingSetup
 from consumer.pipeline.batch import BatchEngine
 from consumer.pipeline.calls import HandlerCaller, HandlerCalls, RunningCall
 from consumer.pipeline.envelope_parser import EnvelopeParser
+from consumer.pipeline.handler_time import HandlerTime
 from consumer.pipeline.isolated import Isolated
 from consumer.pipeline.judge import Judge
 from consumer.pipeline.pipeline import Pipeline
@@ -50,13 +51,15 @@ from consumer.registry import HandlerRegistry
 from consumer.service.components import (
     batch_size,
     broker_config,
+    concurrency_limits,
     database_config,
     envelope_limits,
+    max_workers,
     names_for,
     receipt_window,
     topology_for,
-    worker_count,
 )
+from consumer.service.concurrency import Concurrency
 from consumer.service.dispatch import Dispatcher
 from consumer.service.pruner import PeriodicPruner
 from consumer.service.settle import Settler
@@ -116,7 +119,12 @@ def build_service(
     guard = Guard(database, within=settings.db_stall_timeout.total_seconds())
     judge = Judge(RetryPolicy.from_delays(settings.retry_delays))
     receipts = Receipts(consumer=settings.name, guard=guard)
-    caller = HandlerCaller(default_timeout=settings.handler_timeout.total_seconds(), calls=calls)
+    handler_time = HandlerTime()
+    caller = HandlerCaller(
+        default_timeout=settings.handler_timeout.total_seconds(),
+        calls=calls,
+        handler_time=handler_time,
+    )
     ledger = CrashLedger(consumer=settings.name, owner=owner)
     isolated = Isolated(
         database=database,
@@ -148,15 +156,20 @@ def build_service(
     )
     settler = Settler(names=names, jitter=settings.retry_jitter, tracing=tracing)
     window = PrefetchWindow(settings.prefetch)
-    workers_count = worker_count(settings)
-    metrics.workers.set(workers_count)
     dispatcher = Dispatcher(
-        workers=workers_count,
+        workers=max_workers(settings),
         batch_size=batch_size(settings),
-        batch_wait=settings.batch_wait.total_seconds(),
+        batch_wait=settings.batch_wait.total_seconds() if settings.batch_wait is not None else None,
         preparer=preparer,
         settler=settler,
         window_full=window.full,
+    )
+    concurrency = Concurrency(
+        limits=concurrency_limits(settings),
+        handler_time=handler_time,
+        dispatcher=dispatcher,
+        metrics=metrics,
+        logger=logger,
     )
 
     def on_pause(error: BaseException) -> None:
@@ -176,6 +189,7 @@ def build_service(
         on_pause=on_pause,
         tracing=tracing,
         queue=names.work,
+        on_batch=lambda events, seconds: concurrency.batch_done(events=events, seconds=seconds),
     )
     return Service(
         config=ServiceConfig(

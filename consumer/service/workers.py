@@ -9,6 +9,7 @@ shutdown's cancellation, and is reported once (:mod:`consumer.observe.report`).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 from consumer.amqp.delivery import Delivery
@@ -37,8 +38,11 @@ class Workers:
         on_pause: Callable[[BaseException], None],
         tracing: Tracing | None = None,
         queue: str = "",
+        on_batch: Callable[[int, float], None] = lambda events, seconds: None,
     ) -> None:
-        """``queue``: the work queue the deliveries come from (the name their spans give)."""
+        """``queue``: the work queue the deliveries come from (the name their spans give).
+        ``on_batch``: told each batch's events and time (:mod:`consumer.service.concurrency`)."""
+        self._on_batch = on_batch
         self._dispatcher = dispatcher
         self._tracing = tracing or Tracing()
         self._queue = queue
@@ -61,8 +65,11 @@ class Workers:
         """Batches from one inbox, for ever."""
         isolated = self._dispatcher.isolated
         refill_due = False
+        # This worker's batches' time, a moving average: the most a refill is waited for.
+        batch_seconds = 0.0
+        clock = time.perf_counter
         while True:
-            batch = await inbox.next_batch(refill_due=refill_due)
+            batch = await inbox.next_batch(refill_due=refill_due, batch_seconds=batch_seconds)
             refill_due = False
             self._enter()
             started: Started = None
@@ -71,7 +78,13 @@ class Workers:
                     live = await self._dispatcher.admit(batch)
                     started = self._tracing.processing(live, self._queue)
                     generation = self._dispatcher.state.generation
-                    outcomes = await self._pipeline.process(live) if live else []
+                    outcomes: list[Outcome] = []
+                    if live:
+                        started_at = clock()
+                        outcomes = await self._pipeline.process(live)
+                        took = clock() - started_at
+                        batch_seconds += (took - batch_seconds) * 0.2
+                        self._on_batch(len(live), took)
                 # Settling runs no handler's code: isolated ones need not wait for it (a copy can
                 # wait long for its confirm, while the broker blocks publishing).
                 if outcomes:

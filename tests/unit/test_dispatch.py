@@ -48,7 +48,9 @@ async def test_an_isolated_delivery_that_fills_the_window_wakes_waiting_batches(
     # inbox
     in_hand = 0
     dispatcher = _dispatcher(batch_wait=30.0, settler=None, window_full=lambda: in_hand >= 3)
-    taking = asyncio.create_task(dispatcher.inboxes[0].next_batch(refill_due=True))
+    inbox = dispatcher.inboxes[0]
+    inbox._max_linger = inbox._min_gap_wait = 30.0  # a refill waited for, however slow
+    taking = asyncio.create_task(inbox.next_batch(refill_due=True, batch_seconds=30.0))
     await asyncio.sleep(0.01)
     for isolated in (False, False, True):
         in_hand += 1

@@ -252,8 +252,26 @@ def parser() -> argparse.ArgumentParser:
         "--amqp-url",
         default=os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
     )
+    dlq_cmd.add_argument(
+        "--memory",
+        type=_counts,
+        default=None,
+        metavar="N,M",
+        help="instead of --letters: a run at each count (e.g. 10000,100000), and the replay's "
+        "peak RSS at the last against the first (issue 31's goal: at most 1.10)",
+    )
     dlq_cmd.add_argument("--results-dir", type=Path, default=RESULTS)
     return root
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not comma-separated counts: {text!r}") from None
+    if len(counts) < 2 or min(counts) < 1:
+        raise argparse.ArgumentTypeError("at least two counts, each at least 1")
+    return counts
 
 
 def _dlq(arguments: argparse.Namespace) -> int:
@@ -265,6 +283,9 @@ def _dlq(arguments: argparse.Namespace) -> int:
         payload_bytes=arguments.payload_bytes,
         amqp_url=arguments.amqp_url,
     )
+    if arguments.memory is not None:
+        memory = asyncio.run(dlq.run_memory(options, arguments.memory))
+        return _saved(memory, dlq.memory_table(memory), arguments.results_dir, stamp)
     result = asyncio.run(dlq.run_dlq(options))
     return _saved(result, dlq.table(result), arguments.results_dir, stamp)
 

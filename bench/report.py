@@ -94,6 +94,8 @@ def summarize_latency(rate: float, runs: Sequence[Measurement]) -> dict[str, Any
             for key in (
                 "p50_ms",
                 "p99_ms",
+                "start_p50_ms",
+                "start_p99_ms",
                 "max_ms",
                 "histogram_p50_ms",
                 "histogram_p99_ms",
@@ -241,6 +243,12 @@ def table(result: dict[str, Any]) -> str:
     if result.get("prefetch"):
         lines.append("")
         lines.extend(prefetch_lines(result["prefetch"], result["runs"]))
+    if result.get("handlers"):
+        # Here, not at the top: bench.handler_rows imports this module.
+        from bench.handler_rows import handler_lines
+
+        lines.append("")
+        lines.extend(handler_lines(result["handlers"], result["runs"]))
     ratio = result["ratios"]
     lines.append("")
     lines.append(
@@ -266,7 +274,9 @@ def latency_lines(
         + (f", {seconds:g} s each" if seconds else "")
         + f"; ms, medians of {runs}; goal: service p99 below every peer that sustains the rate, "
         f"< {LATENCY_GOAL_MS:g} ms at {LATENCY_GOAL_RATE:,.0f}/s):",
-        f"{'rate/s':>7}  {'system':<10}{'p50':>10}{'p99':>11}{'max':>10}{'published/s':>13}"
+        "(start: publish -> the start of the applying transaction, p50/p99)",
+        f"{'rate/s':>7}  {'system':<10}{'start':>13}{'p50':>10}{'p99':>11}{'max':>10}"
+        f"{'published/s':>13}"
         f"{'backlog':>9}  {'sustained':<11}CPU % of a core: sut/harness/rabbit/pg, machine %",
     ]
     for row in rows:
@@ -278,6 +288,7 @@ def latency_lines(
             verdict = {True: "yes", False: "did not", None: "-"}[summary["sustained"]]
             lines.append(
                 f"{row['rate']:>7,.0f}  {LATENCY_LABELS.get(system, system):<10}"
+                f"{_start(summary):>13}"
                 f"{_num(_med(summary['p50_ms']), 2):>10}{_num(_med(summary['p99_ms']), 2):>11}"
                 f"{_num(_med(summary['max_ms']), 1):>10}"
                 f"{_num(_med(summary['published_rate'])):>13}"
@@ -303,6 +314,12 @@ def latency_lines(
             )
         lines.append(f"{'':>9}" + "; ".join(notes))
     return lines
+
+
+def _start(summary: dict[str, Any]) -> str:
+    return (
+        f"{_num(_med(summary.get('start_p50_ms')), 1)}/{_num(_med(summary.get('start_p99_ms')), 1)}"
+    )
 
 
 def _med(stats: dict[str, float] | None) -> float | None:

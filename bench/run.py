@@ -7,7 +7,7 @@ import shutil
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from importlib import metadata
 from pathlib import Path
@@ -16,7 +16,7 @@ from typing import Any
 import aio_pika
 import asyncpg
 
-from bench import measure, report
+from bench import handler_rows, measure, report
 from bench.events import Workload
 from bench.infra import BenchError, Infra
 from bench.measure import Measurement
@@ -73,6 +73,9 @@ class BenchOptions:
     admin_dsn: str
     results_dir: Path
     keep_logs: bool
+    handlers: bool = False
+    handler_modes: tuple[str, ...] = ()
+    handler_events: dict[str, int] = field(default_factory=dict)
 
 
 def progress(message: str) -> None:
@@ -224,6 +227,17 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
             result["latency"] = await _latency_rows(infra, workload, options, sizes)
         if options.prefetch:
             result["prefetch"] = await _prefetch_rows(infra, workload, options)
+        if options.handlers and "service" in options.systems:
+            progress("per-event handlers")
+            result["handlers"] = await handler_rows.handler_rows(
+                infra,
+                workload,
+                runs=options.runs,
+                modes=options.handler_modes,
+                events=options.handler_events,
+                service_env=options.service_env,
+                guarded=_guarded,
+            )
     finally:
         await _cleanup(infra)
     result["systems"] = {
@@ -238,6 +252,7 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
             for summary in row["systems"].values()
         )
         or any(row[side]["errors"] for row in result.get("prefetch", ()) for side in SIDES)
+        or any(row["errors"] for row in result.get("handlers", ()))
     )
     if options.keep_logs or failed:
         result["logs"] = str(infra.log_dir)

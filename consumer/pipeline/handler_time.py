@@ -63,6 +63,8 @@ class HandlerTimeWindow:
     batches: int = 0
     batch_seconds: float = 0.0
     """Wall time of the batches, from taking them to their verdicts (the transaction's)."""
+    batch_cpu: float = 0.0
+    """Of that, the time the batches held the loop (parsing, handlers' Python, the driver's)."""
     event_awaited: float = 0.0
     """Per-event handlers: time they awaited (I/O, the database)."""
     event_cpu: float = 0.0
@@ -89,11 +91,12 @@ class HandlerTime:
             window.event_cpu += cpu
             window.event_calls += 1
 
-    def batch(self, *, events: int, seconds: float) -> None:
+    def batch(self, *, events: int, seconds: float, cpu: float) -> None:
         window = self._window
         window.events += events
         window.batches += 1
         window.batch_seconds += seconds
+        window.batch_cpu += cpu
 
     def peek(self) -> HandlerTimeWindow:
         return self._window

@@ -189,7 +189,9 @@ def build_service(
         on_pause=on_pause,
         tracing=tracing,
         queue=names.work,
-        on_batch=lambda events, seconds: concurrency.batch_done(events=events, seconds=seconds),
+        on_batch=lambda events, seconds, cpu: concurrency.batch_done(
+            events=events, seconds=seconds, cpu=cpu
+        ),
     )
     return Service(
         config=ServiceConfig(

@@ -40,10 +40,10 @@ class Concurrency:
         self.choice = initial(limits)
         self._apply(self.choice)
 
-    def batch_done(self, *, events: int, seconds: float) -> None:
-        """A batch of ``events`` took ``seconds``: counted, and the choice decided anew once the
-        window holds enough."""
-        self._time.batch(events=events, seconds=seconds)
+    def batch_done(self, *, events: int, seconds: float, cpu: float) -> None:
+        """A batch of ``events`` took ``seconds``, ``cpu`` of them holding the loop: counted, and
+        the choice decided anew once the window holds enough."""
+        self._time.batch(events=events, seconds=seconds, cpu=cpu)
         if not enough(self._time.peek()):
             return
         window = self._time.take()
@@ -51,8 +51,10 @@ class Concurrency:
         if _same(choice, self.choice):
             self._proposed = None
             return
-        if self._proposed is None or not _same(choice, self._proposed):
-            # One window can be an accident (a slow moment of the machine): wait for a second.
+        first = self.choice.reason in ("start", "pinned")
+        if not first and (self._proposed is None or not _same(choice, self._proposed)):
+            # One window can be an accident (a slow moment of the machine): wait for a second
+            # before changing a choice made from measurements (the first is made at once).
             self._proposed = choice
             return
         self._proposed = None
@@ -85,6 +87,7 @@ def _measured(window: HandlerTimeWindow) -> dict[str, float]:
     events = max(window.events, 1)
     return {
         "batch_ms_per_event": round(window.batch_seconds / events * 1000, 3),
+        "batch_cpu_ms_per_event": round(window.batch_cpu / events * 1000, 3),
         "handler_awaited_ms_per_event": round(window.event_awaited / events * 1000, 3),
         "handler_cpu_ms_per_event": round(window.event_cpu / events * 1000, 3),
         "batch_handler_ms_per_event": round(window.batch_handler_seconds / events * 1000, 3),

@@ -4,16 +4,18 @@ Pure: :func:`decide` takes the limits and a window of measurements
 (:class:`~consumer.pipeline.handler_time.HandlerTimeWindow`) and returns a :class:`Choice`; the
 service applies it (:mod:`consumer.service.concurrency`).
 
-- One worker runs a batch's handlers one after another in one transaction, so with per-event
-  handlers that await I/O (an HTTP call, a cache, their own queries) a process tops out near one
-  over the handler's latency. When such awaiting is a large share of a batch's time, more workers
-  overlap it: as many as keep the event loop busy (a batch's time over the time it runs Python),
-  at most the pool's connections and the prefetch window's deliveries. Their batches are small:
-  just big enough that the transaction's own round trips stay a small share next to the handlers'
-  time, since every event of a batch holds the batch's row locks and waits for its commit.
-- Batch handlers (``register_batch``), database-only or CPU-heavy handlers keep the base worker
-  count (one at the default prefetch) and full batches: fewer, fuller transactions cost less per
-  event, and more workers would only share one core.
+- One worker runs a batch's per-event handlers one after another in one transaction, so a
+  process tops out near one over the handler's latency. A batch holds the event loop (its Python:
+  parsing, the handlers', the driver's) for part of its time and awaits the rest (the database,
+  the handlers' I/O): workers enough that one's awaiting overlaps another's running (a batch's
+  time over the time it holds the loop, rounded) keep the process busy, at most the pool's
+  connections and the prefetch window's deliveries. A CPU-heavy handler stays at one.
+- Handlers that await most of a batch's time (an HTTP call, a cache) also get small batches: just
+  big enough that the transaction's own round trips are a small share next to the handlers'
+  time, since every event of a batch waits for its commit and holds its row locks until then.
+- Batch handlers (``register_batch``) keep the base worker count (one at the default prefetch)
+  and full batches: one call does a batch's work in a few statements, and more workers would
+  make fewer, emptier transactions.
 - ``CONSUMER_WORKERS`` and ``CONSUMER_BATCH_SIZE`` pin either.
 """
 
@@ -43,18 +45,19 @@ a conflict's retry (event by event) longer."""
 WINDOW_PER_WORKER = 8 * MAX_BATCH_SIZE
 """Deliveries of the prefetch window per base worker: one at the default prefetch of 400."""
 
-AWAITING_SHARE = 0.4
-"""Per-event handlers awaiting at least this share of a batch's time get parallel workers."""
+AWAITING_SHARE = 0.5
+"""Per-event handlers awaiting at least this share of a batch's time get batches smaller than
+the window's share."""
 
-HANDLER_SHARE = 0.8
+HANDLER_SHARE = 0.95
 """A small batch is sized so that its handlers take at least this share of its time (the rest is
 the transaction's own round trips)."""
 
-MIN_EVENTS = 50
+MIN_EVENTS = 100
 """A window with fewer events (and under :data:`MIN_SECONDS` of batches) decides nothing."""
 
-MIN_SECONDS = 1.0
-MIN_BATCHES = 3
+MIN_SECONDS = 0.25
+MIN_BATCHES = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +99,8 @@ class Choice:
     workers: int
     batch_size: int
     reason: str
-    """Why, for the log line: ``start``, ``pinned``, ``handlers await``, ``handlers do not
-    await``."""
+    """Why, for the log line: ``start``, ``pinned``, ``batch handlers``, ``handlers await``
+    (more than one worker), ``handlers do not await``."""
 
 
 def initial(limits: Limits) -> Choice:
@@ -108,7 +111,7 @@ def initial(limits: Limits) -> Choice:
 
 
 def enough(window: HandlerTimeWindow) -> bool:
-    """Whether ``window`` holds enough to decide on."""
+    """Whether ``window`` holds enough to decide on: a few batches, of enough events or time."""
     return window.batches >= MIN_BATCHES and (
         window.events >= MIN_EVENTS or window.batch_seconds >= MIN_SECONDS
     )
@@ -120,26 +123,33 @@ def decide(limits: Limits, window: HandlerTimeWindow, current: Choice) -> Choice
         return Choice(limits.workers, limits.batch_size, "pinned")
     if not enough(window) or window.batch_seconds <= 0:
         return current
-    per_event = window.batch_seconds / window.events
-    awaited = window.event_awaited / window.events
-    if awaited < AWAITING_SHARE * per_event:
+    if window.event_calls == 0:
+        # Batch handlers only: one call does a batch's work in a few statements, and more
+        # workers would make fewer, emptier transactions (README "Performance").
         workers = limits.base_workers
-        return Choice(workers, limits.full_batch(workers), "handlers do not await")
-    # Busy: what a batch holds the loop for. The handlers' CPU is measured; the rest of a
-    # batch's time that the handlers do not await is the transaction's (round trips mostly,
-    # counted as busy: an overestimate, so fewer workers rather than too many).
-    busy = max(per_event - awaited, 1e-6)
-    workers = limits.workers or _clamp(math.ceil(per_event / busy), 1, limits.max_workers)
+        return Choice(workers, limits.full_batch(workers), "batch handlers")
+    # A batch holds the loop for ``cpu`` of its ``seconds``; the rest it awaits (the database,
+    # the handlers' I/O). Workers enough that their awaiting overlaps another's running keep the
+    # process busy: ``seconds / cpu``, rounded (a CPU-bound handler, 2 ms of Python and a round
+    # trip, stays at one).
+    cpu = max(window.batch_cpu, 1e-6 * window.batches)
+    wanted = math.floor(window.batch_seconds / cpu + 0.5)
+    workers = limits.workers or _clamp(wanted, 1, limits.max_workers)
+    reason = "handlers await" if workers > 1 else "handlers do not await"
     if limits.batch_size is not None:
-        return Choice(workers, limits.batch_size, "handlers await")
-    handler = (window.event_awaited + window.event_cpu) / window.events
+        return Choice(workers, limits.batch_size, reason)
+    full = limits.full_batch(workers)
+    handler = (window.event_awaited + window.event_cpu) / window.event_calls
+    awaited = window.event_awaited / window.events
+    if awaited < AWAITING_SHARE * window.batch_seconds / window.events:
+        return Choice(workers, full, reason)
+    # Handlers that wait long: a batch just big enough that the transaction's own round trips
+    # are a small share of it, since every event of a batch waits for its commit and holds its
+    # row locks until then.
     overhead = max(0.0, window.batch_seconds - window.event_awaited - window.event_cpu)
     overhead_per_batch = overhead / window.batches
-    wanted = math.ceil(
-        HANDLER_SHARE / (1 - HANDLER_SHARE) * overhead_per_batch / max(handler, 1e-6)
-    )
-    size = _clamp(wanted, 1, limits.full_batch(workers))
-    return Choice(workers, size, "handlers await")
+    size = math.ceil(HANDLER_SHARE / (1 - HANDLER_SHARE) * overhead_per_batch / max(handler, 1e-6))
+    return Choice(workers, _clamp(size, 1, full), reason)
 
 
 def _clamp(value: int, low: int, high: int) -> int:

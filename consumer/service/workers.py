@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from consumer.amqp.delivery import Delivery
 from consumer.observe.report import OutcomeReporter
+from consumer.pipeline.handler_time import Stepped
 from consumer.pipeline.outcome import Failed, Outcome, OutcomeKind
 from consumer.pipeline.pipeline import Pipeline
 from consumer.pipeline.tracing import Started, Tracing
@@ -38,10 +39,11 @@ class Workers:
         on_pause: Callable[[BaseException], None],
         tracing: Tracing | None = None,
         queue: str = "",
-        on_batch: Callable[[int, float], None] = lambda events, seconds: None,
+        on_batch: Callable[[int, float, float], None] = lambda events, seconds, cpu: None,
     ) -> None:
         """``queue``: the work queue the deliveries come from (the name their spans give).
-        ``on_batch``: told each batch's events and time (:mod:`consumer.service.concurrency`)."""
+        ``on_batch``: told each batch's events, wall time and the time it held the loop
+        (:mod:`consumer.service.concurrency`)."""
         self._on_batch = on_batch
         self._dispatcher = dispatcher
         self._tracing = tracing or Tracing()
@@ -81,10 +83,12 @@ class Workers:
                     outcomes: list[Outcome] = []
                     if live:
                         started_at = clock()
-                        outcomes = await self._pipeline.process(live)
+                        # Stepped: its CPU apart from what it awaited (the database, handlers' I/O).
+                        stepped = Stepped(self._pipeline.process(live))
+                        outcomes = await stepped
                         took = clock() - started_at
                         batch_seconds += (took - batch_seconds) * 0.2
-                        self._on_batch(len(live), took)
+                        self._on_batch(len(live), took, stepped.busy)
                 # Settling runs no handler's code: isolated ones need not wait for it (a copy can
                 # wait long for its confirm, while the broker blocks publishing).
                 if outcomes:

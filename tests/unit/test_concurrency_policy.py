@@ -12,17 +12,26 @@ START = initial(DEFAULTS)
 
 
 def _per_event(
-    *, awaited_ms: float, cpu_ms: float, overhead_ms: float, batch: int, batches: int = 20
+    *,
+    awaited_ms: float,
+    cpu_ms: float,
+    overhead_ms: float,
+    batch: int,
+    batches: int = 20,
+    overhead_cpu_ms: float | None = None,
 ) -> HandlerTimeWindow:
     """Batches of ``batch`` per-event handler calls, each awaiting and computing, plus the
-    transaction's own ``overhead_ms`` per batch."""
+    transaction's own ``overhead_ms`` per batch (half of it holding the loop, unless told)."""
+    if overhead_cpu_ms is None:
+        overhead_cpu_ms = overhead_ms / 2
     time = HandlerTime()
     for _ in range(batches):
         for _ in range(batch):
             wall = (awaited_ms + cpu_ms) / 1000
             time.handler(batch=False, wall=wall, cpu=cpu_ms / 1000)
         seconds = batch * (awaited_ms + cpu_ms) / 1000 + overhead_ms / 1000
-        time.batch(events=batch, seconds=seconds)
+        cpu = (batch * cpu_ms + overhead_cpu_ms) / 1000
+        time.batch(events=batch, seconds=seconds, cpu=cpu)
     return time.take()
 
 
@@ -30,7 +39,8 @@ def _batch_handler(*, per_batch_ms: float, overhead_ms: float, batch: int) -> Ha
     time = HandlerTime()
     for _ in range(20):
         time.handler(batch=True, wall=per_batch_ms / 1000, cpu=per_batch_ms / 2000)
-        time.batch(events=batch, seconds=(per_batch_ms + overhead_ms) / 1000)
+        seconds = (per_batch_ms + overhead_ms) / 1000
+        time.batch(events=batch, seconds=seconds, cpu=seconds / 3)
     return time.take()
 
 
@@ -42,7 +52,7 @@ def test_a_handler_awaiting_io_gets_parallel_workers_and_small_batches() -> None
     window = _per_event(awaited_ms=5, cpu_ms=0.1, overhead_ms=2, batch=50)
     choice = decide(DEFAULTS, window, START)
     assert choice.workers == 4  # the pool
-    assert 1 <= choice.batch_size <= 5
+    assert 1 <= choice.batch_size < 50
     assert choice.reason == "handlers await"
 
 
@@ -53,7 +63,7 @@ def test_a_slow_io_handler_gets_batches_of_one() -> None:
 
 def test_a_database_only_batch_handler_keeps_one_worker_and_full_batches() -> None:
     window = _batch_handler(per_batch_ms=6, overhead_ms=2, batch=50)
-    assert decide(DEFAULTS, window, START) == Choice(1, 50, "handlers do not await")
+    assert decide(DEFAULTS, window, START) == Choice(1, 50, "batch handlers")
 
 
 def test_a_cpu_heavy_handler_keeps_one_worker_and_full_batches() -> None:
@@ -63,7 +73,9 @@ def test_a_cpu_heavy_handler_keeps_one_worker_and_full_batches() -> None:
 
 def test_a_handler_that_stops_awaiting_goes_back_to_one_worker() -> None:
     parallel = Choice(4, 2, "handlers await")
-    window = _per_event(awaited_ms=0.0, cpu_ms=0.5, overhead_ms=2, batch=2, batches=30)
+    window = _per_event(
+        awaited_ms=0.0, cpu_ms=0.5, overhead_ms=2, overhead_cpu_ms=2, batch=2, batches=60
+    )
     assert decide(DEFAULTS, window, parallel) == Choice(1, 50, "handlers do not await")
 
 
@@ -77,7 +89,7 @@ def test_batches_never_exceed_the_workers_share_of_the_window() -> None:
     # A fast awaiting handler wants big batches, but four workers share a window of 20.
     window = _per_event(awaited_ms=0.3, cpu_ms=0.01, overhead_ms=5, batch=5)
     choice = decide(Limits(prefetch=20, pool_size=4), window, START)
-    assert choice.workers * choice.batch_size <= 20
+    assert choice.batch_size <= -(-20 // choice.workers)
 
 
 @pytest.mark.parametrize("workers", [1, 3])
@@ -109,6 +121,14 @@ def test_too_little_measured_decides_nothing() -> None:
 
 
 def test_a_handler_awaiting_part_of_its_time_gets_workers_for_that_share() -> None:
-    # Awaiting about half of a batch's time: two workers keep the loop busy.
-    window = _per_event(awaited_ms=1.0, cpu_ms=1.2, overhead_ms=0.3, batch=10)
-    assert decide(DEFAULTS, window, START).workers == 2
+    # A batch awaiting about half of its time: two workers keep the loop busy, full batches.
+    window = _per_event(awaited_ms=0.5, cpu_ms=0.5, overhead_ms=2, batch=50)
+    assert decide(DEFAULTS, window, START) == Choice(2, 50, "handlers await")
+
+
+def test_a_database_only_per_event_handler_gets_workers_and_full_batches() -> None:
+    # One statement each: a round trip awaited, a little Python.
+    window = _per_event(awaited_ms=0.4, cpu_ms=0.1, overhead_ms=2, batch=50)
+    choice = decide(DEFAULTS, window, START)
+    assert choice.workers > 1
+    assert choice.batch_size == -(-400 // choice.workers) or choice.batch_size == 50

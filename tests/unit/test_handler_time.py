@@ -58,10 +58,10 @@ def test_the_tally_splits_per_event_and_batch_handlers() -> None:
     tally = HandlerTime()
     tally.handler(batch=False, wall=0.010, cpu=0.002)
     tally.handler(batch=True, wall=0.005, cpu=0.001)
-    tally.batch(events=3, seconds=0.020)
+    tally.batch(events=3, seconds=0.020, cpu=0.004)
     window = tally.take()
     assert window.event_awaited == pytest.approx(0.008)
     assert window.event_cpu == pytest.approx(0.002)
     assert window.batch_handler_seconds == pytest.approx(0.005)
-    assert (window.events, window.batches) == (3, 1)
+    assert (window.events, window.batches, window.batch_cpu) == (3, 1, 0.004)
     assert tally.peek().events == 0  # a new window

@@ -10,6 +10,7 @@ decided from (:mod:`consumer.service.concurrency`).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Coroutine, Generator
 from dataclasses import dataclass
@@ -76,13 +77,21 @@ class HandlerTimeWindow:
 
 
 class HandlerTime:
-    """The running tally, added to by every handler call and batch; read and reset together."""
+    """The running tally, added to by every handler call and batch; read and reset together.
+
+    A handler call's time waits with the task that made it (a worker's) until that task's batch
+    is counted: a window then holds whole batches, their handlers' time and theirs together,
+    whatever other workers have under way."""
 
     def __init__(self) -> None:
         self._window = HandlerTimeWindow()
+        self._pending: dict[object, HandlerTimeWindow] = {}
 
     def handler(self, *, batch: bool, wall: float, cpu: float) -> None:
-        window = self._window
+        owner = _current_task()
+        window = self._pending.get(owner)
+        if window is None:
+            window = self._pending[owner] = HandlerTimeWindow()
         if batch:
             window.batch_handler_seconds += wall
             window.batch_handler_calls += 1
@@ -92,11 +101,19 @@ class HandlerTime:
             window.event_calls += 1
 
     def batch(self, *, events: int, seconds: float, cpu: float) -> None:
+        """The current task's batch is done: it and its handlers' calls go in the window."""
         window = self._window
         window.events += events
         window.batches += 1
         window.batch_seconds += seconds
         window.batch_cpu += cpu
+        calls = self._pending.pop(_current_task(), None)
+        if calls is not None:
+            window.event_awaited += calls.event_awaited
+            window.event_cpu += calls.event_cpu
+            window.event_calls += calls.event_calls
+            window.batch_handler_seconds += calls.batch_handler_seconds
+            window.batch_handler_calls += calls.batch_handler_calls
 
     def peek(self) -> HandlerTimeWindow:
         return self._window
@@ -105,3 +122,10 @@ class HandlerTime:
         """The window so far, and a new one opened."""
         window, self._window = self._window, HandlerTimeWindow()
         return window
+
+
+def _current_task() -> object:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop: a tool or a test calling a handler directly
+        return None

@@ -13,7 +13,14 @@ from __future__ import annotations
 from consumer.logs import Logger
 from consumer.observe.metrics import Metrics
 from consumer.pipeline.handler_time import HandlerTime, HandlerTimeWindow
-from consumer.service.concurrency_policy import Choice, Limits, decide, enough, initial
+from consumer.service.concurrency_policy import (
+    Choice,
+    Limits,
+    decide,
+    enough,
+    initial,
+    material,
+)
 from consumer.service.dispatch import Dispatcher
 
 __all__ = ["Concurrency"]
@@ -48,13 +55,14 @@ class Concurrency:
             return
         window = self._time.take()
         choice = decide(self._limits, window, self.choice)
-        if _same(choice, self.choice):
+        if not material(choice, self.choice):
             self._proposed = None
             return
         first = self.choice.reason in ("start", "pinned")
-        if not first and (self._proposed is None or not _same(choice, self._proposed)):
+        if not first and (self._proposed is None or material(choice, self._proposed)):
             # One window can be an accident (a slow moment of the machine): wait for a second
-            # before changing a choice made from measurements (the first is made at once).
+            # that agrees before changing a choice made from measurements (the first is made at
+            # once).
             self._proposed = choice
             return
         self._proposed = None
@@ -76,10 +84,6 @@ class Concurrency:
         self._dispatcher.resize(workers=choice.workers, batch_size=choice.batch_size)
         self._metrics.workers.set(choice.workers)
         self._metrics.batch_size.set(choice.batch_size)
-
-
-def _same(one: Choice, other: Choice) -> bool:
-    return one.workers == other.workers and one.batch_size == other.batch_size
 
 
 def _measured(window: HandlerTimeWindow) -> dict[str, float]:

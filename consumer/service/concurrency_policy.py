@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from consumer.pipeline.handler_time import HandlerTimeWindow
 
 __all__ = [
-    "AWAITING_SHARE",
+    "BATCH_TOLERANCE",
     "HANDLER_SHARE",
     "MAX_BATCH_SIZE",
     "MIN_BATCHES",
@@ -36,6 +36,7 @@ __all__ = [
     "Limits",
     "decide",
     "initial",
+    "material",
 ]
 
 MAX_BATCH_SIZE = 50
@@ -45,19 +46,19 @@ a conflict's retry (event by event) longer."""
 WINDOW_PER_WORKER = 8 * MAX_BATCH_SIZE
 """Deliveries of the prefetch window per base worker: one at the default prefetch of 400."""
 
-AWAITING_SHARE = 0.5
-"""Per-event handlers awaiting at least this share of a batch's time get batches smaller than
-the window's share."""
+BATCH_TOLERANCE = 1.5
+"""Batch sizes closer than this factor are the same choice (:func:`material`)."""
 
 HANDLER_SHARE = 0.95
 """A small batch is sized so that its handlers take at least this share of its time (the rest is
 the transaction's own round trips)."""
 
-MIN_EVENTS = 100
+MIN_EVENTS = 200
 """A window with fewer events (and under :data:`MIN_SECONDS` of batches) decides nothing."""
 
-MIN_SECONDS = 0.25
-MIN_BATCHES = 2
+MIN_SECONDS = 2.0
+"""Batches' time (summed over workers) that is enough whatever their events: a slow handler's."""
+MIN_BATCHES = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,10 +112,11 @@ def initial(limits: Limits) -> Choice:
 
 
 def enough(window: HandlerTimeWindow) -> bool:
-    """Whether ``window`` holds enough to decide on: a few batches, of enough events or time."""
-    return window.batches >= MIN_BATCHES and (
-        window.events >= MIN_EVENTS or window.batch_seconds >= MIN_SECONDS
-    )
+    """Whether ``window`` holds enough to decide on: a few batches of enough events, or enough
+    time."""
+    if window.batches >= MIN_BATCHES and window.events >= MIN_EVENTS:
+        return True
+    return window.batches >= 1 and window.batch_seconds >= MIN_SECONDS
 
 
 def decide(limits: Limits, window: HandlerTimeWindow, current: Choice) -> Choice:
@@ -138,18 +140,24 @@ def decide(limits: Limits, window: HandlerTimeWindow, current: Choice) -> Choice
     reason = "handlers await" if workers > 1 else "handlers do not await"
     if limits.batch_size is not None:
         return Choice(workers, limits.batch_size, reason)
-    full = limits.full_batch(workers)
+    # A batch just big enough that the transaction's own time is a small share next to its
+    # handlers': for handlers that await long (an HTTP call) a few events, since every event of
+    # a batch waits for its commit and holds its row locks until then; for quick ones the
+    # window's share.
     handler = (window.event_awaited + window.event_cpu) / window.event_calls
-    awaited = window.event_awaited / window.events
-    if awaited < AWAITING_SHARE * window.batch_seconds / window.events:
-        return Choice(workers, full, reason)
-    # Handlers that wait long: a batch just big enough that the transaction's own round trips
-    # are a small share of it, since every event of a batch waits for its commit and holds its
-    # row locks until then.
     overhead = max(0.0, window.batch_seconds - window.event_awaited - window.event_cpu)
     overhead_per_batch = overhead / window.batches
     size = math.ceil(HANDLER_SHARE / (1 - HANDLER_SHARE) * overhead_per_batch / max(handler, 1e-6))
-    return Choice(workers, _clamp(size, 1, full), reason)
+    return Choice(workers, _clamp(size, 1, limits.full_batch(workers)), reason)
+
+
+def material(one: Choice, other: Choice) -> bool:
+    """Whether ``one`` and ``other`` differ by more than measuring noise: another worker count,
+    or batch sizes more than :data:`BATCH_TOLERANCE` times apart."""
+    if one.workers != other.workers:
+        return True
+    low, high = sorted((one.batch_size, other.batch_size))
+    return high > low * BATCH_TOLERANCE
 
 
 def _clamp(value: int, low: int, high: int) -> int:

@@ -91,12 +91,20 @@ class Dispatcher:
 
     def resize(self, *, workers: int, batch_size: int) -> None:
         """From now on route to the first ``workers`` inboxes, and let batches take up to
-        ``batch_size``. The others' deliveries stay theirs: their workers go on taking batches
-        until they are empty."""
-        self._active = max(1, min(workers, len(self.inboxes)))
-        self._next_inbox %= self._active
+        ``batch_size``. What waits in the inboxes is routed again: a window's worth queued for
+        one worker would otherwise keep the others idle until it is through (batches under way
+        stay their workers')."""
         for inbox in self.inboxes:
             inbox.size = batch_size
+        active = max(1, min(workers, len(self.inboxes)))
+        if active == self._active:
+            return
+        self._active = active
+        self._next_inbox %= active
+        # In inbox order, each inbox's in its order: a key's deliveries all come from one inbox,
+        # so they keep their order.
+        for delivery in [item for inbox in self.inboxes for item in inbox.take_all()]:
+            self._to_inbox(delivery)
 
     @property
     def active(self) -> int:

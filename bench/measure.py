@@ -91,8 +91,45 @@ async def broker_limit(
     return result
 
 
+async def same_job_limit(
+    infra: Infra,
+    workload: Workload,
+    run: int,
+    *,
+    prefetch: int,
+    service_env: Mapping[str, str],
+    label: str = "job",
+) -> Measurement:
+    """The minimal consumer that does the service's job (:mod:`bench.samejob`), on a work queue
+    declared by the service's own topology and a database of its own; exactly once checked."""
+    result = Measurement("samejob", run, workload.events)
+    name = infra.name(f"{label}{run}")
+    dsn = await infra.create_database(name, workload)
+    env = infra.child_env({**service_env, **owned_env(infra, name, dsn)})
+    try:
+        await infra.run_module("topology", "apply", env=env)
+        final = await _ack_only(
+            infra, workload, name, prefetch, result, module="bench.samejob", extra=(dsn, name)
+        )
+        result.extra = await check_effects(dsn, name, workload.events)
+    finally:
+        await infra.drop_database(name)
+        await infra.sweep_broker(name)
+    result.rate = (final["count"] - 1) / max(final["last"] - final["first"], 1e-9)
+    result.wall_s = final["last"] - final["spawned"]
+    result.peak_rss_mb = round(final["peak_rss_mb"], 1)
+    return result
+
+
 async def _ack_only(
-    infra: Infra, workload: Workload, name: str, prefetch: int, result: Measurement
+    infra: Infra,
+    workload: Workload,
+    name: str,
+    prefetch: int,
+    result: Measurement,
+    *,
+    module: str = "bench.ackonly",
+    extra: tuple[str, ...] = (),
 ) -> dict[str, float]:
     queue, exchange = f"{name}.work", f"{name}.events"
     await infra.publish(exchange, EVENT_TYPE, (encode(event) for event in workload.envelopes()))
@@ -101,11 +138,12 @@ async def _ack_only(
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "bench.ackonly",
+        module,
         infra.amqp_url,
         queue,
         str(prefetch),
         str(workload.events),
+        *extra,
         cwd=REPO,
         env=infra.child_env(),
         stdout=subprocess.PIPE,
@@ -125,9 +163,9 @@ async def _ack_only(
     except TimeoutError:
         process.kill()
         await process.wait()
-        raise BenchError("the ack-only consumer stalled") from None
+        raise BenchError(f"{module} stalled") from None
     if process.returncode != 0 or not final:
-        raise BenchError(f"the ack-only consumer exited {process.returncode}")
+        raise BenchError(f"{module} exited {process.returncode}")
     # It reports its own CPU time and peak RSS: it may be gone before the harness could look.
     window = max(final["last"] - final["first"], 1e-9)
     result.cpu["sut"] = round(100 * final["cpu_s"] / window, 1)

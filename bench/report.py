@@ -173,18 +173,26 @@ def ratios(systems: dict[str, Any]) -> dict[str, float | None]:
 PREFETCH_GOAL = 0.85
 
 
+SAMEJOB_GOAL = 0.95
+"""Issue 31: the service at its defaults drains at least this share of the minimal consumer
+that does the same job (:mod:`bench.samejob`)."""
+
+
 def summarize_prefetch(
     prefetch: int,
     batch_size: int,
     broker: Sequence[Measurement],
     service: Sequence[Measurement],
     workers: int = 0,
+    *,
+    samejob: Sequence[Measurement] = (),
 ) -> dict[str, Any]:
-    """One row of the prefetch table: both systems' runs at one prefetch, and the ratio of the
-    medians."""
+    """One row of the prefetch table: the systems' runs at one prefetch, and the ratios of the
+    medians (the goal: the service against the minimal same-job consumer when it ran, else
+    against the ack-only one)."""
     summaries = {"broker": summarize_system(broker), "service": summarize_system(service)}
     ratio = over(_median(summaries, "service"), _median(summaries, "broker"))
-    return {
+    row: dict[str, Any] = {
         "prefetch": prefetch,
         "workers": workers,
         "batch_size": batch_size,
@@ -192,6 +200,12 @@ def summarize_prefetch(
         "service_over_broker": ratio,
         "goal_met": None if ratio is None else ratio >= PREFETCH_GOAL,
     }
+    if samejob:
+        row["samejob"] = summarize_system(samejob)
+        job_ratio = over(_median(row, "service"), _median(row, "samejob"))
+        row["service_over_samejob"] = job_ratio
+        row["samejob_goal_met"] = None if job_ratio is None else job_ratio >= SAMEJOB_GOAL
+    return row
 
 
 def _num(value: float | None, digits: int = 0) -> str:
@@ -348,7 +362,19 @@ def prefetch_lines(rows: Sequence[dict[str, Any]], runs: int) -> list[str]:
             f"   {_num(broker['cpu_ms_per_msg'].get('sut'), 3)}"
             f"/{_num(service['cpu_ms_per_msg'].get('sut'), 3)}"
         )
-        for side in ("broker", "service"):
+        if "samejob" in row:
+            job = row["samejob"]
+            verdict = {True: "met", False: "below goal", None: "-"}[row["samejob_goal_met"]]
+            lines.append(
+                f"{'':>8}{'':>8}{'':>7}{'same-job msg/s':>16}{_range(job['rate']):>18}"
+                f"{_num(job['rate'] and job['rate']['median']):>15}{'':>18}"
+                f"{_num(row['service_over_samejob'], 2):>9} {verdict:<11}"
+                f"   service / minimal same-job consumer (goal >= {SAMEJOB_GOAL}); its CPU "
+                f"{_num(job['cpu_ms_per_msg'].get('sut'), 3)} ms/msg"
+            )
+        for side in ("broker", "samejob", "service"):
+            if side not in row:
+                continue
             for error in row[side]["errors"]:
                 lines.append(f"    ! {side} {error.splitlines()[0][:200]}")
     return lines

@@ -251,7 +251,12 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
             for row in result.get("latency", ())
             for summary in row["systems"].values()
         )
-        or any(row[side]["errors"] for row in result.get("prefetch", ()) for side in SIDES)
+        or any(
+            row[side]["errors"]
+            for row in result.get("prefetch", ())
+            for side in SIDES
+            if side in row
+        )
         or any(row["errors"] for row in result.get("handlers", ()))
     )
     if options.keep_logs or failed:
@@ -291,7 +296,7 @@ def _action(
     return action
 
 
-SIDES = ("broker", "service")
+SIDES = ("broker", "samejob", "service")
 
 
 async def _latency_rows(
@@ -360,7 +365,19 @@ async def _prefetch_rows(
                     infra, workload, run, service_env=env, label=f"pf{prefetch}svc"
                 )
 
-            for side, action in (("broker", broker), ("service", service)):
+            async def samejob(
+                run: int = run, prefetch: int = prefetch, env: dict[str, str] = env
+            ) -> Measurement:
+                return await measure.same_job_limit(
+                    infra,
+                    workload,
+                    run,
+                    prefetch=prefetch,
+                    service_env=env,
+                    label=f"pf{prefetch}job",
+                )
+
+            for side, action in (("broker", broker), ("samejob", samejob), ("service", service)):
                 runs[prefetch][side].append(
                     await _guarded(f"{side}@{prefetch}", run, options.events, action)
                 )
@@ -371,7 +388,12 @@ async def _prefetch_rows(
         workers = positive_int(knobs, "CONSUMER_WORKERS")
         rows.append(
             report.summarize_prefetch(
-                prefetch, batch, runs[prefetch]["broker"], runs[prefetch]["service"], workers
+                prefetch,
+                batch,
+                runs[prefetch]["broker"],
+                runs[prefetch]["service"],
+                workers,
+                samejob=runs[prefetch]["samejob"],
             )
         )
     return rows

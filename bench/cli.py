@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bench import dlq, prune_load, receipts, report, soak
+from bench import dlq, handler_rows, handlers, prune_load, receipts, report, soak
 from bench.infra import OWNED_SERVICE_ENV, REPO, BenchError
 from bench.run import SYSTEMS, BenchOptions, run_bench
 from consumer.durations import parse_duration
@@ -94,6 +94,20 @@ def _sized(parser: argparse.ArgumentParser, each: str) -> None:
     )
 
 
+def _handler_modes(text: str) -> tuple[str, ...]:
+    modes = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [mode for mode in modes if mode not in handlers.MODES]
+    if unknown or not modes:
+        raise argparse.ArgumentTypeError(f"choose among {','.join(handlers.MODES)}")
+    return modes
+
+
+def _handler_events(scale: float) -> dict[str, int]:
+    return {
+        mode: max(1, round(count * scale)) for mode, count in handler_rows.DEFAULT_EVENTS.items()
+    }
+
+
 def _modes(text: str) -> tuple[str, ...]:
     try:
         return prune_load.parse_modes(text)
@@ -164,6 +178,24 @@ def parser() -> argparse.ArgumentParser:
         type=_positive_ints,
         default=(10, 50, 400),
         help="comma-separated prefetches of the prefetch table (default 10,50,400)",
+    )
+    bench.add_argument(
+        "--no-handlers", action="store_true", help="skip the per-event handlers' table"
+    )
+    bench.add_argument(
+        "--handlers",
+        type=_handler_modes,
+        default=handlers.MODES,
+        help=f"comma-separated subset of {','.join(handlers.MODES)} (the per-event handlers' "
+        "table)",
+    )
+    bench.add_argument(
+        "--handler-events",
+        type=float,
+        default=1.0,
+        help="scale of the per-event handlers' events per run (default 1: "
+        + ", ".join(f"{mode} {count}" for mode, count in handler_rows.DEFAULT_EVENTS.items())
+        + ")",
     )
     _common(bench)
     soak_cmd = commands.add_parser("soak", help="a long run watching the service's RSS (make soak)")
@@ -252,8 +284,26 @@ def parser() -> argparse.ArgumentParser:
         "--amqp-url",
         default=os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
     )
+    dlq_cmd.add_argument(
+        "--memory",
+        type=_counts,
+        default=None,
+        metavar="N,M",
+        help="instead of --letters: a run at each count (e.g. 10000,100000), and the replay's "
+        "peak RSS at the last against the first (issue 31's goal: at most 1.10)",
+    )
     dlq_cmd.add_argument("--results-dir", type=Path, default=RESULTS)
     return root
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not comma-separated counts: {text!r}") from None
+    if len(counts) < 2 or min(counts) < 1:
+        raise argparse.ArgumentTypeError("at least two counts, each at least 1")
+    return counts
 
 
 def _dlq(arguments: argparse.Namespace) -> int:
@@ -265,6 +315,9 @@ def _dlq(arguments: argparse.Namespace) -> int:
         payload_bytes=arguments.payload_bytes,
         amqp_url=arguments.amqp_url,
     )
+    if arguments.memory is not None:
+        memory = asyncio.run(dlq.run_memory(options, arguments.memory))
+        return _saved(memory, dlq.memory_table(memory), arguments.results_dir, stamp)
     result = asyncio.run(dlq.run_dlq(options))
     return _saved(result, dlq.table(result), arguments.results_dir, stamp)
 
@@ -343,6 +396,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         latency_rates=arguments.latency_rates,
                         prefetch=not arguments.no_prefetch,
                         prefetches=arguments.prefetches,
+                        handlers=not arguments.no_handlers,
+                        handler_modes=arguments.handlers,
+                        handler_events=_handler_events(arguments.handler_events),
                         amqp_url=arguments.amqp_url,
                         admin_dsn=arguments.admin_dsn,
                         results_dir=arguments.results_dir,

@@ -17,7 +17,7 @@ import os
 import subprocess
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,7 +32,7 @@ from consumer.service.components import names_for, topology_for
 from topology.apply import apply_topology
 from topology.model import Topology
 
-__all__ = ["DlqOptions", "run_dlq", "table"]
+__all__ = ["DlqOptions", "memory_table", "run_dlq", "run_memory", "table"]
 
 _PUBLISH_WINDOW = 2_000
 
@@ -215,5 +215,49 @@ def table(result: dict[str, Any]) -> str:
     lines.append(
         f"after list: {result['dead_after_list']} dead; after replay: "
         f"{result['dead_after_replay']} dead, {result['work_after_replay']} in the work queue"
+    )
+    return "\n".join(lines)
+
+
+MEMORY_GOAL = 1.10
+"""Issue 31: the replay's peak RSS at the largest count at most 10% above that at the smallest."""
+
+
+async def run_memory(options: DlqOptions, counts: tuple[int, ...]) -> dict[str, Any]:
+    """:func:`run_dlq` at each of ``counts`` letters, one after another in one invocation, and
+    the replay's and the list's peak RSS at the last count over the first."""
+    runs = []
+    for count in counts:
+        runs.append(await run_dlq(replace(options, letters=count)))
+    first, last = runs[0], runs[-1]
+    replay_ratio = last["replay"]["peak_rss_mb"] / first["replay"]["peak_rss_mb"]
+    list_ratio = last["list"]["peak_rss_mb"] / first["list"]["peak_rss_mb"]
+    return {
+        "kind": "dlq-memory",
+        "counts": list(counts),
+        "runs": runs,
+        "replay_peak_ratio": round(replay_ratio, 3),
+        "list_peak_ratio": round(list_ratio, 3),
+        "goal": MEMORY_GOAL,
+        "met": replay_ratio <= MEMORY_GOAL,
+    }
+
+
+def memory_table(result: dict[str, Any]) -> str:
+    lines = [
+        f"{'letters':>9} {'list s':>7} {'list MB':>8} {'replay s':>9} {'replay/s':>9} "
+        f"{'replay MB':>10} {'left dead':>9} {'in work':>8}"
+    ]
+    for run in result["runs"]:
+        lines.append(
+            f"{run['letters']:>9} {run['list']['seconds']:>7} {run['list']['peak_rss_mb']:>8} "
+            f"{run['replay']['seconds']:>9} {run['replay']['per_second']:>9} "
+            f"{run['replay']['peak_rss_mb']:>10} {run['dead_after_replay']:>9} "
+            f"{run['work_after_replay']:>8}"
+        )
+    lines.append(
+        f"replay peak RSS, {result['counts'][-1]} / {result['counts'][0]} letters: "
+        f"{result['replay_peak_ratio']} (goal <= {result['goal']}: "
+        f"{'met' if result['met'] else 'NOT met'}); list: {result['list_peak_ratio']}"
     )
     return "\n".join(lines)

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,8 +91,45 @@ async def broker_limit(
     return result
 
 
+async def same_job_limit(
+    infra: Infra,
+    workload: Workload,
+    run: int,
+    *,
+    prefetch: int,
+    service_env: Mapping[str, str],
+    label: str = "job",
+) -> Measurement:
+    """The minimal consumer that does the service's job (:mod:`bench.samejob`), on a work queue
+    declared by the service's own topology and a database of its own; exactly once checked."""
+    result = Measurement("samejob", run, workload.events)
+    name = infra.name(f"{label}{run}")
+    dsn = await infra.create_database(name, workload)
+    env = infra.child_env({**service_env, **owned_env(infra, name, dsn)})
+    try:
+        await infra.run_module("topology", "apply", env=env)
+        final = await _ack_only(
+            infra, workload, name, prefetch, result, module="bench.samejob", extra=(dsn, name)
+        )
+        result.extra = await check_effects(dsn, name, workload.events)
+    finally:
+        await infra.drop_database(name)
+        await infra.sweep_broker(name)
+    result.rate = (final["count"] - 1) / max(final["last"] - final["first"], 1e-9)
+    result.wall_s = final["last"] - final["spawned"]
+    result.peak_rss_mb = round(final["peak_rss_mb"], 1)
+    return result
+
+
 async def _ack_only(
-    infra: Infra, workload: Workload, name: str, prefetch: int, result: Measurement
+    infra: Infra,
+    workload: Workload,
+    name: str,
+    prefetch: int,
+    result: Measurement,
+    *,
+    module: str = "bench.ackonly",
+    extra: tuple[str, ...] = (),
 ) -> dict[str, float]:
     queue, exchange = f"{name}.work", f"{name}.events"
     await infra.publish(exchange, EVENT_TYPE, (encode(event) for event in workload.envelopes()))
@@ -101,11 +138,12 @@ async def _ack_only(
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "bench.ackonly",
+        module,
         infra.amqp_url,
         queue,
         str(prefetch),
         str(workload.events),
+        *extra,
         cwd=REPO,
         env=infra.child_env(),
         stdout=subprocess.PIPE,
@@ -125,9 +163,9 @@ async def _ack_only(
     except TimeoutError:
         process.kill()
         await process.wait()
-        raise BenchError("the ack-only consumer stalled") from None
+        raise BenchError(f"{module} stalled") from None
     if process.returncode != 0 or not final:
-        raise BenchError(f"the ack-only consumer exited {process.returncode}")
+        raise BenchError(f"{module} exited {process.returncode}")
     # It reports its own CPU time and peak RSS: it may be gone before the harness could look.
     window = max(final["last"] - final["first"], 1e-9)
     result.cpu["sut"] = round(100 * final["cpu_s"] / window, 1)
@@ -359,7 +397,9 @@ async def service_throughput(
 ) -> Measurement:
     """Pre-fill the service's work queue, then start ``python -m consumer run`` and time it.
     ``template``: the database is a copy of that one (see :meth:`Infra.create_database`);
-    ``alongside``: given the database's DSN, a context that runs while the service drains."""
+    ``alongside``: given the database's DSN, a context that runs while the service drains.
+    The worker count and batch size in force at the end (its ``consumer_workers`` and
+    ``consumer_batch_size``) go in ``extra``."""
     result = Measurement("service", run, workload.events)
     name = infra.name(f"{label}{run}")
     dsn = await infra.create_database(name, workload, template=template)
@@ -375,11 +415,18 @@ async def service_throughput(
             env,
             infra.log_file(f"service-{run}"),
         )
+        chosen: dict[str, float] = {}
+
+        async def scrape() -> None:
+            with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+                chosen.update(await gauges(int(env["CONSUMER_HTTP_PORT"]), CHOICE_GAUGES))
+
         try:
             async with alongside(dsn) if alongside else contextlib.nullcontext():
-                await drain(child, dsn, name, workload.events, result)
+                await drain(child, dsn, name, workload.events, result, before_stop=scrape)
         finally:
             code = await child.stop()
+        result.extra.update({key.removeprefix("consumer_"): value for key, value in chosen.items()})
         effects = await check_effects(dsn, name, workload.events)
         result.extra = {**result.extra, "exit_code": code, **effects}
     finally:
@@ -532,10 +579,13 @@ async def dramatiq_throughput(
 # returns) is reported next to it as a cross-check; its buckets are coarse (5, 10, 25, 50 ms...),
 # so its quantiles are interpolated within a bucket.
 COMMIT_CLOCK = """
-CREATE UNLOGGED TABLE bench_commits (event_id uuid NOT NULL, committed_at timestamptz NOT NULL);
+CREATE UNLOGGED TABLE bench_commits (
+    event_id uuid NOT NULL, committed_at timestamptz NOT NULL, started_at timestamptz NOT NULL
+);
 CREATE FUNCTION bench_commit_clock() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO bench_commits VALUES (NEW.event_id, clock_timestamp());
+    -- now(): the start of the applying transaction, for every system alike.
+    INSERT INTO bench_commits VALUES (NEW.event_id, clock_timestamp(), now());
     RETURN NULL;
 END $$;
 CREATE CONSTRAINT TRIGGER bench_commit_clock AFTER INSERT ON stock_movements
@@ -569,6 +619,26 @@ def histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float:
             )
         lower_bound, lower_count = bound, count
     return lower_bound
+
+
+CHOICE_GAUGES = ("consumer_workers", "consumer_batch_size")
+
+
+async def gauges(port: int, names: Sequence[str]) -> dict[str, float]:
+    """The service's ``names`` gauges, from its ``/metrics``."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(
+            f"http://127.0.0.1:{port}/metrics", timeout=aiohttp.ClientTimeout(total=10)
+        ) as response,
+    ):
+        text = await response.text()
+    found = {}
+    for family in text_string_to_metric_families(text):
+        if family.name in names:
+            for sample in family.samples:
+                found[family.name] = sample.value
+    return found
 
 
 async def _lag_buckets(port: int) -> list[tuple[float, float]]:
@@ -725,7 +795,8 @@ async def latency(
         conn = await asyncpg.connect(dsn)
         try:
             rows = await conn.fetch(
-                "SELECT event_id, extract(epoch FROM committed_at)::float8 AS t FROM bench_commits"
+                "SELECT event_id, extract(epoch FROM committed_at)::float8 AS t, "
+                "extract(epoch FROM started_at)::float8 AS s FROM bench_commits"
             )
         finally:
             await conn.close()
@@ -737,12 +808,32 @@ async def latency(
     result.rate = rate
     result.extra = {
         **latency_figures(published, {row["event_id"]: row["t"] for row in rows}, warmup),
+        **start_figures(published, {row["event_id"]: row["s"] for row in rows}, warmup),
         **effects,
     }
     if buckets:
         result.extra["histogram_p50_ms"] = round(histogram_quantile(buckets, 0.50) * 1000, 2)
         result.extra["histogram_p99_ms"] = round(histogram_quantile(buckets, 0.99) * 1000, 2)
     return result
+
+
+def start_figures(
+    published: Mapping[uuid.UUID, float], started: Mapping[uuid.UUID, float], warmup: float
+) -> dict[str, Any]:
+    """Publish -> the start of the transaction that applied the event (``now()`` in it), in ms:
+    p50 and p99 of the events published ``warmup`` seconds or more after the first."""
+    if not published:
+        return {"start_p50_ms": None, "start_p99_ms": None}
+    first = min(published.values())
+    waits = sorted(
+        (started[event_id] - at) * 1000
+        for event_id, at in published.items()
+        if at - first >= warmup and event_id in started
+    )
+    return {
+        "start_p50_ms": round(quantile(waits, 0.50), 2),
+        "start_p99_ms": round(quantile(waits, 0.99), 2),
+    }
 
 
 def latency_figures(

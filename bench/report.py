@@ -94,6 +94,8 @@ def summarize_latency(rate: float, runs: Sequence[Measurement]) -> dict[str, Any
             for key in (
                 "p50_ms",
                 "p99_ms",
+                "start_p50_ms",
+                "start_p99_ms",
                 "max_ms",
                 "histogram_p50_ms",
                 "histogram_p99_ms",
@@ -171,18 +173,26 @@ def ratios(systems: dict[str, Any]) -> dict[str, float | None]:
 PREFETCH_GOAL = 0.85
 
 
+SAMEJOB_GOAL = 0.95
+"""Issue 31: the service at its defaults drains at least this share of the minimal consumer
+that does the same job (:mod:`bench.samejob`)."""
+
+
 def summarize_prefetch(
     prefetch: int,
     batch_size: int,
     broker: Sequence[Measurement],
     service: Sequence[Measurement],
     workers: int = 0,
+    *,
+    samejob: Sequence[Measurement] = (),
 ) -> dict[str, Any]:
-    """One row of the prefetch table: both systems' runs at one prefetch, and the ratio of the
-    medians."""
+    """One row of the prefetch table: the systems' runs at one prefetch, and the ratios of the
+    medians (the goal: the service against the minimal same-job consumer when it ran, else
+    against the ack-only one)."""
     summaries = {"broker": summarize_system(broker), "service": summarize_system(service)}
     ratio = over(_median(summaries, "service"), _median(summaries, "broker"))
-    return {
+    row: dict[str, Any] = {
         "prefetch": prefetch,
         "workers": workers,
         "batch_size": batch_size,
@@ -190,6 +200,12 @@ def summarize_prefetch(
         "service_over_broker": ratio,
         "goal_met": None if ratio is None else ratio >= PREFETCH_GOAL,
     }
+    if samejob:
+        row["samejob"] = summarize_system(samejob)
+        job_ratio = over(_median(row, "service"), _median(row, "samejob"))
+        row["service_over_samejob"] = job_ratio
+        row["samejob_goal_met"] = None if job_ratio is None else job_ratio >= SAMEJOB_GOAL
+    return row
 
 
 def _num(value: float | None, digits: int = 0) -> str:
@@ -241,6 +257,12 @@ def table(result: dict[str, Any]) -> str:
     if result.get("prefetch"):
         lines.append("")
         lines.extend(prefetch_lines(result["prefetch"], result["runs"]))
+    if result.get("handlers"):
+        # Here, not at the top: bench.handler_rows imports this module.
+        from bench.handler_rows import handler_lines
+
+        lines.append("")
+        lines.extend(handler_lines(result["handlers"], result["runs"]))
     ratio = result["ratios"]
     lines.append("")
     lines.append(
@@ -266,7 +288,9 @@ def latency_lines(
         + (f", {seconds:g} s each" if seconds else "")
         + f"; ms, medians of {runs}; goal: service p99 below every peer that sustains the rate, "
         f"< {LATENCY_GOAL_MS:g} ms at {LATENCY_GOAL_RATE:,.0f}/s):",
-        f"{'rate/s':>7}  {'system':<10}{'p50':>10}{'p99':>11}{'max':>10}{'published/s':>13}"
+        "(start: publish -> the start of the applying transaction, p50/p99)",
+        f"{'rate/s':>7}  {'system':<10}{'start':>13}{'p50':>10}{'p99':>11}{'max':>10}"
+        f"{'published/s':>13}"
         f"{'backlog':>9}  {'sustained':<11}CPU % of a core: sut/harness/rabbit/pg, machine %",
     ]
     for row in rows:
@@ -278,6 +302,7 @@ def latency_lines(
             verdict = {True: "yes", False: "did not", None: "-"}[summary["sustained"]]
             lines.append(
                 f"{row['rate']:>7,.0f}  {LATENCY_LABELS.get(system, system):<10}"
+                f"{_start(summary):>13}"
                 f"{_num(_med(summary['p50_ms']), 2):>10}{_num(_med(summary['p99_ms']), 2):>11}"
                 f"{_num(_med(summary['max_ms']), 1):>10}"
                 f"{_num(_med(summary['published_rate'])):>13}"
@@ -303,6 +328,12 @@ def latency_lines(
             )
         lines.append(f"{'':>9}" + "; ".join(notes))
     return lines
+
+
+def _start(summary: dict[str, Any]) -> str:
+    return (
+        f"{_num(_med(summary.get('start_p50_ms')), 1)}/{_num(_med(summary.get('start_p99_ms')), 1)}"
+    )
 
 
 def _med(stats: dict[str, float] | None) -> float | None:
@@ -331,7 +362,19 @@ def prefetch_lines(rows: Sequence[dict[str, Any]], runs: int) -> list[str]:
             f"   {_num(broker['cpu_ms_per_msg'].get('sut'), 3)}"
             f"/{_num(service['cpu_ms_per_msg'].get('sut'), 3)}"
         )
-        for side in ("broker", "service"):
+        if "samejob" in row:
+            job = row["samejob"]
+            verdict = {True: "met", False: "below goal", None: "-"}[row["samejob_goal_met"]]
+            lines.append(
+                f"{'':>8}{'':>8}{'':>7}{'same-job msg/s':>16}{_range(job['rate']):>18}"
+                f"{_num(job['rate'] and job['rate']['median']):>15}{'':>18}"
+                f"{_num(row['service_over_samejob'], 2):>9} {verdict:<11}"
+                f"   service / minimal same-job consumer (goal >= {SAMEJOB_GOAL}); its CPU "
+                f"{_num(job['cpu_ms_per_msg'].get('sut'), 3)} ms/msg"
+            )
+        for side in ("broker", "samejob", "service"):
+            if side not in row:
+                continue
             for error in row[side]["errors"]:
                 lines.append(f"    ! {side} {error.splitlines()[0][:200]}")
     return lines

@@ -7,7 +7,7 @@ import shutil
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from importlib import metadata
 from pathlib import Path
@@ -16,7 +16,7 @@ from typing import Any
 import aio_pika
 import asyncpg
 
-from bench import measure, report
+from bench import handler_rows, measure, report
 from bench.events import Workload
 from bench.infra import BenchError, Infra
 from bench.measure import Measurement
@@ -73,6 +73,9 @@ class BenchOptions:
     admin_dsn: str
     results_dir: Path
     keep_logs: bool
+    handlers: bool = False
+    handler_modes: tuple[str, ...] = ()
+    handler_events: dict[str, int] = field(default_factory=dict)
 
 
 def progress(message: str) -> None:
@@ -224,6 +227,17 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
             result["latency"] = await _latency_rows(infra, workload, options, sizes)
         if options.prefetch:
             result["prefetch"] = await _prefetch_rows(infra, workload, options)
+        if options.handlers and "service" in options.systems:
+            progress("per-event handlers")
+            result["handlers"] = await handler_rows.handler_rows(
+                infra,
+                workload,
+                runs=options.runs,
+                modes=options.handler_modes,
+                events=options.handler_events,
+                service_env=options.service_env,
+                guarded=_guarded,
+            )
     finally:
         await _cleanup(infra)
     result["systems"] = {
@@ -237,7 +251,13 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
             for row in result.get("latency", ())
             for summary in row["systems"].values()
         )
-        or any(row[side]["errors"] for row in result.get("prefetch", ()) for side in SIDES)
+        or any(
+            row[side]["errors"]
+            for row in result.get("prefetch", ())
+            for side in SIDES
+            if side in row
+        )
+        or any(row["errors"] for row in result.get("handlers", ()))
     )
     if options.keep_logs or failed:
         result["logs"] = str(infra.log_dir)
@@ -276,7 +296,7 @@ def _action(
     return action
 
 
-SIDES = ("broker", "service")
+SIDES = ("broker", "samejob", "service")
 
 
 async def _latency_rows(
@@ -345,7 +365,19 @@ async def _prefetch_rows(
                     infra, workload, run, service_env=env, label=f"pf{prefetch}svc"
                 )
 
-            for side, action in (("broker", broker), ("service", service)):
+            async def samejob(
+                run: int = run, prefetch: int = prefetch, env: dict[str, str] = env
+            ) -> Measurement:
+                return await measure.same_job_limit(
+                    infra,
+                    workload,
+                    run,
+                    prefetch=prefetch,
+                    service_env=env,
+                    label=f"pf{prefetch}job",
+                )
+
+            for side, action in (("broker", broker), ("samejob", samejob), ("service", service)):
                 runs[prefetch][side].append(
                     await _guarded(f"{side}@{prefetch}", run, options.events, action)
                 )
@@ -356,7 +388,12 @@ async def _prefetch_rows(
         workers = positive_int(knobs, "CONSUMER_WORKERS")
         rows.append(
             report.summarize_prefetch(
-                prefetch, batch, runs[prefetch]["broker"], runs[prefetch]["service"], workers
+                prefetch,
+                batch,
+                runs[prefetch]["broker"],
+                runs[prefetch]["service"],
+                workers,
+                samejob=runs[prefetch]["samejob"],
             )
         )
     return rows

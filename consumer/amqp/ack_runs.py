@@ -32,6 +32,11 @@ class AckRuns:
         self._above: set[int] = set()
         """Tags acked above the floor (singly, behind one still held)."""
 
+    def acked(self, tag: int) -> bool:
+        """Whether ``tag`` is in an ack planned so far. Kept in a floor and the tags above it, so
+        what this remembers grows with the tags acked behind one still held, not with all."""
+        return tag <= self._floor or tag in self._above
+
     def plan(self, tags: Iterable[int]) -> AckPlan:
         """The acks that remove ``tags`` (held, none acked before) and nothing else."""
         wanted = sorted(set(tags))

@@ -100,16 +100,19 @@ class Settings(BaseSettings):
     db_pool_size: int = Field(default=4, ge=1, le=1000)
     """The pool's connections, and the most workers."""
     workers: int | None = Field(default=None, ge=1, le=1000)
-    """Workers, each applying one transaction at a time (see Batching); more for handlers that
-    wait on something slow. Unset: one per 400 of the prefetch, at least 1, at most the pool
-    (:func:`consumer.service.components.worker_count`)."""
+    """Workers, each applying one batch at a time on a connection of its own. Unset: chosen as
+    the service runs from its handlers' measured time, between one and ``CONSUMER_DB_POOL_SIZE``
+    (:mod:`consumer.service.concurrency`): handlers that await I/O get more, batch and CPU-bound
+    ones one. Set: pinned."""
     batch_size: int | None = Field(default=None, ge=1, le=1000)
-    """Most events a worker applies in one transaction (see Batching). Unset: the workers' share
-    of the prefetch, at most 50 (:func:`consumer.service.components.batch_size`)."""
-    batch_wait: Annotated[timedelta, BeforeValidator(parse_duration)] = timedelta(milliseconds=10)
-    """How long a worker that is behind (or awaits the refill of a window it settled full) waits
-    for more events to fill a batch; a worker idle longer than this never waits (`0s`: never
-    wait)."""
+    """The most events a batch (one transaction) takes. Unset: chosen as the service runs
+    (:mod:`consumer.service.concurrency`): the workers' share of the prefetch window, at most 50,
+    and smaller for handlers that await I/O. Set: pinned."""
+    batch_wait: Annotated[timedelta, BeforeValidator(parse_duration)] | None = None
+    """The longest a batch waits for the broker's refill of a prefetch window it settled full
+    (the only wait left: a worker takes what arrived while its last batch ran, and an idle one
+    goes with the first arrival). Unset: decided from the measured gaps between arrivals and the
+    measured time of a batch (:class:`consumer.service.inbox.Inbox`). ``0s``: never wait."""
     batch_lock_timeout: Duration = timedelta(milliseconds=100)
     """A batch waiting longer than this for another transaction's row lock commits what it has
     and goes round again."""

@@ -174,8 +174,19 @@ class Metrics:
         )
         self.workers = Gauge(
             "consumer_workers",
-            "Workers, each applying one batch at a time on a connection of its own "
-            "(CONSUMER_WORKERS).",
+            "Workers taking new deliveries, each applying one batch at a time on a connection "
+            "of its own: chosen from the handlers' measured time unless CONSUMER_WORKERS pins it.",
+            registry=registry,
+        )
+        self.batch_size = Gauge(
+            "consumer_batch_size",
+            "The most events a batch (one transaction) takes: chosen from the handlers' "
+            "measured time unless CONSUMER_BATCH_SIZE pins it.",
+            registry=registry,
+        )
+        self.concurrency_changes = Counter(
+            "consumer_concurrency_changes_total",
+            "Times the worker count or batch size was changed after the handlers' measured time.",
             registry=registry,
         )
         self.receipt_prunes = Counter(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -27,6 +27,7 @@ from consumer.errors import (
     HandlerTimeout,
     PipelineFault,
 )
+from consumer.pipeline.handler_time import HandlerTime, Stepped
 from consumer.pipeline.ready import Ready
 from topology.durations import format_duration
 
@@ -107,9 +108,17 @@ class HandlerCalls:
 class HandlerCaller:
     """Runs one handler call (one event, or a batch handler's run) on the event's connection."""
 
-    def __init__(self, *, default_timeout: float, calls: HandlerCalls) -> None:
+    def __init__(
+        self,
+        *,
+        default_timeout: float,
+        calls: HandlerCalls,
+        handler_time: HandlerTime | None = None,
+    ) -> None:
+        """``handler_time``: where each call's wall and CPU time are added up."""
         self._default_timeout = default_timeout
         self._calls = calls
+        self._time = handler_time or HandlerTime()
 
     async def run(self, conn: asyncpg.Connection[Any], item: Ready) -> None:
         """The handler of one event; a timeout becomes :class:`HandlerTimeout`. An exception it
@@ -121,7 +130,7 @@ class HandlerCaller:
             if isinstance(result, BaseException):
                 raise result
 
-        await self._called(conn, [item], call)
+        await self._called(conn, [item], call, batch=False)
 
     async def run_batch(
         self, conn: asyncpg.Connection[Any], items: list[Ready]
@@ -129,10 +138,15 @@ class HandlerCaller:
         """A batch handler's call for ``items``, under its time limit for the call as a whole."""
         handler = items[0].handler
         events = [item.event for item in items]
-        return await self._called(conn, items, lambda: handler.apply_many(events, conn))
+        return await self._called(conn, items, lambda: handler.apply_many(events, conn), batch=True)
 
     async def _called(
-        self, conn: asyncpg.Connection[Any], items: list[Ready], call: Callable[[], Awaitable[T]]
+        self,
+        conn: asyncpg.Connection[Any],
+        items: list[Ready],
+        call: Callable[[], Coroutine[Any, Any, T]],
+        *,
+        batch: bool,
     ) -> T:
         """``call()`` under the handler's soft time limit, each event charged an equal share of
         its time, registered for the watchdog; it must leave the transaction open.
@@ -150,12 +164,16 @@ class HandlerCaller:
         calls = self._calls
         started = time.perf_counter()
         deadline = Deadline(limit)
+        # Stepped: the handler's own CPU apart from what it awaited
+        # (consumer.pipeline.handler_time).
+        timed: Stepped[T] | None = None
         try:
             try:
                 task = calls.enter(running)
                 try:
                     async with deadline:
-                        result = await call()
+                        timed = Stepped(call())
+                        result = await timed
                 finally:
                     calls.leave(task)
             except BaseException as raised:
@@ -189,9 +207,11 @@ class HandlerCaller:
             # dead-letter every event of this type.
             raise PipelineFault(f"{handler.qualname}: {error} (a grant is missing)") from error
         finally:
-            share = (time.perf_counter() - started) / len(items)
+            wall = time.perf_counter() - started
+            share = wall / len(items)
             for item in items:
                 item.handler_seconds = share
+            self._time.handler(batch=batch, wall=wall, cpu=timed.busy if timed else wall)
 
 
 def _as_exception(raised: BaseException, handler: str) -> Exception | None:

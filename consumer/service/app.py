@@ -48,13 +48,15 @@ from consumer.service.assembly import build_pipeline
 from consumer.service.components import (
     batch_size,
     broker_config,
+    concurrency_limits,
     database_config,
+    max_workers,
     memory_budget,
     names_for,
     receipt_window,
     topology_for,
-    worker_count,
 )
+from consumer.service.concurrency import Concurrency
 from consumer.service.dispatch import Dispatcher
 from consumer.service.memory import worst_case
 from consumer.service.pruner import PeriodicPruner
@@ -124,15 +126,20 @@ def build_service(
         parts.settler,
     )
     window = PrefetchWindow(settings.prefetch)
-    workers_count = worker_count(settings)
-    metrics.workers.set(workers_count)
     dispatcher = Dispatcher(
-        workers=workers_count,
+        workers=max_workers(settings),
         batch_size=batch_size(settings),
-        batch_wait=settings.batch_wait.total_seconds(),
+        batch_wait=settings.batch_wait.total_seconds() if settings.batch_wait is not None else None,
         preparer=preparer,
         settler=settler,
         window_full=window.full,
+    )
+    concurrency = Concurrency(
+        limits=concurrency_limits(settings),
+        handler_time=parts.handler_time,
+        dispatcher=dispatcher,
+        metrics=metrics,
+        logger=logger,
     )
 
     def on_pause(error: BaseException) -> None:
@@ -152,6 +159,9 @@ def build_service(
         on_pause=on_pause,
         tracing=tracing,
         queue=names.work,
+        on_batch=lambda events, seconds, cpu: concurrency.batch_done(
+            events=events, seconds=seconds, cpu=cpu
+        ),
     )
     return Service(
         config=ServiceConfig(

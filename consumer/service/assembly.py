@@ -19,6 +19,7 @@ from consumer.db.receipts import Receipts
 from consumer.pipeline.batch import BatchEngine
 from consumer.pipeline.calls import HandlerCaller, HandlerCalls
 from consumer.pipeline.envelope_parser import EnvelopeParser
+from consumer.pipeline.handler_time import HandlerTime
 from consumer.pipeline.isolated import Isolated
 from consumer.pipeline.judge import Judge
 from consumer.pipeline.pipeline import Pipeline
@@ -40,13 +41,15 @@ __all__ = ["PipelineParts", "build_pipeline"]
 
 @dataclass(frozen=True, slots=True)
 class PipelineParts:
-    """The database (not opened), the preparer, the pipeline, the settler and the crash ledger."""
+    """The database (not opened), the preparer, the pipeline, the settler, the crash ledger, and
+    the handlers' measured time (what adaptive concurrency decides from)."""
 
     database: Database
     preparer: Preparer
     pipeline: Pipeline
     settler: Settler
     ledger: CrashLedger
+    handler_time: HandlerTime
 
 
 def build_pipeline(
@@ -64,7 +67,12 @@ def build_pipeline(
     guard = Guard(database, within=settings.db_stall_timeout.total_seconds())
     judge = Judge(RetryPolicy.from_delays(settings.retry_delays))
     receipts = Receipts(consumer=settings.name, guard=guard)
-    caller = HandlerCaller(default_timeout=settings.handler_timeout.total_seconds(), calls=calls)
+    handler_time = HandlerTime()
+    caller = HandlerCaller(
+        default_timeout=settings.handler_timeout.total_seconds(),
+        calls=calls,
+        handler_time=handler_time,
+    )
     ledger = CrashLedger(consumer=settings.name, owner=owner)
     isolated = Isolated(
         database=database,
@@ -95,4 +103,4 @@ def build_pipeline(
         database=database,
     )
     settler = Settler(names=names_for(settings), jitter=settings.retry_jitter, tracing=tracing)
-    return PipelineParts(database, preparer, pipeline, settler, ledger)
+    return PipelineParts(database, preparer, pipeline, settler, ledger, handler_time)

@@ -19,6 +19,7 @@ from consumer.db.database import DatabaseConfig
 from consumer.db.retention import ReceiptWindow
 from consumer.pipeline.envelope_parser import EnvelopeLimits
 from consumer.registry import HandlerRegistry
+from consumer.service.concurrency_policy import MAX_BATCH_SIZE, Limits
 from consumer.service.memory import MemoryBudget
 from topology.model import Topology
 from topology.names import Names
@@ -28,9 +29,11 @@ __all__ = [
     "MAX_BATCH_SIZE",
     "batch_size",
     "broker_config",
+    "concurrency_limits",
     "database_config",
     "envelope_limits",
     "idle_in_transaction_timeout",
+    "max_workers",
     "memory_budget",
     "names_for",
     "receipt_window",
@@ -40,38 +43,39 @@ __all__ = [
 ]
 
 
-MAX_BATCH_SIZE = 50
-"""The batch size when the prefetch allows it: past it a batch saves little per event and makes
-a conflict's retry (event by event) longer."""
-
-
-WINDOW_PER_WORKER = 8 * MAX_BATCH_SIZE
-"""Deliveries of the prefetch window per worker when ``CONSUMER_WORKERS`` is unset."""
+def concurrency_limits(settings: Settings) -> Limits:
+    """What bounds the worker count and batch size chosen as the service runs
+    (:mod:`consumer.service.concurrency_policy`), and what pins them."""
+    return Limits(
+        prefetch=settings.prefetch,
+        pool_size=settings.db_pool_size,
+        workers=settings.workers,
+        batch_size=settings.batch_size,
+    )
 
 
 def worker_count(settings: Settings) -> int:
-    """``CONSUMER_WORKERS``, or one per :data:`WINDOW_PER_WORKER` (400) of the prefetch window,
+    """The workers the service starts with: ``CONSUMER_WORKERS``, or one per
+    :data:`~consumer.service.concurrency_policy.WINDOW_PER_WORKER` (400) of the prefetch window,
     at least one and at most ``CONSUMER_DB_POOL_SIZE``: one at the default prefetch of 400.
 
-    Fewer, fuller transactions beat more, smaller ones: a transaction's round trips cost about
-    the same for one event as for fifty, and the process is one core's worth of CPU. Each worker
-    takes its share of the deliveries, so at a prefetch of 400 four workers made batches of 12-19
-    where two made 43 (and a ``multiple`` ack covers fewer deliveries when more workers' batches
-    interleave). Measured side by side (docs/performance.md): one worker drained as fast as two
-    (3,585 against 3,590 msg/s) on 7% less CPU, and both 1.2-1.5 times as fast as four; at 1,000
-    events a second one worker's p99 publish-to-commit latency was a third of two's. Handlers
-    that wait on something slow want more (``CONSUMER_WORKERS``)."""
-    if settings.workers is not None:
-        return settings.workers
-    return min(settings.db_pool_size, max(1, settings.prefetch // WINDOW_PER_WORKER))
+    Fewer, fuller transactions beat more, smaller ones for batch and database-only handlers: a
+    transaction's round trips cost about the same for one event as for fifty, and the process is
+    one core's worth of CPU. Handlers that await I/O get more as the service runs, unless
+    ``CONSUMER_WORKERS`` is set (:mod:`consumer.service.concurrency_policy`)."""
+    return concurrency_limits(settings).base_workers
 
 
 def batch_size(settings: Settings) -> int:
-    """``CONSUMER_BATCH_SIZE``, or the workers' share of the prefetch window, at most
-    :data:`MAX_BATCH_SIZE`: a batch never waits for deliveries the window cannot hold."""
-    if settings.batch_size is not None:
-        return settings.batch_size
-    return min(MAX_BATCH_SIZE, -(-settings.prefetch // worker_count(settings)))
+    """The batch size the service starts with: ``CONSUMER_BATCH_SIZE``, or the workers' share of
+    the prefetch window, at most :data:`MAX_BATCH_SIZE`: a batch never waits for deliveries the
+    window cannot hold."""
+    return concurrency_limits(settings).full_batch(worker_count(settings))
+
+
+def max_workers(settings: Settings) -> int:
+    """The most workers the service may run: ``CONSUMER_WORKERS`` or ``CONSUMER_DB_POOL_SIZE``."""
+    return concurrency_limits(settings).max_workers
 
 
 def names_for(settings: Settings) -> Names:
@@ -167,7 +171,7 @@ def memory_budget(settings: Settings) -> MemoryBudget:
     return MemoryBudget(
         prefetch=settings.prefetch,
         max_body_bytes=settings.max_body_bytes,
-        workers=worker_count(settings),
+        workers=max_workers(settings),
         limit=settings.memory_limit,
         max_header_bytes=settings.max_header_bytes,
     )

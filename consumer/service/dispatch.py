@@ -56,14 +56,17 @@ class Dispatcher:
         *,
         workers: int,
         batch_size: int,
-        batch_wait: float,
+        batch_wait: float | None,
         preparer: Preparer,
         settler: Settler,
         window_full: Callable[[], bool] = lambda: False,
     ) -> None:
-        """``window_full``: the deliveries in hand fill the prefetch window, so the broker sends
-        no more until one is settled and no batch should wait for another."""
+        """``workers``: the most workers (an inbox each); :meth:`resize` says how many take new
+        deliveries. ``batch_wait``: the most a refill is waited for (None: as measured).
+        ``window_full``: the deliveries in hand fill the prefetch window, so the broker sends no
+        more until one is settled and no batch should wait for another."""
         self.state = State()
+        self._active = workers
         self.database_down = asyncio.Event()
         self._window_full = window_full
         self.inboxes: list[Inbox[Delivery]] = [
@@ -85,6 +88,28 @@ class Dispatcher:
         self._next_inbox = 0
         self._preparer = preparer
         self._settler = settler
+
+    def resize(self, *, workers: int, batch_size: int) -> None:
+        """From now on route to the first ``workers`` inboxes, and let batches take up to
+        ``batch_size``. What waits in the inboxes is routed again: a window's worth queued for
+        one worker would otherwise keep the others idle until it is through (batches under way
+        stay their workers')."""
+        for inbox in self.inboxes:
+            inbox.size = batch_size
+        active = max(1, min(workers, len(self.inboxes)))
+        if active == self._active:
+            return
+        self._active = active
+        self._next_inbox %= active
+        # In inbox order, each inbox's in its order: a key's deliveries all come from one inbox,
+        # so they keep their order.
+        for delivery in [item for inbox in self.inboxes for item in inbox.take_all()]:
+            self._to_inbox(delivery)
+
+    @property
+    def active(self) -> int:
+        """The inboxes new deliveries are routed to."""
+        return self._active
 
     def window_full(self) -> bool:
         """The deliveries in hand fill the prefetch window: the broker sends none until one is
@@ -208,10 +233,10 @@ class Dispatcher:
         index: int | None = None
         if isinstance(prepared, Prepared) and (key := prepared.key()) is not None:
             # The key alone: a restock and a reserve of one SKU lock the same row.
-            index = hash(key) % len(self.inboxes)
+            index = hash(key) % self._active
         if index is None:
             index = self._next_inbox
-            self._next_inbox = (index + 1) % len(self.inboxes)
+            self._next_inbox = (index + 1) % self._active
         if isinstance(prepared, Prepared) and len(delivery.body) > KEEP_PARSED_BYTES:
             # Parsed for its key only: the worker that applies it parses it again, so that the
             # prefetch holds bodies, not their many times larger objects (consumer.service.memory).

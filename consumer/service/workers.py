@@ -9,10 +9,12 @@ shutdown's cancellation, and is reported once (:mod:`consumer.observe.report`).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 from consumer.amqp.delivery import Delivery
 from consumer.observe.report import OutcomeReporter
+from consumer.pipeline.handler_time import Stepped
 from consumer.pipeline.outcome import Failed, Outcome, OutcomeKind
 from consumer.pipeline.pipeline import Pipeline
 from consumer.pipeline.tracing import Started, Tracing
@@ -37,8 +39,12 @@ class Workers:
         on_pause: Callable[[BaseException], None],
         tracing: Tracing | None = None,
         queue: str = "",
+        on_batch: Callable[[int, float, float], None] = lambda events, seconds, cpu: None,
     ) -> None:
-        """``queue``: the work queue the deliveries come from (the name their spans give)."""
+        """``queue``: the work queue the deliveries come from (the name their spans give).
+        ``on_batch``: told each batch's events, wall time and the time it held the loop
+        (:mod:`consumer.service.concurrency`)."""
+        self._on_batch = on_batch
         self._dispatcher = dispatcher
         self._tracing = tracing or Tracing()
         self._queue = queue
@@ -61,8 +67,11 @@ class Workers:
         """Batches from one inbox, for ever."""
         isolated = self._dispatcher.isolated
         refill_due = False
+        # This worker's batches' time, a moving average: the most a refill is waited for.
+        batch_seconds = 0.0
+        clock = time.perf_counter
         while True:
-            batch = await inbox.next_batch(refill_due=refill_due)
+            batch = await inbox.next_batch(refill_due=refill_due, batch_seconds=batch_seconds)
             refill_due = False
             self._enter()
             started: Started = None
@@ -71,7 +80,15 @@ class Workers:
                     live = await self._dispatcher.admit(batch)
                     started = self._tracing.processing(live, self._queue)
                     generation = self._dispatcher.state.generation
-                    outcomes = await self._pipeline.process(live) if live else []
+                    outcomes: list[Outcome] = []
+                    if live:
+                        started_at = clock()
+                        # Stepped: its CPU apart from what it awaited (the database, handlers' I/O).
+                        stepped = Stepped(self._pipeline.process(live))
+                        outcomes = await stepped
+                        took = clock() - started_at
+                        batch_seconds += (took - batch_seconds) * 0.2
+                        self._on_batch(len(live), took, stepped.busy)
                 # Settling runs no handler's code: isolated ones need not wait for it (a copy can
                 # wait long for its confirm, while the broker blocks publishing).
                 if outcomes:

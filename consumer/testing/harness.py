@@ -129,7 +129,9 @@ class InProcessHarness:
         dispatcher = self._dispatcher = Dispatcher(
             workers=worker_count(settings),
             batch_size=batch_size(settings),
-            batch_wait=settings.batch_wait.total_seconds(),
+            batch_wait=(
+                settings.batch_wait.total_seconds() if settings.batch_wait is not None else None
+            ),
             preparer=parts.preparer,
             settler=parts.settler,
         )

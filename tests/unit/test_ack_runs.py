@@ -50,3 +50,13 @@ def test_a_tag_is_acked_once(again: list[int]) -> None:
 
 def test_nothing_to_remove_is_no_ack() -> None:
     assert AckRuns().plan([]) == AckPlan(up_to=None, singles=())
+
+
+def test_what_was_acked_is_known_without_a_tag_each() -> None:
+    runs = AckRuns()
+    runs.plan([1, 2, 3, 5])  # 4 is held: 5 is acked singly, behind it
+    assert [tag for tag in range(1, 7) if runs.acked(tag)] == [1, 2, 3, 5]
+    runs.plan([4])  # the run closes: everything up to 5 is below the floor now
+    assert all(runs.acked(tag) for tag in range(1, 6))
+    assert not runs.acked(6)
+    assert not runs._above  # nothing remembered a tag at a time

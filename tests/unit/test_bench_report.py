@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import uuid
 
-from bench.measure import Measurement, latency_figures, quantile
+from bench.measure import Measurement, latency_figures, quantile, start_figures
 from bench.report import (
     PREFETCH_GOAL,
     SUSTAIN_BACKLOG_SECONDS,
@@ -149,10 +149,12 @@ def test_the_latency_table_has_a_line_per_system_and_the_goals_per_rate() -> Non
         )
         for rate in (500, 1000)
     ]
-    lines = latency_lines(rows, runs=1)
-    assert lines[2].split()[:8] == ["500", "service", "4.00", "12.00", "24.0", "500", "5", "yes"]
-    assert lines[2].split()[8:] == ["30/20/-/-,", "-"]
-    assert lines[4].split()[:3] == ["500", "dramatiq", "-"]
+    lines = latency_lines(rows, runs=1)[1:]  # the line explaining the start column left out
+    assert lines[2].split()[:9] == [
+        "500", "service", "-/-", "4.00", "12.00", "24.0", "500", "5", "yes"
+    ]  # fmt: skip
+    assert lines[2].split()[9:] == ["30/20/-/-,", "-"]
+    assert lines[4].split()[:3] == ["500", "dramatiq", "-/-"]
     assert lines[5] == "    ! dramatiq run 1: dramatiq exited 1"
     assert lines[6].strip() == "service p99 below the sustaining peers': yes"
     assert lines[-1].strip() == ("service p99 below the sustaining peers': yes; under 20 ms: yes")
@@ -168,6 +170,14 @@ def test_latency_counts_the_events_published_after_the_warm_up_that_committed() 
     assert figures["p99_ms"] == figures["max_ms"] == 4.0
     assert figures["published_rate"] == 2.0
     assert figures["backlog_at_end"] == 1  # the last, never committed
+
+
+def test_the_start_latency_is_publish_to_the_applying_transactions_start() -> None:
+    ids = [uuid.UUID(int=n) for n in range(3)]
+    published = {ids[n]: 10.0 + n for n in range(3)}
+    started = {ids[0]: 10.001, ids[1]: 11.002, ids[2]: 12.010}
+    figures = start_figures(published, started, warmup=0)
+    assert figures == {"start_p50_ms": 2.0, "start_p99_ms": 10.0}
 
 
 def test_the_backlog_is_what_had_not_committed_when_the_last_event_was_published() -> None:

@@ -48,7 +48,9 @@ async def test_an_isolated_delivery_that_fills_the_window_wakes_waiting_batches(
     # inbox
     in_hand = 0
     dispatcher = _dispatcher(batch_wait=30.0, settler=None, window_full=lambda: in_hand >= 3)
-    taking = asyncio.create_task(dispatcher.inboxes[0].next_batch(refill_due=True))
+    inbox = dispatcher.inboxes[0]
+    inbox._max_linger = inbox._min_gap_wait = 30.0  # a refill waited for, however slow
+    taking = asyncio.create_task(inbox.next_batch(refill_due=True, batch_seconds=30.0))
     await asyncio.sleep(0.01)
     for isolated in (False, False, True):
         in_hand += 1
@@ -120,3 +122,24 @@ async def test_placing_as_it_arrives_or_later_ends_in_the_same_place(
             await dispatcher.place(delivery)
 
         assert _where(dispatcher, settler, delivery) == place
+
+
+async def test_more_workers_share_what_waits_for_one() -> None:
+    dispatcher = Dispatcher(
+        workers=4,
+        batch_size=50,
+        batch_wait=None,
+        preparer=_Keyless(),  # type: ignore[arg-type]
+        settler=None,  # type: ignore[arg-type]
+    )
+    dispatcher.resize(workers=1, batch_size=50)
+    deliveries = [_delivery(isolated=False) for _ in range(8)]
+    for delivery in deliveries:
+        dispatcher._route(delivery)
+    assert [len(inbox) for inbox in dispatcher.inboxes] == [8, 0, 0, 0]
+    dispatcher.resize(workers=4, batch_size=5)
+    assert [len(inbox) for inbox in dispatcher.inboxes] == [2, 2, 2, 2]
+    assert all(inbox.size == 5 for inbox in dispatcher.inboxes)
+    # Nothing lost nor doubled, and each inbox keeps arrival order.
+    taken = [item for inbox in dispatcher.inboxes for item in inbox.take_all()]
+    assert sorted(map(id, taken)) == sorted(map(id, deliveries))

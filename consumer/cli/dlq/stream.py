@@ -132,7 +132,6 @@ class QueueScan:
         self._arrived: asyncio.Queue[aiormq.abc.DeliveredMessage | None] = asyncio.Queue()
         self._consumer_tags: list[str] = []
         self._unsettled: dict[str, int] = {}
-        self._taken: set[int] = set()
         self._runs = AckRuns()
         self._gave_up_waiting = False
         self._returned_up_to = 0
@@ -201,7 +200,7 @@ class QueueScan:
         # are 1, 2, 3... and every delivery on it is this scan's.
         ready = await self._ready()
         await self._nack_each(
-            (t for t in range(first, last + 1) if t not in self._taken), ready=ready
+            (t for t in range(first, last + 1) if not self._runs.acked(t)), ready=ready
         )
 
     async def _stop_consuming(self) -> None:
@@ -282,10 +281,11 @@ class QueueScan:
         frames = [Basic.Ack(delivery_tag=tag, multiple=False) for tag in plan.singles]
         if plan.up_to is not None:
             frames.insert(0, Basic.Ack(delivery_tag=plan.up_to, multiple=True))
-        # Counted as taken before the write: whether the broker got it or not, a tag planned is
-        # never given back by this scan (a nack of an acked tag would close the channel).
+        # Counted as taken (planned) before the write: whether the broker got it or not, a tag
+        # planned is never given back by this scan (a nack of an acked tag would close the
+        # channel). The plan is the one record of what was taken: a set of every tag would grow
+        # with the letters replayed (issue 31).
         for message in held:
-            self._taken.add(message.tag)
             self._unsettled[message.consumer] -= 1
         await self._write(frames)
 

@@ -75,7 +75,9 @@ async def _check_migrated(conn: asyncpg.Connection[Any], migrations: Sequence[Mi
     except asyncpg.InsufficientPrivilegeError:
         # The run-time role reads the ledger from consumer.sql/006 on: before it, it cannot.
         raise PipelineFault(
-            f"cannot read the migrations ledger ({LEDGER}): run `consumer migrate` first"
+            f"this database role may not read the migrations ledger ({LEDGER}), so pending "
+            "migrations cannot be checked: run `consumer migrate` (sql/006 grants consumer_app "
+            "SELECT on it) or grant this role SELECT on it"
         ) from None
     if waiting:
         named = ", ".join(waiting[:_NAMED])

@@ -429,6 +429,8 @@ async def test_a_missing_grant_stops_the_service_instead_of_dead_lettering(
         # Receipts of before their partitioning are read, never written (sql/005).
         await conn.execute(f'GRANT SELECT ON receipts_legacy TO "{role}"')
         await conn.execute(f'GRANT SELECT ON test_effects TO "{role}"')
+        # consumer run checks no migration is pending (sql/006 grants consumer_app the same).
+        await conn.execute(f'GRANT SELECT ON consumer_migrations TO "{role}"')
         limited = env.database_url.replace("postgres@", f"{role}@")
         await env.apply_topology()
         service = ServiceProcess(env, database_url=limited).start()

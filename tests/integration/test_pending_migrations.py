@@ -3,6 +3,8 @@ service's own and its handler modules'. The run-time role reads the ledger to kn
 
 from __future__ import annotations
 
+import asyncpg
+
 from tests.security.support import one_line_error
 from tests.support import TestEnv, fetchval, run_cli
 
@@ -67,3 +69,33 @@ async def test_the_run_time_role_may_read_the_ledger_and_not_write_it(env: TestE
         env.database_url,
         "SELECT has_table_privilege('consumer_app', 'consumer_migrations', 'SELECT')",
     )
+
+
+async def test_a_role_that_may_not_read_the_ledger_is_told_so_in_one_line(
+    env: TestEnv, admin_dsn: str
+) -> None:
+    # Given a role that may do all the service does but read the migrations ledger
+    role = f"{env.name}_noledger"
+    database = env.database_url.rsplit("/", 1)[1]
+    conn = await asyncpg.connect(env.database_url)
+    try:
+        await conn.execute(f'CREATE ROLE "{role}" LOGIN')
+        await conn.execute(f'GRANT CONNECT ON DATABASE "{database}" TO "{role}"')
+        await conn.execute(f'GRANT SELECT ON receipts, consumer_in_progress TO "{role}"')
+        await env.apply_topology()
+
+        # When the service starts as that role
+        limited = env.database_url.replace("postgres@", f"{role}@")
+        result = run_cli("consumer", "run", env=env.env(database_url=limited))
+
+        # Then it stops with one line saying what to grant
+        line = one_line_error(result, 1)
+        assert "may not read the migrations ledger (consumer_migrations)" in line
+    finally:
+        await conn.execute(f'REVOKE ALL ON ALL TABLES IN SCHEMA public FROM "{role}"')
+        await conn.execute(f'REVOKE ALL ON DATABASE "{database}" FROM "{role}"')
+        await conn.close()
+        admin = await asyncpg.connect(admin_dsn)
+        await admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+        await admin.close()

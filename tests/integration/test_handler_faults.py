@@ -266,8 +266,9 @@ async def test_two_copies_in_one_batch_whose_first_fails_leave_one_retry_copy(
 ) -> None:
     # Given an event that fails twice, published twice back to back while the only worker is
     # busy with a slow event, so that both copies wait for it and land in one batch (an idle
-    # worker would take the first copy alone, at once)
-    settings = {"db_pool_size": "1"}
+    # worker would take the first copy alone, at once); the batch size pinned, since a slow
+    # handler that only awaits would otherwise be given batches too small to hold both
+    settings = {"db_pool_size": "1", "batch_size": "50"}
     await env.apply_topology(**settings)
     service = await ServiceProcess(env, **settings).start().wait_ready()
     slow = plain("slow", sleep_s=2.0)

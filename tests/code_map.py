@@ -14,6 +14,8 @@ import re
 import sys
 from pathlib import Path
 
+from tests.marked_section import between, write_between
+
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "internals" / "code-map.md"
 BEGIN = "<!-- code map: made by `python -m tests.code_map --write`; checked by a test -->"
@@ -68,14 +70,11 @@ def code_map(root: Path = REPO) -> str:
 
 def on_page(text: str) -> str:
     """The map as the page has it (between the markers)."""
-    start = text.index(BEGIN) + len(BEGIN)
-    return text[start : text.index(END)].strip("\n") + "\n"
+    return between(text, BEGIN, END)
 
 
 def write(page: Path = PAGE) -> None:
-    text = page.read_text()
-    start = text.index(BEGIN) + len(BEGIN)
-    page.write_text(text[:start] + "\n\n" + code_map() + "\n" + text[text.index(END) :])
+    write_between(page, BEGIN, END, code_map())
 
 
 if __name__ == "__main__":

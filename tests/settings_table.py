@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from consumer.config.settings import ENV_PREFIX, Settings
+from tests.marked_section import between, write_between
 from topology.durations import format_duration
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,14 +82,11 @@ def table() -> str:
 
 def on_page(text: str) -> str:
     """The table as the page has it (between the markers)."""
-    start = text.index(BEGIN) + len(BEGIN)
-    return text[start : text.index(END)].strip("\n") + "\n"
+    return between(text, BEGIN, END)
 
 
 def write(page: Path = PAGE) -> None:
-    text = page.read_text()
-    start = text.index(BEGIN) + len(BEGIN)
-    page.write_text(text[:start] + "\n\n" + table() + "\n" + text[text.index(END) :])
+    write_between(page, BEGIN, END, table())
 
 
 if __name__ == "__main__":

@@ -82,12 +82,9 @@ async def broker_limit(
     env = infra.child_env({**service_env, **owned_env(infra, name, "postgresql://unused/x")})
     try:
         await infra.run_module("topology", "apply", env=env)
-        final = await _ack_only(infra, workload, name, prefetch, result)
+        await _ack_only(infra, workload, name, prefetch, result)
     finally:
         await infra.sweep_broker(name)
-    result.rate = (final["count"] - 1) / max(final["last"] - final["first"], 1e-9)
-    result.wall_s = final["last"] - final["spawned"]
-    result.peak_rss_mb = round(final["peak_rss_mb"], 1)
     return result
 
 
@@ -108,16 +105,13 @@ async def same_job_limit(
     env = infra.child_env({**service_env, **owned_env(infra, name, dsn)})
     try:
         await infra.run_module("topology", "apply", env=env)
-        final = await _ack_only(
+        await _ack_only(
             infra, workload, name, prefetch, result, module="bench.samejob", extra=(dsn, name)
         )
         result.extra = await check_effects(dsn, name, workload.events)
     finally:
         await infra.drop_database(name)
         await infra.sweep_broker(name)
-    result.rate = (final["count"] - 1) / max(final["last"] - final["first"], 1e-9)
-    result.wall_s = final["last"] - final["spawned"]
-    result.peak_rss_mb = round(final["peak_rss_mb"], 1)
     return result
 
 
@@ -130,7 +124,9 @@ async def _ack_only(
     *,
     module: str = "bench.ackonly",
     extra: tuple[str, ...] = (),
-) -> dict[str, float]:
+) -> None:
+    """Run ``module`` (the ack-only consumer, or the same-job one) on the queue ``workload`` filled
+    and put its rate, wall time, CPU and peak RSS (its own report) into ``result``."""
     queue, exchange = f"{name}.work", f"{name}.events"
     await infra.publish(exchange, EVENT_TYPE, (encode(event) for event in workload.envelopes()))
     await infra.wait_for_depth(queue, workload.events)
@@ -169,8 +165,9 @@ async def _ack_only(
     # It reports its own CPU time and peak RSS: it may be gone before the harness could look.
     window = max(final["last"] - final["first"], 1e-9)
     result.cpu["sut"] = round(100 * final["cpu_s"] / window, 1)
-    final["spawned"] = spawned
-    return final
+    result.rate = (final["count"] - 1) / window
+    result.wall_s = final["last"] - spawned
+    result.peak_rss_mb = round(final["peak_rss_mb"], 1)
 
 
 def owned_env(infra: Infra, name: str, database_url: str) -> dict[str, str]:

@@ -41,7 +41,14 @@ from consumer.amqp.field_table import UNREADABLE_KEY
 from tests.chaos.hostile import FORGED_ATTEMPT, FORGED_YEAR, KEPT_HEADER, Wire, sent_id
 from tests.chaos.observe import DeadCopy, EndState
 from tests.chaos.producer import Attempt, PublishLog
-from tests.chaos.workload import RETRY_RUNGS, Kind, PlannedEvent, Workload, publication_of
+from tests.chaos.workload import (
+    HOSTILE_29,
+    RETRY_RUNGS,
+    Kind,
+    PlannedEvent,
+    Workload,
+    publication_of,
+)
 
 
 @dataclass
@@ -592,19 +599,6 @@ def _listed_as_forged(event: PlannedEvent, row: dict[str, object]) -> str | None
         if str(row.get("dead_lettered_at") or "").startswith(FORGED_YEAR):
             return f"shows the forged time {row.get('dead_lettered_at')}"
     return None
-
-
-HOSTILE_29 = frozenset(
-    {
-        Kind.BODY_TOO_LARGE,
-        Kind.HEADERS_TOO_LARGE,
-        Kind.HEADERS_UNREADABLE,
-        Kind.FORGED_DEAD_LETTER,
-        Kind.ROUTING_KEY_MISMATCH,
-        Kind.ID_CONFLICT,
-    }
-)
-"""Issue 29's hostile kinds, whose listing says who dead-lettered them."""
 
 
 def _check_unknown_rows(workload: Workload, state: EndState, verdict: Verdict) -> None:

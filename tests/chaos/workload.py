@@ -280,13 +280,8 @@ HANDLER_FAULTS = frozenset(
 )
 """The handler faults a scenario mixes in by number (:func:`plan_workload`'s ``faults``)."""
 
-HOSTILE = frozenset(
+HOSTILE_29 = frozenset(
     {
-        Kind.HEADERS_TOO_DEEP,
-        Kind.TOO_COMPLEX,
-        Kind.HOSTILE_HEADERS,
-        Kind.HOSTILE_HEADERS_PERMANENT,
-        Kind.FORGED_HEADERS,
         Kind.BODY_TOO_LARGE,
         Kind.HEADERS_TOO_LARGE,
         Kind.HEADERS_UNREADABLE,
@@ -294,6 +289,20 @@ HOSTILE = frozenset(
         Kind.ROUTING_KEY_MISMATCH,
         Kind.ID_CONFLICT,
     }
+)
+"""Issue 29's hostile kinds, whose listing says who dead-lettered them."""
+
+HOSTILE = (
+    frozenset(
+        {
+            Kind.HEADERS_TOO_DEEP,
+            Kind.TOO_COMPLEX,
+            Kind.HOSTILE_HEADERS,
+            Kind.HOSTILE_HEADERS_PERMANENT,
+            Kind.FORGED_HEADERS,
+        }
+    )
+    | HOSTILE_29
 )
 """A hostile producer's messages, mixed in by number like the handler faults."""
 ATTACK = frozenset({Kind.BODY_TOO_LARGE, Kind.HEADERS_TOO_LARGE})

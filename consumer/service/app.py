@@ -47,6 +47,7 @@ from consumer.registry import HandlerRegistry
 from consumer.service.assembly import build_pipeline
 from consumer.service.components import (
     batch_size,
+    batch_wait,
     broker_config,
     concurrency_limits,
     database_config,
@@ -129,7 +130,7 @@ def build_service(
     dispatcher = Dispatcher(
         workers=max_workers(settings),
         batch_size=batch_size(settings),
-        batch_wait=settings.batch_wait.total_seconds() if settings.batch_wait is not None else None,
+        batch_wait=batch_wait(settings),
         preparer=preparer,
         settler=settler,
         window_full=window.full,

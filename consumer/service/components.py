@@ -28,6 +28,7 @@ from topology.plan import TopologySpec, build_topology
 __all__ = [
     "MAX_BATCH_SIZE",
     "batch_size",
+    "batch_wait",
     "broker_config",
     "concurrency_limits",
     "database_config",
@@ -71,6 +72,12 @@ def batch_size(settings: Settings) -> int:
     the prefetch window, at most :data:`MAX_BATCH_SIZE`: a batch never waits for deliveries the
     window cannot hold."""
     return concurrency_limits(settings).full_batch(worker_count(settings))
+
+
+def batch_wait(settings: Settings) -> float | None:
+    """``CONSUMER_BATCH_WAIT`` in seconds, the most a batch waits for a full window's refill;
+    None (unset): as measured (:class:`consumer.service.inbox.Inbox`)."""
+    return settings.batch_wait.total_seconds() if settings.batch_wait is not None else None
 
 
 def max_workers(settings: Settings) -> int:

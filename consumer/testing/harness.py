@@ -32,6 +32,7 @@ from consumer.registry import HandlerRegistry
 from consumer.service.assembly import PipelineParts, build_pipeline
 from consumer.service.components import (
     batch_size,
+    batch_wait,
     names_for,
     receipt_window,
     topology_for,
@@ -129,9 +130,7 @@ class InProcessHarness:
         dispatcher = self._dispatcher = Dispatcher(
             workers=worker_count(settings),
             batch_size=batch_size(settings),
-            batch_wait=(
-                settings.batch_wait.total_seconds() if settings.batch_wait is not None else None
-            ),
+            batch_wait=batch_wait(settings),
             preparer=parts.preparer,
             settler=parts.settler,
         )

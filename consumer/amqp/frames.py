@@ -39,6 +39,7 @@ _LONG_LONG = struct.Struct(">q")
 _CONTENT_HEADER = struct.Struct(">HHQ")
 _SHORT = struct.Struct(">H")
 _OCTET = struct.Struct("B")
+_FRAME_END = constants.FRAME_END
 
 _DELIVER = commands.Basic.Deliver
 _PROPERTIES = commands.Basic.Properties
@@ -198,7 +199,14 @@ class BulkFrameReceiver(aiormq.connection.FrameReceiver):
         end = start + 8 + size
         if available < 8 + size:
             return None
-        frame = bytes(buffer[start:end])
+        # One copy out of the buffer, through a view released before the buffer is resized: a
+        # body frame's payload straight into its ContentBody (a body over the limit is 32 MiB and
+        # more of these, read only to be dropped), any other frame whole for decode_frame.
+        with memoryview(buffer) as view:
+            if buffer[start] == constants.FRAME_BODY and size and buffer[end - 1] == _FRAME_END:
+                received: Any = body.ContentBody(bytes(view[start + 7 : end - 1]))
+            else:
+                received = bytes(view[start:end])
         self._start = end
         if end == len(buffer):
             buffer.clear()
@@ -206,7 +214,9 @@ class BulkFrameReceiver(aiormq.connection.FrameReceiver):
         elif end > _READ_SIZE:
             del buffer[:end]
             self._start = 0
-        return 8 + size, channel, decode_frame(frame)
+        if isinstance(received, bytes):
+            received = decode_frame(received)
+        return 8 + size, channel, received
 
     async def _fill(self) -> None:
         reader = self.reader

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 from uuid import UUID, uuid4
 
+from consumer.allocator import keep_frame_buffers_on_heap
 from consumer.amqp import fast_paths
 from consumer.config.settings import Settings
 from consumer.config.startup import EXIT_CONFIG, EXIT_FAILURE
@@ -74,6 +75,7 @@ EXIT_SECOND_SIGNAL = 130
 
 def run(settings: Settings, registry: HandlerRegistry) -> int:
     """The service in this process until it stops: its logs, its metrics, its event loop."""
+    tuned_allocator = keep_frame_buffers_on_heap()
     lines = TickFlushed(sys.stdout.buffer)
     logger = make_logger(
         settings.name, level=settings.log_level, log_format=settings.log_format, lines=lines
@@ -92,6 +94,7 @@ def run(settings: Settings, registry: HandlerRegistry) -> int:
             metrics,
             before_exit=lines.write_out,
             message_log=message_log,
+            tuned_allocator=tuned_allocator,
         )
     )
 
@@ -208,11 +211,13 @@ async def serve(
     *,
     before_exit: Callable[[], None] = lambda: None,
     message_log: MessageLog | None = None,
+    tuned_allocator: bool = False,
 ) -> int:
     """Run the service until SIGTERM or SIGINT; a second signal exits at once. The exit code.
 
     ``before_exit`` writes out the log lines still held for the end of the loop's turn: the
     immediate exits (second signal, hard time limit) skip the interpreter's clean-up.
+    ``tuned_allocator`` (logged) says whether :mod:`consumer.allocator` set glibc's thresholds.
     """
     stop = asyncio.Event()
     _on_signals(stop, logger, before_exit)
@@ -251,6 +256,7 @@ async def serve(
             settings=settings.describe(),
             handlers=list(registry),
             memory_budget_bytes=worst_case(memory_budget(settings)),
+            tuned_allocator=tuned_allocator,
         )
         _warn_of_refused_hooks(logger, fast_path=settings.amqp_fast_path)
         try:

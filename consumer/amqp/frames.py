@@ -180,7 +180,7 @@ class BulkFrameReceiver(aiormq.connection.FrameReceiver):
         self._buffer = bytearray()
         self._start = 0
         self._missing = 0
-        """What the large body frame at the buffer's start still lacks (see :meth:`_rest_of_body`)."""
+        """What the large body frame at the buffer's start still lacks (:meth:`_rest_of_body`)."""
 
     async def get_frame(self) -> ReceivedFrame:
         received = self._next()

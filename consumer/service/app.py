@@ -139,7 +139,10 @@ def build_service(
         window_full=window.full,
     )
     concurrency = Concurrency(
-        limits=concurrency_limits(settings),
+        limits=concurrency_limits(
+            settings,
+            per_event_handlers=any(handler.many is None for handler in registry.values()),
+        ),
         handler_time=parts.handler_time,
         dispatcher=dispatcher,
         metrics=metrics,

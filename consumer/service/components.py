@@ -44,14 +44,16 @@ __all__ = [
 ]
 
 
-def concurrency_limits(settings: Settings) -> Limits:
+def concurrency_limits(settings: Settings, *, per_event_handlers: bool = False) -> Limits:
     """What bounds the worker count and batch size chosen as the service runs
-    (:mod:`consumer.service.concurrency_policy`), and what pins them."""
+    (:mod:`consumer.service.concurrency_policy`), and what pins them. ``per_event_handlers``:
+    whether the registry has any (the start differs)."""
     return Limits(
         prefetch=settings.prefetch,
         pool_size=settings.db_pool_size,
         workers=settings.workers,
         batch_size=settings.batch_size,
+        per_event_handlers=per_event_handlers,
     )
 
 

@@ -172,7 +172,7 @@ def test_a_window_holds_a_batch_and_its_own_handlers_calls_only() -> None:
 
 
 def test_batch_handlers_start_at_the_base_workers_and_full_batches() -> None:
-    assert START == Choice(1, 50, "start")
+    assert Choice(1, 50, "start") == START
 
 
 def test_per_event_handlers_start_at_every_worker_and_small_batches() -> None:

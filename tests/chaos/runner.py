@@ -381,8 +381,10 @@ async def run_scenario(
             # memory attack (oversized bodies: item 1, the RSS sampled all along) in blocks of
             # their own: the bodies' innocents wait for the broker to stream hundreds of MiB and
             # for the consumers to read them off the socket, a cost in bytes, not the decoder's.
-            floods = {k: n for k, n in attack.items() if k is not Kind.BODY_TOO_LARGE}
-            bodies = {k: n for k, n in attack.items() if k is Kind.BODY_TOO_LARGE}
+            floods: dict[Kind, int] = {
+                k: n for k, n in attack.items() if k is not Kind.BODY_TOO_LARGE
+            }
+            bodies: dict[Kind, int] = {k: n for k, n in attack.items() if k is Kind.BODY_TOO_LARGE}
             blocks = [
                 plan_block("c", profile.probe, seed=seed + 7919),
                 plan_block("a", profile.probe, seed=seed + 7920, burst=floods),

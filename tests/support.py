@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -212,11 +212,22 @@ class ServiceProcess:
     started: ClassVar[list[ServiceProcess]] = []
     """Every process started, in order: the fixtures check and end what a test left running."""
 
-    def __init__(self, test_env: TestEnv, label: str = "service", **overrides: str) -> None:
+    def __init__(
+        self,
+        test_env: TestEnv,
+        label: str = "service",
+        *,
+        launcher: Sequence[str] = (),
+        **overrides: str,
+    ) -> None:
+        """``launcher``: argv put in front of the command (``ip netns exec <namespace>``: the
+        network-fault lab's service host, whose HTTP address is ``CONSUMER_HTTP_HOST``)."""
         self.test_env = test_env
         self.label = label
+        self.launcher = list(launcher)
         self.environment = test_env.env(**overrides)
         self.port = int(self.environment["CONSUMER_HTTP_PORT"])
+        self.http_host = self.environment.get("CONSUMER_HTTP_HOST", "127.0.0.1")
         self.log_path = test_env.log_dir / f"{label}.log"
         self.process: subprocess.Popen[bytes] | None = None
         test_env.processes.append(self)
@@ -224,7 +235,7 @@ class ServiceProcess:
     def start(self) -> ServiceProcess:
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "consumer", "run"],
+            [*self.launcher, sys.executable, "-m", "consumer", "run"],
             env=self.environment,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -252,7 +263,7 @@ class ServiceProcess:
         async with (
             aiohttp.ClientSession() as session,
             session.get(
-                f"http://127.0.0.1:{self.port}/readyz", timeout=aiohttp.ClientTimeout(3)
+                f"http://{self.http_host}:{self.port}/readyz", timeout=aiohttp.ClientTimeout(3)
             ) as response,
         ):
             return response.status, await response.json()
@@ -280,7 +291,7 @@ class ServiceProcess:
         """Every sample of ``/metrics``, keyed by (name, sorted labels)."""
         async with (
             aiohttp.ClientSession() as session,
-            session.get(f"http://127.0.0.1:{self.port}/metrics") as response,
+            session.get(f"http://{self.http_host}:{self.port}/metrics") as response,
         ):
             text = await response.text()
         samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}

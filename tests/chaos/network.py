@@ -17,11 +17,13 @@ Needs root, ``ip`` (iproute2) and ``nft`` (Debian's nftables).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal
@@ -30,6 +32,15 @@ __all__ = ["Host", "Lab", "leftovers"]
 
 SUBNET = "10.77.0"
 Direction = Literal["both", "to", "from"]
+CLONE_NEWNET = 0x40000000
+NETNS_DIR = "/run/netns"
+
+
+def _setns(fd: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, CLONE_NEWNET) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"setns: {os.strerror(error)}")
 
 
 def _run(*argv: str) -> str:
@@ -141,19 +152,58 @@ class Lab:
         self.processes.append(process)
         return process
 
+    @contextlib.contextmanager
+    def entered(self, name: str) -> Iterator[Host]:
+        """The calling thread inside host ``name``'s namespace for the block, back in its own
+        after it: the sockets it opens meanwhile (an asyncio loop's, on this thread) and the
+        processes it starts live there. Threads started earlier stay where they were."""
+        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        try:
+            target = os.open(f"{NETNS_DIR}/{self.host(name).namespace}", os.O_RDONLY)
+            try:
+                _setns(target)
+            finally:
+                os.close(target)
+            try:
+                yield self.host(name)
+            finally:
+                _setns(own)
+        finally:
+            os.close(own)
+
     def tear_down(self) -> None:
-        """End every process started, delete every namespace made (their interfaces and rules
-        go with them); safe to call twice."""
+        """End every process started and any other still in a namespace (a server that
+        daemonized), delete every namespace made (their interfaces and rules go with them); safe
+        to call twice."""
         for process in self.processes:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=10)
         self.processes.clear()
+        for namespace in self.made:
+            with contextlib.suppress(RuntimeError):
+                for pid in _run("ip", "netns", "pids", namespace).split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
+                        _reap(int(pid))
         for namespace in reversed(self.made):
             with contextlib.suppress(RuntimeError):
                 _run("ip", "netns", "del", namespace)
         self.made.clear()
+
+
+def _reap(pid: int, timeout: float = 10) -> None:
+    """Until ``pid`` is gone (or a zombie: a daemon's parent may be gone too)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return
+        except OSError:
+            return
+        time.sleep(0.05)
 
 
 def leftovers(tag: str) -> list[str]:

@@ -31,6 +31,8 @@ import asyncpg
 
 from consumer.db.migrations import migrate
 from tests.chaos.faults import Fault
+from tests.chaos.netfaults import partition_findings
+from tests.chaos.netsite import NetSite, from_tester, net_site
 from tests.chaos.observe import (
     EndState,
     QueueProbe,
@@ -204,6 +206,7 @@ async def run(
                 "hostile_events": None,
                 "cluster_events": None,
                 "pruning_events": None,
+                "net_events": None,
             }
         )
     scenarios = chosen(profile, only)
@@ -214,6 +217,8 @@ async def run(
     rabbit = ThrowawayRabbit()
     postgres = ThrowawayPostgres()
     cluster = ThrowawayRabbitCluster() if any(s.site == "cluster" for s in scenarios) else None
+    lab = contextlib.AsyncExitStack()
+    net: NetSite | None = None
     report = RunReport(
         profile=profile.name,
         command=command,
@@ -236,6 +241,11 @@ async def run(
             _say(f"and a three-node RabbitMQ cluster ({', '.join(n.node for n in cluster.nodes)})")
             starting.append(asyncio.to_thread(cluster.start))
         await asyncio.gather(*starting)
+        if any(s.site == "net" for s in scenarios):
+            _say("and the network-fault lab: PostgreSQL, RabbitMQ and the service in namespaces")
+            net = await lab.enter_async_context(net_site())
+            async with from_tester(net):
+                await _make_template(net.postgres, f"chaos_{run_id}_template")
         report.environment = _versions(rabbit, postgres)
         if cluster is not None and cluster.start_seconds is not None:
             report.environment["cluster start"] = f"{cluster.start_seconds:.1f}s"
@@ -249,24 +259,27 @@ async def run(
                 result.skipped = f"the run's {profile.budget:.0f}s budget was spent"
                 continue
             _say(f"scenario {scenario.slug}: {scenario.title}")
+            in_lab = net if scenario.site == "net" else None
             try:
-                await asyncio.wait_for(
-                    run_scenario(
-                        result,
-                        scenario,
-                        profile,
-                        rabbit=rabbit,
-                        postgres=postgres,
-                        cluster=cluster,
-                        template=template,
-                        name=f"chaos{run_id}-{number}-{scenario.slug}",
-                        overrides={**overrides, **scenario.settings},
-                        seed=seed + number,
-                        log_dir=log_root / scenario.slug,
-                        run_deadline=deadline,
-                    ),
-                    timeout=left,
-                )
+                async with from_tester(in_lab):
+                    await asyncio.wait_for(
+                        run_scenario(
+                            result,
+                            scenario,
+                            profile,
+                            rabbit=rabbit if in_lab is None else in_lab.rabbit,
+                            postgres=postgres if in_lab is None else in_lab.postgres,
+                            cluster=cluster,
+                            net=in_lab,
+                            template=template,
+                            name=f"chaos{run_id}-{number}-{scenario.slug}",
+                            overrides={**overrides, **scenario.settings},
+                            seed=seed + number,
+                            log_dir=log_root / scenario.slug,
+                            run_deadline=deadline,
+                        ),
+                        timeout=left,
+                    )
             except TimeoutError:
                 result.error = f"stopped when the run's {profile.budget:.0f}s budget ran out"
             _say(
@@ -277,6 +290,8 @@ async def run(
                 shutil.rmtree(log_root / scenario.slug, ignore_errors=True)
     finally:
         _say("removing the throwaway servers")
+        with contextlib.suppress(Exception):
+            await lab.aclose()
 
         def remove_postgres() -> None:
             postgres.signal_all(signal.SIGCONT)
@@ -311,6 +326,7 @@ async def run_scenario(
     rabbit: ThrowawayRabbit,
     postgres: ThrowawayPostgres,
     cluster: ThrowawayRabbitCluster | None = None,
+    net: NetSite | None = None,
     template: str,
     name: str,
     overrides: dict[str, str],
@@ -343,6 +359,8 @@ async def run_scenario(
         self_exits=scenario.self_exits,
         cluster=on_cluster,
         pair=pair,
+        net=net,
+        service_amqp_url=rabbit.url + scenario.amqp_query if scenario.amqp_query else None,
     )
     events = scenario.events or profile.events
     progress = asyncio.create_task(world.progress.run(), name="progress")
@@ -477,6 +495,7 @@ async def run_scenario(
         if resources is not None:
             check_resources(resources, verdict)
         verdict.notes += world.notes + world.log_findings()
+        verdict.notes += await partition_findings(world, scenario.lost_event)
         result.verdict = verdict
     except Exception as error:  # report what could not be run, and go on with the next
         result.error = f"{type(error).__name__}: {error}"

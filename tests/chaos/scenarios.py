@@ -22,6 +22,7 @@ from tests.chaos.faults import (
     RollingRestart,
     Terminate,
 )
+from tests.chaos.netfaults import Cut
 from tests.chaos.workload import SLOW_S, Kind
 
 # What every consumer of every scenario runs with, on top of tests.support.TestEnv's test settings
@@ -65,11 +66,12 @@ their start-up on."""
 EXIT_CRASH = 17
 """``test.behave``'s ``crash``: ``os._exit(17)``."""
 
-Site = Literal["node", "cluster", "pg-sync", "pg-async"]
+Site = Literal["node", "cluster", "pg-sync", "pg-async", "net"]
 """Where a scenario runs: the run's RabbitMQ node and PostgreSQL; the run's three-node RabbitMQ
 cluster (each consumer given the node list starting at another node; quorum queues on all three);
-or the run's node and a PostgreSQL primary with a synchronous or asynchronous standby of the
-scenario's own, which its fault fails over."""
+the run's node and a PostgreSQL primary with a synchronous or asynchronous standby of the
+scenario's own, which its fault fails over; or the network-fault lab (:mod:`.netsite`): a
+PostgreSQL, a RabbitMQ node, the consumers and the runner each in a network namespace of its own."""
 CLUSTER_SETTINGS = {"quorum_initial_group_size": "3"}
 MIB = 1024 * 1024
 
@@ -129,6 +131,8 @@ class Profile:
     """How long a cluster node stays SIGSTOPped."""
     cluster_events: int | None = None
     """Publications of the cluster and failover scenarios (None: :attr:`events`)."""
+    net_events: int | None = None
+    """Publications of the network-fault lab's scenarios (None: :attr:`events`)."""
     pruning_events: int | None = None
     """Publications of ``receipt-pruning`` (None: :attr:`events`): no more than the consumers
     settle well inside its 20s window, else late copies expire by design (dead-lettered
@@ -172,6 +176,7 @@ PROFILES = {
         alarm_s=3.0,
         node_freeze_s=10.0,
         cluster_events=1_500,
+        net_events=1_500,
         settle_timeout=60,
         # About 250s on a quiet machine; 350s was overrun at a load average of 10 (other work on
         # both cores), before hostile-producers had started. The budget is there for a hang.
@@ -245,6 +250,11 @@ class Scenario:
     expired_copies: bool = False
     """Copies of an applied event may be dead-lettered ``expired`` (its receipts' window is short
     here): counted, not a violation. An event with no effect is still lost."""
+    amqp_query: str = ""
+    """Appended to the consumers' ``CONSUMER_AMQP_URL`` (``?heartbeat=5``): the runner's own
+    connections keep the plain URL."""
+    lost_event: str = "lost RabbitMQ"
+    """The consumers' log line that says they noticed a cut (the time to detect)."""
 
     @property
     def cuts_broker_links(self) -> bool:
@@ -411,6 +421,64 @@ def scenarios_for(profile: Profile) -> list[Scenario]:
             ],
         ),
         *beyond_one_machine(profile),
+        *in_the_lab(profile),
+    ]
+
+
+SHORT_HEARTBEAT = 5
+"""Seconds: the consumers' AMQP heartbeat where a cut must outlast it (aiormq gives a silent
+broker up after a few heartbeats), short so that the scenario stays short."""
+BROKER_CUT_S = 10.0
+"""A silent cut shorter than the default heartbeat (60s): TCP's retransmissions carry the
+connection over it, or the service notices."""
+LONG_BROKER_CUT_S = 25.0
+"""A silent cut past :data:`SHORT_HEARTBEAT`'s timeout: the service must notice and reconnect."""
+NET = (
+    "net-broker-cut",
+    "net-broker-cut-heartbeat",
+)
+"""The network-fault lab's scenarios."""
+
+
+def in_the_lab(profile: Profile) -> list[Scenario]:
+    """The network-fault scenarios, each with the handler faults that leave the process running
+    (swallowed errors, odd payloads, killed database connections). Not those that end it
+    (``block``, ``crash``): a consumer restarted during a cut fails to connect, and that, not the
+    running consumers' noticing, would be the first ``lost RabbitMQ`` line, the time to detect."""
+    p = profile
+    scale = 1 if p.name == "short" else 10
+    handler_faults: dict[Kind, int] = {
+        Kind.SWALLOW: 10 * scale,
+        Kind.ODD_POISON: 5 * scale,
+        Kind.ODD: 5 * scale,
+        Kind.KILL_CONNECTION: 2 * scale,
+    }
+
+    def in_lab(slug: str, title: str, fault: Fault, amqp_query: str = "") -> Scenario:
+        return Scenario(
+            slug,
+            f"network lab, 2 consumers, handler faults: {title}",
+            consumers=2,
+            faults=[fault],
+            mix_in=handler_faults,
+            site="net",
+            events=p.net_events,
+            amqp_query=amqp_query,
+        )
+
+    return [
+        in_lab(
+            "net-broker-cut",
+            f"silent cut service<->RabbitMQ {BROKER_CUT_S:g}s (default heartbeat)",
+            Cut("service", "rabbit", BROKER_CUT_S),
+        ),
+        in_lab(
+            "net-broker-cut-heartbeat",
+            f"silent cut service<->RabbitMQ {LONG_BROKER_CUT_S:g}s, past a "
+            f"{SHORT_HEARTBEAT}s heartbeat",
+            Cut("service", "rabbit", LONG_BROKER_CUT_S),
+            amqp_query=f"?heartbeat={SHORT_HEARTBEAT}",
+        ),
     ]
 
 

@@ -6,9 +6,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import aio_pika
+import asyncpg
 import pytest
 
+from tests.chaos.netsite import from_tester, net_site
 from tests.chaos.network import Lab, leftovers
+from tests.servers import port_open
 
 PORT = "9000"
 SERVER = (
@@ -88,3 +92,25 @@ async def test_a_failed_scenario_still_leaves_no_namespace_interface_or_process(
 
     assert started[0].poll() is not None
     assert leftovers(lab.tag) == []
+
+
+async def test_the_lab_runs_its_servers_in_namespaces_and_leaves_nothing_behind() -> None:
+    # Given the lab with its throwaway PostgreSQL and RabbitMQ node, each on its own host
+    async with net_site() as site:
+        tag = site.lab.tag
+        # Then the runner reaches them from the tester host, by their lab addresses
+        async with from_tester(site):
+            conn = await asyncpg.connect(site.postgres.admin_dsn, timeout=10)
+            assert await conn.fetchval("SELECT host(inet_server_addr())") == (
+                site.address("postgres")
+            )
+            await conn.close()
+            connection = await aio_pika.connect(site.rabbit.url, timeout=10)
+            await connection.close()
+        # and the machine's own namespace does not: nothing listens there for them
+        assert not port_open(site.postgres.port)
+        assert not port_open(site.rabbit.port)
+        assert leftovers(tag)  # their namespaces and processes, while it runs
+
+    # When it ends, no namespace, interface or process (epmd, a backend) is left
+    assert leftovers(tag) == []

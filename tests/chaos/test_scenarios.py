@@ -4,7 +4,14 @@ its documentation says."""
 from __future__ import annotations
 
 from consumer.durations import parse_duration
-from tests.chaos.scenarios import BEYOND_ONE, CONSUMER_SETTINGS, PROFILES, chosen, scenarios_for
+from tests.chaos.scenarios import (
+    BEYOND_ONE,
+    CONSUMER_SETTINGS,
+    NET,
+    PROFILES,
+    chosen,
+    scenarios_for,
+)
 from tests.chaos.workload import (
     BLOCK_S,
     HANDLER_FAULTS,
@@ -94,5 +101,17 @@ def test_the_long_profile_runs_every_cluster_and_failover_scenario_and_the_short
             assert (scenario.events or PROFILES["long"].events) == 50_000, scenario.slug
             # Only the asynchronous standby is allowed to lose acked commits.
             assert scenario.losses_reported == (scenario.site == "pg-async"), scenario.slug
+        elif scenario.slug in NET:
+            assert scenario.site == "net", scenario.slug
         else:
             assert scenario.site == "node", scenario.slug
+
+
+def test_the_network_lab_scenarios_run_in_the_lab_in_both_profiles() -> None:
+    for profile in PROFILES.values():
+        lab = [s for s in chosen(profile) if s.site == "net"]
+        # Each in the short profile too (`make test`): the lab's kinds of fault, one scenario each
+        assert {s.slug for s in lab} == set(NET), profile.name
+        for scenario in lab:
+            assert scenario.faults, scenario.slug
+            assert scenario.mix_in, scenario.slug  # under the handler-fault workload

@@ -18,10 +18,12 @@ import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import asyncpg
 
+from tests.chaos.netsite import NetSite
 from tests.servers import (
     PostgresServer,
     ThrowawayPostgres,
@@ -56,6 +58,15 @@ class Lifetime:
     """The last ``/metrics`` figures seen (see :func:`summarise_metrics`)."""
     end: str | None = None
     exit_code: int | None = None
+
+
+@dataclass
+class Partition:
+    """One cut of the lab's links: between which hosts, and when (wall clock, UTC)."""
+
+    label: str
+    cut_at: datetime
+    healed_at: datetime | None = None
 
 
 @dataclass
@@ -144,6 +155,8 @@ class World:
         self_exits: frozenset[int] = frozenset(),
         cluster: ThrowawayRabbitCluster | None = None,
         pair: ThrowawayPostgresPair | None = None,
+        net: NetSite | None = None,
+        service_amqp_url: str | None = None,
     ) -> None:
         self.env = env
         self.rabbit = rabbit
@@ -153,15 +166,11 @@ class World:
         self.pair = pair
         """Where the scenario fails PostgreSQL over: the pair (``env.database_url`` names both)."""
         self.database: PostgresServer = pair or postgres
-        self.services = [
-            ServiceProcess(
-                env,
-                f"consumer-{index}",
-                http_port=str(free_port()),
-                **({} if cluster is None else {"amqp_url": rotated(cluster.urls, index + 1)}),
-            )
-            for index in range(consumers)
-        ]
+        self.net = net
+        """Where the scenario runs in the network-fault lab: its hosts, links and servers."""
+        self.partitions: list[Partition] = []
+        """The lab's cuts, when each began and healed (for the time to detect and resume)."""
+        self.services = [self._service(index, service_amqp_url) for index in range(consumers)]
         self.current: list[Lifetime | None] = [None] * consumers
         self._locks = [asyncio.Lock() for _ in range(consumers)]
         self.lifetimes: list[Lifetime] = []
@@ -174,6 +183,20 @@ class World:
         """Exit codes with which a consumer may exit by itself here (restarted, reported)."""
         self.self_exits: Counter[str] = Counter()
         """Exits by themselves with an allowed code, by consumer and code: each one restarted."""
+
+    def _service(self, index: int, amqp_url: str | None) -> ServiceProcess:
+        overrides: dict[str, str] = {"http_port": str(free_port())}
+        if self.cluster is not None:
+            overrides["amqp_url"] = rotated(self.cluster.urls, index + 1)
+        if amqp_url is not None:
+            overrides["amqp_url"] = amqp_url
+        if self.net is None:
+            return ServiceProcess(self.env, f"consumer-{index}", **overrides)
+        # On the lab's service host, its HTTP endpoint on the host's address for the runner.
+        overrides["http_host"] = self.net.address("service")
+        return ServiceProcess(
+            self.env, f"consumer-{index}", launcher=self.net.launcher("service"), **overrides
+        )
 
     # -- consumers --------------------------------------------------------------------------
 
@@ -354,6 +377,11 @@ class World:
         if self.cluster is None:
             raise RuntimeError("this fault needs a scenario on the RabbitMQ cluster")
         return self.cluster
+
+    def need_net(self) -> NetSite:
+        if self.net is None:
+            raise RuntimeError("this fault needs a scenario in the network-fault lab")
+        return self.net
 
     def need_pair(self) -> ThrowawayPostgresPair:
         if self.pair is None:

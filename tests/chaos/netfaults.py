@@ -4,8 +4,11 @@ how long the service took to notice a cut, and to commit again once it healed.""
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
 
 import asyncpg
 
@@ -34,8 +37,9 @@ class Cut:
         return "rabbit" in (self.a, self.b)
 
     async def inject(self, world: World) -> None:
-        lab = world.need_net().lab
-        partition = Partition(self.label, datetime.now(UTC))
+        net = world.need_net()
+        lab = net.lab
+        partition = Partition(self.label, datetime.now(UTC), server_log_from=_size(net.log))
         world.partitions.append(partition)
         lab.cut(self.a, self.b, self.direction)
         try:
@@ -44,6 +48,80 @@ class Cut:
             lab.heal()
             partition.healed_at = datetime.now(UTC)
         await world.wait_ready()
+
+
+TRIGGER_WAIT = 10.0
+"""How long an armed cut may wait for a COMMIT under load before the fault gives up."""
+
+
+@dataclass(frozen=True)
+class CommitCut:
+    """A cut between the service and PostgreSQL that the service's next ``COMMIT`` sets off
+    (:meth:`~tests.chaos.network.Lab.cut_at_commit`): so it lands in the middle of one, the
+    request arrived and the reply lost (``reply``) or the request lost (``request``). Healed
+    ``seconds`` after it went off."""
+
+    lose: Literal["request", "reply"]
+    seconds: float
+
+    @property
+    def label(self) -> str:
+        what = "reply" if self.lose == "reply" else "request"
+        return f"silent cut at a COMMIT, its {what} and all after dropped {self.seconds:g}s"
+
+    @property
+    def cuts_broker_links(self) -> bool:
+        return False
+
+    async def inject(self, world: World) -> None:
+        net = world.need_net()
+        lab = net.lab
+        log_from = _size(net.log)
+        lab.cut_at_commit("service", "postgres", net.postgres.port, self.lose)
+        try:
+            deadline = time.monotonic() + TRIGGER_WAIT
+            while not lab.triggered("service"):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"no COMMIT went to PostgreSQL in {TRIGGER_WAIT:g}s")
+                await asyncio.sleep(0.01)
+            partition = Partition(self.label, datetime.now(UTC), server_log_from=log_from)
+            world.partitions.append(partition)
+            await asyncio.sleep(self.seconds)
+        finally:
+            lab.heal()
+        partition.healed_at = datetime.now(UTC)
+        await world.wait_ready()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+SERVER_SAYS = {
+    "idle-in-transaction timeout": "ended sessions idle in their transaction",
+    "could not receive data from client": "lost clients",
+    "unexpected EOF on client connection": "saw clients leave mid-transaction",
+}
+"""What the lab PostgreSQL's log says of the service's sessions after a cut, and how to say it."""
+
+
+def _server_findings(world: World, partition: Partition) -> str:
+    net = world.need_net()
+    try:
+        with net.log.open("rb") as log:
+            log.seek(partition.server_log_from)
+            text = log.read().decode(errors="replace")
+    except OSError:
+        return ""
+    counts = [
+        f"{meaning} x{count}"
+        for needle, meaning in SERVER_SAYS.items()
+        if (count := text.count(needle))
+    ]
+    return f"; PostgreSQL {', '.join(counts)}" if counts else ""
 
 
 def _first_loss(world: World, after: datetime, event: str) -> datetime | None:
@@ -88,7 +166,8 @@ async def partition_findings(world: World, lost_event: str = "lost RabbitMQ") ->
                     else f"first commit {(first - partition.healed_at).total_seconds():.1f}s "
                     "after the heal"
                 )
-            findings.append(f"{partition.label}: {detect}; {resume}")
+            server = _server_findings(world, partition) if world.net is not None else ""
+            findings.append(f"{partition.label}: {detect}; {resume}{server}")
     finally:
         await conn.close()
     return findings

@@ -24,6 +24,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 from tests.chaos.network import Lab
 from tests.servers import ThrowawayPostgres, ThrowawayRabbit
@@ -47,6 +48,11 @@ class NetSite:
 
     def address(self, host: str) -> str:
         return self.lab.host(host).address
+
+    @property
+    def log(self) -> Path:
+        """The lab PostgreSQL's server log."""
+        return self.postgres.base / "log"
 
 
 def _start_postgres(postgres: ThrowawayPostgres) -> None:

@@ -114,6 +114,15 @@ class Lab:
                 "ip", "netns", "exec", namespace, "nft", "add", "chain", "inet", "cut", "out",
                 "{ type filter hook output priority 0 ; policy accept ; }",
             )  # fmt: skip
+            _run(
+                "ip", "netns", "exec", namespace, "nft", "add", "chain", "inet", "cut", "in",
+                "{ type filter hook input priority 0 ; policy accept ; }",
+            )  # fmt: skip
+            # The peers a trigger rule has cut off (cut_at_commit): filled by the packet itself.
+            _run(
+                "ip", "netns", "exec", namespace, "nft", "add", "set", "inet", "cut", "armed",
+                "{ type ipv4_addr ; flags dynamic ; }",
+            )  # fmt: skip
             self.by_name[name] = Host(name, namespace, address)
 
     def host(self, name: str) -> Host:
@@ -127,12 +136,42 @@ class Lab:
         if direction in ("both", "from"):
             self._drop(self.host(b), self.host(a))
 
+    def cut_at_commit(
+        self, client: str, server: str, port: int, lose: Literal["request", "reply"]
+    ) -> None:
+        """Arm a cut that the next ``COMMIT`` ``client`` sends ``server`` (PostgreSQL's simple
+        query ``COMMIT;`` on ``port``) sets off, from that very packet on: ``request``, that
+        packet and everything after it to ``server`` dropped (the COMMIT never arrives);
+        ``reply``, the packet goes, and everything ``server`` sends back is dropped (it commits,
+        the answer is lost). :meth:`triggered` says when it went off."""
+        namespace = self.host(client).namespace
+        nft = ("ip", "netns", "exec", namespace, "nft", "add", "rule", "inet", "cut")
+        # The payload after the TCP header: 'Q', a 4-byte length, then the query's text.
+        _run(
+            *nft, "out", "ip", "daddr", self.host(server).address, "tcp", "dport", str(port),
+            "@ih,40,48", "0x" + b"COMMIT".hex(), "add", "@armed", "{", "ip", "daddr", "}",
+        )  # fmt: skip
+        if lose == "request":
+            _run(*nft, "out", "ip", "daddr", "@armed", "drop")
+        else:
+            _run(*nft, "in", "ip", "saddr", "@armed", "drop")
+
+    def triggered(self, client: str) -> bool:
+        """Whether a cut armed by :meth:`cut_at_commit` on ``client`` has gone off."""
+        listed = _run(
+            "ip", "netns", "exec", self.host(client).namespace, "nft", "list", "set", "inet",
+            "cut", "armed",
+        )  # fmt: skip
+        return "elements" in listed
+
     def heal(self) -> None:
         """Every cut gone."""
         for host in self.by_name.values():
-            _run(
-                "ip", "netns", "exec", host.namespace, "nft", "flush", "chain", "inet", "cut", "out"
-            )
+            for what in (("chain", "out"), ("chain", "in"), ("set", "armed")):
+                _run(
+                    "ip", "netns", "exec", host.namespace, "nft", "flush", *what[:1], "inet",
+                    "cut", what[1],
+                )  # fmt: skip
 
     def _drop(self, sender: Host, receiver: Host) -> None:
         _run(

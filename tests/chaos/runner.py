@@ -476,7 +476,10 @@ async def run_scenario(
             expired_copies=_expiry_age(env) if scenario.expired_copies else None,
         )
         result.metrics, failures = world.metrics_check(
-            state.applied, dead_by_reason(state), scenario.cuts_broker_links
+            state.applied,
+            dead_by_reason(state),
+            scenario.cuts_broker_links,
+            lost_commit_replies=scenario.loses_commit_replies,
         )
         verdict.violations += failures
         if scenario.losses_reported:

@@ -22,7 +22,7 @@ from tests.chaos.faults import (
     RollingRestart,
     Terminate,
 )
-from tests.chaos.netfaults import Cut
+from tests.chaos.netfaults import CommitCut, Cut
 from tests.chaos.workload import SLOW_S, Kind
 
 # What every consumer of every scenario runs with, on top of tests.support.TestEnv's test settings
@@ -255,6 +255,10 @@ class Scenario:
     connections keep the plain URL."""
     lost_event: str = "lost RabbitMQ"
     """The consumers' log line that says they noticed a cut (the time to detect)."""
+    loses_commit_replies: bool = False
+    """PostgreSQL's answers to the service may be lost while its statements arrive: a COMMIT
+    that committed unknown to the service is counted a ``duplicate`` when its event's re-run
+    finds the receipt, so the consumers' ``processed`` may fall short of the effects."""
 
     @property
     def cuts_broker_links(self) -> bool:
@@ -433,9 +437,16 @@ BROKER_CUT_S = 10.0
 connection over it, or the service notices."""
 LONG_BROKER_CUT_S = 25.0
 """A silent cut past :data:`SHORT_HEARTBEAT`'s timeout: the service must notice and reconnect."""
+DATABASE_CUT_S = 8.0
+"""A one-way cut between the service and PostgreSQL: past the stall timeout (5s), which ends the
+connection of a statement (a COMMIT) that gets no answer, and past the orphan session's
+``idle_in_transaction_session_timeout`` (6s at the scenario's 2s hard limit)."""
+DATABASE_LOST = "database unreachable, pausing consumption"
 NET = (
     "net-broker-cut",
     "net-broker-cut-heartbeat",
+    "net-pg-reply-lost",
+    "net-pg-request-lost",
 )
 """The network-fault lab's scenarios."""
 
@@ -454,7 +465,15 @@ def in_the_lab(profile: Profile) -> list[Scenario]:
         Kind.KILL_CONNECTION: 2 * scale,
     }
 
-    def in_lab(slug: str, title: str, fault: Fault, amqp_query: str = "") -> Scenario:
+    def in_lab(
+        slug: str,
+        title: str,
+        fault: Fault,
+        amqp_query: str = "",
+        settings: dict[str, str] | None = None,
+        lost_event: str = "lost RabbitMQ",
+        loses_commit_replies: bool = False,
+    ) -> Scenario:
         return Scenario(
             slug,
             f"network lab, 2 consumers, handler faults: {title}",
@@ -464,6 +483,9 @@ def in_the_lab(profile: Profile) -> list[Scenario]:
             site="net",
             events=p.net_events,
             amqp_query=amqp_query,
+            settings=settings or {},
+            lost_event=lost_event,
+            loses_commit_replies=loses_commit_replies,
         )
 
     return [
@@ -478,6 +500,23 @@ def in_the_lab(profile: Profile) -> list[Scenario]:
             f"{SHORT_HEARTBEAT}s heartbeat",
             Cut("service", "rabbit", LONG_BROKER_CUT_S),
             amqp_query=f"?heartbeat={SHORT_HEARTBEAT}",
+        ),
+        in_lab(
+            "net-pg-reply-lost",
+            f"a COMMIT arrives, PostgreSQL's reply and all it sends after are dropped "
+            f"{DATABASE_CUT_S:g}s",
+            CommitCut("reply", DATABASE_CUT_S),
+            settings={"hard_timeout": HARD_TIMEOUT},
+            lost_event=DATABASE_LOST,
+            loses_commit_replies=True,
+        ),
+        in_lab(
+            "net-pg-request-lost",
+            f"a COMMIT and all the service sends PostgreSQL after it dropped {DATABASE_CUT_S:g}s "
+            "(the sessions left open in their transactions)",
+            CommitCut("request", DATABASE_CUT_S),
+            settings={"hard_timeout": HARD_TIMEOUT},
+            lost_event=DATABASE_LOST,
         ),
     ]
 

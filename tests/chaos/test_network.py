@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Literal
 
 import aio_pika
 import asyncpg
@@ -31,13 +32,26 @@ PROBE = (
 )
 
 
+COMMIT = b"Q\x00\x00\x00\x0cCOMMIT;\x00"
+"""PostgreSQL's simple query ``COMMIT;``, as asyncpg sends it."""
+SENDER = (
+    "import socket, sys\n"
+    "c = socket.create_connection((sys.argv[1], 9000), timeout=float(sys.argv[2]))\n"
+    "c.sendall(bytes.fromhex(sys.argv[3]))\n"
+    "print('sent', flush=True)\n"
+    "assert c.recv(1)\n"
+)
+
+
 def probe(
-    lab: Lab, source: str, target: str, timeout: float = 5
+    lab: Lab, source: str, target: str, timeout: float = 5, payload: bytes = b""
 ) -> subprocess.CompletedProcess[str]:
-    """A TCP round trip from ``source`` to ``target``'s echo server."""
+    """A TCP round trip from ``source`` to ``target``'s echo server (sending ``payload`` first
+    instead of one byte, if given)."""
+    script, extra = (SENDER, [payload.hex()]) if payload else (PROBE, [])
     return subprocess.run(
-        ["ip", "netns", "exec", lab.host(source).namespace, sys.executable, "-c", PROBE,
-         lab.host(target).address, str(timeout)],
+        ["ip", "netns", "exec", lab.host(source).namespace, sys.executable, "-c", script,
+         lab.host(target).address, str(timeout), *extra],
         capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip
 
@@ -113,4 +127,38 @@ async def test_the_lab_runs_its_servers_in_namespaces_and_leaves_nothing_behind(
         assert leftovers(tag)  # their namespaces and processes, while it runs
 
     # When it ends, no namespace, interface or process (epmd, a backend) is left
+    assert leftovers(tag) == []
+
+
+@pytest.mark.parametrize("lose", ["request", "reply"])
+async def test_a_cut_armed_at_a_commit_goes_off_with_the_commit_and_not_before(
+    lose: Literal["request", "reply"],
+) -> None:
+    async with Lab(["server", "client"]) as lab:
+        lab.start("server", [sys.executable, "-c", SERVER])
+        wait_for_server(lab, "client", "server")
+
+        # Given a cut armed on the client's next COMMIT to the server
+        lab.cut_at_commit(
+            "client", "server", int(PORT), "request" if lose == "request" else "reply"
+        )
+
+        # Then other traffic goes through, and the trigger has not gone off
+        assert probe(lab, "client", "server").returncode == 0
+        assert not lab.triggered("client")
+
+        # When a COMMIT goes: it sets the cut off, and no answer comes back (the request
+        # dropped, or the reply)
+        cut = probe(lab, "client", "server", timeout=1, payload=COMMIT)
+        assert cut.returncode != 0
+        assert "sent" in cut.stdout
+        assert "timed out" in cut.stderr, cut.stderr
+        assert lab.triggered("client")
+        # and the server is cut off from the client from then on, until healed
+        assert probe(lab, "client", "server", timeout=1).returncode != 0
+        lab.heal()
+        assert not lab.triggered("client")
+        assert probe(lab, "client", "server").returncode == 0
+        tag = lab.tag
+
     assert leftovers(tag) == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import json
 import os
 import signal
@@ -204,6 +205,24 @@ class TestEnv:
                         await channel.exchange_delete(exchange.name)
         finally:
             await connection.close()
+
+
+LIBFAKETIME = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))
+
+
+def faked(environment: dict[str, str], offset_file: Path, offset: str) -> dict[str, str]:
+    """``environment`` with this process's clock ``offset`` from the true time (``+10m``), read
+    again from ``offset_file`` at every clock reading: a test may move it while the service runs.
+    Only the wall clock moves: the event loop's timers run on the monotonic one."""
+    assert LIBFAKETIME, "libfaketime is missing: install Debian's faketime (make tools)"
+    offset_file.write_text(offset)
+    return {
+        **environment,
+        "LD_PRELOAD": LIBFAKETIME[0],
+        "FAKETIME_TIMESTAMP_FILE": str(offset_file),
+        "FAKETIME_NO_CACHE": "1",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+    }
 
 
 class ServiceProcess:

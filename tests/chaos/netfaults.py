@@ -50,6 +50,53 @@ class Cut:
         await world.wait_ready()
 
 
+@dataclass(frozen=True)
+class Degrade:
+    """Every link of the service slowed and lossy for ``seconds``: the proxy between it and its
+    servers delays each chunk ``delay_ms`` ± ``jitter_ms`` each way, and nftables drops
+    ``loss_percent`` of the packets the service and the proxy send (``numgen random``). Needs
+    a scenario whose consumers go through the proxy (``via_proxy``)."""
+
+    seconds: float
+    delay_ms: int = 100
+    jitter_ms: int = 50
+    loss_percent: int = 2
+
+    @property
+    def label(self) -> str:
+        return (
+            f"latency {self.delay_ms}±{self.jitter_ms}ms and {self.loss_percent}% loss "
+            f"{self.seconds:g}s"
+        )
+
+    @property
+    def cuts_broker_links(self) -> bool:
+        return True  # a lossy link may well end a connection
+
+    async def inject(self, world: World) -> None:
+        net = world.need_net()
+        if world.proxy_control is None:
+            raise RuntimeError("this fault needs the consumers behind the latency proxy")
+        partition = Partition(self.label, datetime.now(UTC), server_log_from=_size(net.log))
+        world.partitions.append(partition)
+        control = world.proxy_control
+        control.write_text(f"{self.delay_ms} {self.jitter_ms}")
+        for host in ("service", "proxy"):
+            net.lab.lose(host, self.loss_percent)
+
+        async def heal_later() -> None:
+            try:
+                await asyncio.sleep(self.seconds)
+            finally:
+                net.lab.heal()
+                control.write_text("0 0")
+                partition.healed_at = datetime.now(UTC)
+
+        # Returns at once, the links still degraded: the stream flows on through them (a cut
+        # holds the stream at its gate; here the flow under the fault is what is measured).
+        world.background.append(asyncio.create_task(heal_later(), name="degraded"))
+
+
 TRIGGER_WAIT = 10.0
 """How long an armed cut may wait for a COMMIT under load before the fault gives up."""
 
@@ -170,4 +217,44 @@ async def partition_findings(world: World, lost_event: str = "lost RabbitMQ") ->
             findings.append(f"{partition.label}: {detect}; {resume}{server}")
     finally:
         await conn.close()
+    return findings
+
+
+def _settled(world: World) -> list[tuple[datetime, float]]:
+    """Each fresh commit the consumers logged: when, and how long from delivery to settling."""
+    found: list[tuple[datetime, float]] = []
+    for service in world.services:
+        for line in service.log_lines():
+            if line.get("event") != "message settled" or line.get("outcome") != "processed":
+                continue
+            stamp = datetime.fromisoformat(str(line["timestamp"]).replace("Z", "+00:00"))
+            found.append((stamp, float(line.get("duration_ms", 0.0))))
+    return sorted(found)
+
+
+def _p99(durations: list[float]) -> float:
+    ordered = sorted(durations)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else 0.0
+
+
+def flow_findings(world: World) -> list[str]:
+    """Throughput (fresh commits a second) and p99 of their delivery-to-settle time, by the
+    consumers' logs: within each fault's stretch, and over the whole stream."""
+    settled = _settled(world)
+    if not settled:
+        return ["flow: no fresh commit logged"]
+    windows = [
+        (partition.label, partition.cut_at, partition.healed_at)
+        for partition in world.partitions
+        if partition.healed_at is not None
+    ]
+    windows.append(("whole stream", settled[0][0], settled[-1][0]))
+    findings = []
+    for label, start, end in windows:
+        inside = [ms for stamp, ms in settled if start <= stamp <= end]
+        seconds = max((end - start).total_seconds(), 0.001)
+        findings.append(
+            f"flow, {label}: {len(inside)} fresh commits in {seconds:.1f}s "
+            f"({len(inside) / seconds:.0f}/s), p99 delivery to settle {_p99(inside):.0f} ms"
+        )
     return findings

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,10 +30,14 @@ from pathlib import Path
 
 from tests.chaos.network import Lab
 from tests.servers import ThrowawayPostgres, ThrowawayRabbit
+from tests.support import REPO
 
 __all__ = ["HOSTS", "NetSite", "from_tester", "net_site"]
 
 HOSTS = ("tester", "service", "postgres", "rabbit", "proxy")
+PROXY_AMQP_PORT = 5672
+PROXY_PG_PORT = 5432
+"""The proxy's ports, on its own host (a namespace: nothing else listens there)."""
 OPEN_HBA = "local all all trust\nhost all all 0.0.0.0/0 trust\n"
 """Every client trusted: only the lab's hosts can reach the server's address."""
 
@@ -48,6 +54,27 @@ class NetSite:
 
     def address(self, host: str) -> str:
         return self.lab.host(host).address
+
+    def start_proxy(self, control: Path) -> subprocess.Popen[bytes]:
+        """The latency proxy (:mod:`tests.chaos.proxy`) on the ``proxy`` host, forwarding
+        :data:`PROXY_AMQP_PORT` to RabbitMQ and :data:`PROXY_PG_PORT` to PostgreSQL, its delay
+        read from ``control``; ended with the lab if not before."""
+        control.write_text("0 0")
+        return self.lab.start(
+            "proxy",
+            [
+                "env", f"PYTHONPATH={REPO}", sys.executable, "-m", "tests.chaos.proxy",
+                "--control", str(control),
+                "--route", f"{PROXY_AMQP_PORT}:{self.address('rabbit')}:{self.rabbit.port}",
+                "--route", f"{PROXY_PG_PORT}:{self.address('postgres')}:{self.postgres.port}",
+            ],
+        )  # fmt: skip
+
+    def proxied_amqp_url(self) -> str:
+        return f"amqp://guest:guest@{self.address('proxy')}:{PROXY_AMQP_PORT}/"
+
+    def proxied_dsn(self, database: str) -> str:
+        return f"postgresql://postgres@{self.address('proxy')}:{PROXY_PG_PORT}/{database}"
 
     @property
     def log(self) -> Path:

@@ -156,6 +156,13 @@ class Lab:
         else:
             _run(*nft, "in", "ip", "saddr", "@armed", "drop")
 
+    def lose(self, name: str, percent: int) -> None:
+        """Drop ``percent`` % of what host ``name`` sends, at random (until :meth:`heal`)."""
+        _run(
+            "ip", "netns", "exec", self.host(name).namespace, "nft", "add", "rule", "inet", "cut",
+            "out", "numgen", "random", "mod", "100", "<", str(percent), "drop",
+        )  # fmt: skip
+
     def triggered(self, client: str) -> bool:
         """Whether a cut armed by :meth:`cut_at_commit` on ``client`` has gone off."""
         listed = _run(

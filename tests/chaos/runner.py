@@ -26,12 +26,13 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
 from consumer.db.migrations import migrate
 from tests.chaos.faults import Fault
-from tests.chaos.netfaults import partition_findings
+from tests.chaos.netfaults import flow_findings, partition_findings
 from tests.chaos.netsite import NetSite, from_tester, net_site
 from tests.chaos.observe import (
     EndState,
@@ -360,14 +361,28 @@ async def run_scenario(
         cluster=on_cluster,
         pair=pair,
         net=net,
-        service_amqp_url=rabbit.url + scenario.amqp_query if scenario.amqp_query else None,
+        service_amqp_url=(
+            net.proxied_amqp_url()
+            if net is not None and scenario.via_proxy
+            else rabbit.url + scenario.amqp_query
+            if scenario.amqp_query
+            else None
+        ),
+        clock_file=log_dir / "clock-offset" if scenario.faked_clock else None,
+        service_database_url=(
+            net.proxied_dsn(database) if net is not None and scenario.via_proxy else None
+        ),
+        proxy_control=log_dir / "proxy-control" if scenario.via_proxy else None,
     )
     events = scenario.events or profile.events
     progress = asyncio.create_task(world.progress.run(), name="progress")
     publishing: asyncio.Task[PublishLog] | None = None
     supervisor: asyncio.Task[None] | None = None
     sampling: asyncio.Task[None] | None = None
+    proxy: subprocess.Popen[bytes] | None = None
     try:
+        if net is not None and world.proxy_control is not None:
+            proxy = net.start_proxy(world.proxy_control)
         if pair is not None:  # a pair of the scenario's own: a failover spends it
             await asyncio.to_thread(pair.start)
             await _make_template(pair, template)
@@ -411,7 +426,8 @@ async def run_scenario(
             _say(f"  under attack: {_rate(resources.attack)}")
             block_logs = [clean_log, attack_log]
         # Publishing takes events / rate; faults and a slow machine can stretch it, within bounds.
-        publish_deadline = min(run_deadline + 60, time.monotonic() + events / profile.rate * 3 + 90)
+        rate = scenario.rate or profile.rate
+        publish_deadline = min(run_deadline + 60, time.monotonic() + events / rate * 3 + 90)
         producer = ResilientProducer(env.amqp_url, env.settings().exchange)
         stream = [p for p in workload.publications if p.event.kind is not Kind.ID_CONFLICT]
         total = len(stream)
@@ -419,13 +435,15 @@ async def run_scenario(
             [min(total, math.ceil((share + LEAD) * total)) for share, _ in scenario.schedule()]
         )
         publishing = asyncio.create_task(
-            producer.publish_all(stream, rate=profile.rate, deadline=publish_deadline, gates=gates)
+            producer.publish_all(stream, rate=rate, deadline=publish_deadline, gates=gates)
         )
         try:
             result.faults = await _inject(world, scenario, workload, gates, publish_deadline)
         finally:
             gates.open()
         log = await publishing
+        for stretch in world.background:  # a degraded stretch ends before the queues settle
+            await stretch
         if workload.tail:
             # Each id collision once its victim is applied: the innocent is the one applied. A
             # deadline of their own: on a slow machine the victims come late, not never.
@@ -434,7 +452,7 @@ async def run_scenario(
             tail = ResilientProducer(env.amqp_url, env.settings().exchange)
             log = merged(
                 log,
-                await tail.publish_all(workload.tail, rate=profile.rate, deadline=tail_deadline),
+                await tail.publish_all(workload.tail, rate=rate, deadline=tail_deadline),
             )
         log = merged(*block_logs, log)
         workload = combine(*blocks, workload)
@@ -484,7 +502,7 @@ async def run_scenario(
         verdict.violations += failures
         if scenario.losses_reported:
             excuse_losses(verdict, "reported, not a violation: asynchronous replication")
-        verdict.violations += world.unexpected_exits
+        verdict.violations += world.unexpected_exits + world.violations
         verdict.figures.restarts = world.restarts
         verdict.figures.stranded = stranding.stranded
         verdict.figures.recovered = stranding.recovered
@@ -499,17 +517,23 @@ async def run_scenario(
             check_resources(resources, verdict)
         verdict.notes += world.notes + world.log_findings()
         verdict.notes += await partition_findings(world, scenario.lost_event)
+        if scenario.via_proxy:
+            verdict.notes += flow_findings(world)
         result.verdict = verdict
     except Exception as error:  # report what could not be run, and go on with the next
         result.error = f"{type(error).__name__}: {error}"
         _say(f"scenario {scenario.slug} stopped: {result.error}")
     finally:
-        for task in (publishing, supervisor, progress, sampling):
+        tasks: list[asyncio.Task[Any] | None] = [publishing, supervisor, progress, sampling]
+        for task in [*tasks, *world.background]:
             if task is not None and not task.done():
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
         world.kill_everything()
+        if proxy is not None:
+            proxy.kill()
+            proxy.wait(timeout=10)
         postgres.signal_all(signal.SIGCONT)
         with contextlib.suppress(Exception):
             await _remove_broker_objects(env)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from consumer.service.watchdog import EXIT_HARD_TIMEOUT
+from tests.chaos.clock import SkewClock
 from tests.chaos.faults import (
     BrokerAlarm,
     CloseConnections,
@@ -22,7 +23,7 @@ from tests.chaos.faults import (
     RollingRestart,
     Terminate,
 )
-from tests.chaos.netfaults import CommitCut, Cut
+from tests.chaos.netfaults import CommitCut, Cut, Degrade
 from tests.chaos.workload import SLOW_S, Kind
 
 # What every consumer of every scenario runs with, on top of tests.support.TestEnv's test settings
@@ -86,6 +87,37 @@ BEYOND_ONE = (
     "pg-failover-async",
 )
 """The scenarios on a RabbitMQ cluster or a PostgreSQL failover pair."""
+
+
+SHORT_HEARTBEAT = 2
+"""Seconds: the consumers' AMQP heartbeat where a cut must outlast it (aiormq gives a silent
+broker up after a few heartbeats), short so that the scenario stays short."""
+BROKER_CUT_S = 10.0
+"""A silent cut shorter than the default heartbeat (60s): TCP's retransmissions carry the
+connection over it, or the service notices."""
+LONG_BROKER_CUT_S = 15.0
+"""A silent cut past :data:`SHORT_HEARTBEAT`'s timeout: the service must notice and reconnect."""
+DATABASE_CUT_S = 8.0
+"""A one-way cut between the service and PostgreSQL: past the stall timeout (5s), which ends the
+connection of a statement (a COMMIT) that gets no answer, and past the orphan session's
+``idle_in_transaction_session_timeout`` (6s at the scenario's 2s hard limit)."""
+DATABASE_LOST = "database unreachable, pausing consumption"
+NET = (
+    "net-broker-cut",
+    "net-broker-cut-heartbeat",
+    "net-pg-reply-lost",
+    "net-pg-request-lost",
+    "net-latency-loss",
+    "net-clean",
+)
+"""The network-fault lab's scenarios."""
+DEGRADED_S = 15.0
+"""The short profile's stretch of latency and loss (the long one's: 5 minutes)."""
+DEGRADED_RATE = 100.0
+"""Publications a second through the proxy: a steady stream the degraded links are measured
+under, not a backlog."""
+NET_NAMED_ONLY = ("net-broker-cut", "net-pg-request-lost", "clock-behind", "net-clean")
+"""Run in the short profile only when named: one scenario of each kind runs in `make test`."""
 
 
 @dataclass(frozen=True)
@@ -170,13 +202,22 @@ PROFILES = {
         # The handler faults run together here (`handler-faults`); each alone when named. The
         # cluster and failover scenarios too: tests/integration/test_cluster.py runs a leader kill
         # and a synchronous failover in `make test` already, and a cluster takes 20-30s to start.
+        # The network lab's: one of each kind of fault (a broker cut, a COMMIT cut, ...).
         named_only=frozenset(
-            {"swallow", "blocking", "crashing", "odd-payload", "kill-connection", *BEYOND_ONE}
+            {
+                "swallow",
+                "blocking",
+                "crashing",
+                "odd-payload",
+                "kill-connection",
+                *BEYOND_ONE,
+                *NET_NAMED_ONLY,
+            }
         ),
         alarm_s=3.0,
         node_freeze_s=10.0,
         cluster_events=1_500,
-        net_events=1_500,
+        net_events=1_000,
         settle_timeout=60,
         # About 250s on a quiet machine; 350s was overrun at a load average of 10 (other work on
         # both cores), before hostile-producers had started. The budget is there for a hang.
@@ -255,6 +296,14 @@ class Scenario:
     connections keep the plain URL."""
     lost_event: str = "lost RabbitMQ"
     """The consumers' log line that says they noticed a cut (the time to detect)."""
+    faked_clock: bool = False
+    """The consumers run under libfaketime, on the true time until a fault moves their clock
+    (:class:`~tests.chaos.clock.SkewClock`)."""
+    via_proxy: bool = False
+    """In the network lab: the consumers reach RabbitMQ and PostgreSQL through the latency proxy
+    (:mod:`.proxy`) on its own host; the runner reaches them directly."""
+    rate: float | None = None
+    """Publications a second, where not the profile's."""
     loses_commit_replies: bool = False
     """PostgreSQL's answers to the service may be lost while its statements arrive: a COMMIT
     that committed unknown to the service is counted a ``duplicate`` when its event's re-run
@@ -426,66 +475,84 @@ def scenarios_for(profile: Profile) -> list[Scenario]:
         ),
         *beyond_one_machine(profile),
         *in_the_lab(profile),
+        *skewed_clocks(profile),
     ]
 
 
-SHORT_HEARTBEAT = 5
-"""Seconds: the consumers' AMQP heartbeat where a cut must outlast it (aiormq gives a silent
-broker up after a few heartbeats), short so that the scenario stays short."""
-BROKER_CUT_S = 10.0
-"""A silent cut shorter than the default heartbeat (60s): TCP's retransmissions carry the
-connection over it, or the service notices."""
-LONG_BROKER_CUT_S = 25.0
-"""A silent cut past :data:`SHORT_HEARTBEAT`'s timeout: the service must notice and reconnect."""
-DATABASE_CUT_S = 8.0
-"""A one-way cut between the service and PostgreSQL: past the stall timeout (5s), which ends the
-connection of a statement (a COMMIT) that gets no answer, and past the orphan session's
-``idle_in_transaction_session_timeout`` (6s at the scenario's 2s hard limit)."""
-DATABASE_LOST = "database unreachable, pausing consumption"
-NET = (
-    "net-broker-cut",
-    "net-broker-cut-heartbeat",
-    "net-pg-reply-lost",
-    "net-pg-request-lost",
-)
-"""The network-fault lab's scenarios."""
+CLOCK_SETTINGS = {"receipt_prune_interval": "1s"}
+"""Prune rounds every second: each measures the clocks' difference again."""
 
 
-def in_the_lab(profile: Profile) -> list[Scenario]:
-    """The network-fault scenarios, each with the handler faults that leave the process running
-    (swallowed errors, odd payloads, killed database connections). Not those that end it
-    (``block``, ``crash``): a consumer restarted during a cut fails to connect, and that, not the
-    running consumers' noticing, would be the first ``lost RabbitMQ`` line, the time to detect."""
+def skewed_clocks(profile: Profile) -> list[Scenario]:
+    """The consumers' clock 10 minutes ahead of the database's and 10 minutes behind, moved while
+    they run under the handler-fault workload (the kinds that leave the process running: a
+    consumer restarted on a clock 10 minutes off refuses to start, which
+    tests/integration/test_clock_skew.py checks)."""
     p = profile
-    scale = 1 if p.name == "short" else 10
-    handler_faults: dict[Kind, int] = {
+    return [
+        Scenario(
+            f"clock-{name}",
+            f"the consumers' clock moved {offset} from the database's under load, 2 consumers, "
+            "handler faults",
+            consumers=2,
+            faults=[SkewClock(offset)],
+            settings=CLOCK_SETTINGS,
+            mix_in=lab_handler_faults(p),
+            faked_clock=True,
+            events=p.net_events,
+        )
+        for name, offset in (("ahead", "+10m"), ("behind", "-10m"))
+    ]
+
+
+def lab_handler_faults(profile: Profile) -> dict[Kind, int]:
+    """The handler faults that leave the process running (swallowed errors, odd payloads,
+    killed database connections). Not those that end it (``block``, ``crash``): a consumer
+    restarted during a cut fails to connect, and that, not the running consumers' noticing, would
+    be the first ``lost RabbitMQ`` line, the time to detect; and one restarted on a skewed clock
+    refuses to start."""
+    scale = 1 if profile.name == "short" else 10
+    return {
         Kind.SWALLOW: 10 * scale,
         Kind.ODD_POISON: 5 * scale,
         Kind.ODD: 5 * scale,
         Kind.KILL_CONNECTION: 2 * scale,
     }
 
+
+def in_the_lab(profile: Profile) -> list[Scenario]:
+    """The network-fault scenarios, each under :func:`lab_handler_faults`."""
+    p = profile
+    handler_faults = lab_handler_faults(p)
+    degrade = Degrade(DEGRADED_S if p.name == "short" else 300.0)
+    # The stream outlasts the fault, which strikes at 40% of it: a clean stretch before it, its
+    # seconds, and a little after.
+    degraded_events = round(DEGRADED_RATE * degrade.seconds * 2)
+
     def in_lab(
         slug: str,
         title: str,
-        fault: Fault,
+        fault: Fault | None,
         amqp_query: str = "",
         settings: dict[str, str] | None = None,
         lost_event: str = "lost RabbitMQ",
         loses_commit_replies: bool = False,
+        via_proxy: bool = False,
     ) -> Scenario:
         return Scenario(
             slug,
             f"network lab, 2 consumers, handler faults: {title}",
             consumers=2,
-            faults=[fault],
+            faults=[] if fault is None else [fault],
             mix_in=handler_faults,
             site="net",
-            events=p.net_events,
             amqp_query=amqp_query,
             settings=settings or {},
             lost_event=lost_event,
             loses_commit_replies=loses_commit_replies,
+            via_proxy=via_proxy,
+            events=degraded_events if via_proxy else p.net_events,
+            rate=DEGRADED_RATE if via_proxy else None,
         )
 
     return [
@@ -517,6 +584,16 @@ def in_the_lab(profile: Profile) -> list[Scenario]:
             CommitCut("request", DATABASE_CUT_S),
             settings={"hard_timeout": HARD_TIMEOUT},
             lost_event=DATABASE_LOST,
+        ),
+        in_lab(
+            "net-latency-loss",
+            f"through the proxy; every link {degrade.delay_ms}±{degrade.jitter_ms}ms and "
+            f"{degrade.loss_percent}% loss {degrade.seconds:g}s",
+            degrade,
+            via_proxy=True,
+        ),
+        in_lab(
+            "net-clean", "through the proxy, no fault (the figures beside)", None, via_proxy=True
         ),
     ]
 

@@ -19,6 +19,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -32,7 +33,7 @@ from tests.servers import (
     ThrowawayRabbitCluster,
     free_port,
 )
-from tests.support import ServiceProcess, TestEnv
+from tests.support import ServiceProcess, TestEnv, faked
 
 SCRAPE_TIMEOUT = 3.0
 READY_TIMEOUT = 60.0
@@ -159,6 +160,9 @@ class World:
         pair: ThrowawayPostgresPair | None = None,
         net: NetSite | None = None,
         service_amqp_url: str | None = None,
+        clock_file: Path | None = None,
+        service_database_url: str | None = None,
+        proxy_control: Path | None = None,
     ) -> None:
         self.env = env
         self.rabbit = rabbit
@@ -172,6 +176,18 @@ class World:
         """Where the scenario runs in the network-fault lab: its hosts, links and servers."""
         self.partitions: list[Partition] = []
         """The lab's cuts, when each began and healed (for the time to detect and resume)."""
+        self.service_database_url = service_database_url
+        """Where the consumers reach PostgreSQL, if not where the runner does (the proxy)."""
+        self.proxy_control = proxy_control
+        """Where the consumers go through the latency proxy: the file that sets its delay."""
+        self.clock_file = clock_file
+        """Where the consumers run under libfaketime: the offset file they read at every clock
+        reading (a fault moves it)."""
+        self.background: list[asyncio.Task[None]] = []
+        """A fault's own tasks that outlive its injection (the end of a degraded stretch): the
+        runner awaits them before it settles, and cancels any left at the end."""
+        self.violations: list[str] = []
+        """What a fault found broken (a skew the consumers did not report)."""
         self.services = [self._service(index, service_amqp_url) for index in range(consumers)]
         self.current: list[Lifetime | None] = [None] * consumers
         self._locks = [asyncio.Lock() for _ in range(consumers)]
@@ -192,8 +208,13 @@ class World:
             overrides["amqp_url"] = rotated(self.cluster.urls, index + 1)
         if amqp_url is not None:
             overrides["amqp_url"] = amqp_url
+        if self.service_database_url is not None:
+            overrides["database_url"] = self.service_database_url
         if self.net is None:
-            return ServiceProcess(self.env, f"consumer-{index}", **overrides)
+            service = ServiceProcess(self.env, f"consumer-{index}", **overrides)
+            if self.clock_file is not None:
+                service.environment = faked(service.environment, self.clock_file, "+0s")
+            return service
         # On the lab's service host, its HTTP endpoint on the host's address for the runner.
         overrides["http_host"] = self.net.address("service")
         return ServiceProcess(

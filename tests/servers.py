@@ -36,10 +36,15 @@ def port_open(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _as_user(user: str, argv: list[str], env: dict[str, str] | None = None) -> list[str]:
+def _as_user(
+    user: str, argv: list[str], env: dict[str, str] | None = None, netns: str | None = None
+) -> list[str]:
+    """``argv`` as ``user`` (when root), with ``env`` set, in network namespace ``netns`` if
+    given (the network-fault lab's hosts: :mod:`tests.chaos.network`)."""
+    inside = ["ip", "netns", "exec", netns] if netns is not None else []
     prefix = ["runuser", "-u", user, "--"] if os.geteuid() == 0 else []
     assignments = [f"{key}={value}" for key, value in (env or {}).items()]
-    return [*prefix, "env", *assignments, *argv]
+    return [*inside, *prefix, "env", *assignments, *argv]
 
 
 class ThrowawayRabbit:
@@ -51,14 +56,24 @@ class ThrowawayRabbit:
     """
 
     def __init__(
-        self, config: Sequence[str] = (), *, name: str | None = None, cookie: str | None = None
+        self,
+        config: Sequence[str] = (),
+        *,
+        name: str | None = None,
+        cookie: str | None = None,
+        netns: str | None = None,
+        address: str = "127.0.0.1",
     ) -> None:
+        """``netns``: run in that network namespace (every command too), listening on
+        ``address`` there (its epmd on the namespace's own loopback)."""
         self.node = f"{name or 't' + uuid.uuid4().hex[:8]}@localhost"
         self.port = free_port()
         self.dist_port = free_port()
+        self.netns = netns
+        self.address = address
         # Under the rabbitmq user's home: Mnesia refuses some temporary file systems.
         self.base = RABBITMQ_HOME / f"throwaway-{self.node.split('@')[0]}"
-        self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/"
+        self.url = f"amqp://guest:guest@{address}:{self.port}/"
         self.config = list(config)
         self.cookie = cookie
         """The Erlang cookie of a cluster's nodes (and of their ``rabbitmqctl``): a ``HOME`` of
@@ -74,7 +89,7 @@ class ThrowawayRabbit:
         return {
             "HOME": str(self._home),
             "RABBITMQ_NODENAME": self.node,
-            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_IP_ADDRESS": self.address,
             "RABBITMQ_NODE_PORT": str(self.port),
             "RABBITMQ_DIST_PORT": str(self.dist_port),
             "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
@@ -91,7 +106,10 @@ class ThrowawayRabbit:
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             _as_user(
-                "rabbitmq", [str(RABBITMQ_BIN / "rabbitmqctl"), "-n", self.node, *args], self._env
+                "rabbitmq",
+                [str(RABBITMQ_BIN / "rabbitmqctl"), "-n", self.node, *args],
+                self._env,
+                self.netns,
             ),
             capture_output=True,
             text=True,
@@ -103,7 +121,9 @@ class ThrowawayRabbit:
 
     def ctl_command(self) -> list[str]:
         """``rabbitmqctl`` for this node, as argv to put in front of a command's arguments."""
-        return _as_user("rabbitmq", [str(RABBITMQ_BIN / "rabbitmqctl"), "-n", self.node], self._env)
+        return _as_user(
+            "rabbitmq", [str(RABBITMQ_BIN / "rabbitmqctl"), "-n", self.node], self._env, self.netns
+        )
 
     def _prepare(self) -> None:
         if self.base.exists():
@@ -135,16 +155,21 @@ class ThrowawayRabbit:
         if self.config:
             (self.base / "rabbitmq.conf").write_text("".join(f"{line}\n" for line in self.config))
         subprocess.run(
-            _as_user("rabbitmq", [str(RABBITMQ_BIN / "rabbitmq-server"), "-detached"], self._env),
+            _as_user(
+                "rabbitmq",
+                [str(RABBITMQ_BIN / "rabbitmq-server"), "-detached"],
+                self._env,
+                self.netns,
+            ),
             check=True,
             timeout=30,
             cwd="/",
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self._ctl("await_startup", check=False, timeout=30).returncode == 0 and port_open(
-                self.port
-            ):
+            started = self._ctl("await_startup", check=False, timeout=30).returncode == 0
+            # In a namespace the port is not on this one's loopback: await_startup must do.
+            if started and (self.netns is not None or port_open(self.port)):
                 return
             time.sleep(0.5)
         raise RuntimeError(f"RabbitMQ node {self.node} did not start; see {self.base / 'log'}")
@@ -374,23 +399,28 @@ class ThrowawayPostgres:
         *,
         options: Mapping[str, str] | None = None,
         hba: str | None = None,
+        netns: str | None = None,
+        address: str = "127.0.0.1",
     ) -> None:
         """Nothing runs yet: :meth:`init` (or a base backup, see :class:`ThrowawayPostgresPair`)
-        makes the data folder, :meth:`start` starts it."""
+        makes the data folder, :meth:`start` starts it. ``netns``: run in that network namespace,
+        listening on ``address`` there."""
         self.bin = version_bin or _postgres_bin()
         self.port = free_port()
         self.base = Path(f"/tmp/throwaway-pg-{uuid.uuid4().hex[:8]}")
         self.data = self.base / "data"
-        self.admin_dsn = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        self.netns = netns
+        self.address = address
+        self.admin_dsn = f"postgresql://postgres@{address}:{self.port}/postgres"
         self.options = dict(options or {})
         self.hba = hba
 
     def dsn(self, database: str) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+        return f"postgresql://postgres@{self.address}:{self.port}/{database}"
 
     def _run(self, *argv: str, timeout: float = 120) -> None:
         subprocess.run(
-            _as_user("postgres", list(argv)),
+            _as_user("postgres", list(argv), netns=self.netns),
             check=True,
             timeout=timeout,
             cwd="/",
@@ -440,7 +470,7 @@ class ThrowawayPostgres:
 
     def start(self) -> None:
         options = (
-            f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c fsync=off "
+            f"-p {self.port} -k {self.base} -c listen_addresses={self.address} -c fsync=off "
             "-c synchronous_commit=off -c full_page_writes=off"
         )
         for name, value in self.options.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import json
 import os
 import signal
@@ -12,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -206,17 +207,46 @@ class TestEnv:
             await connection.close()
 
 
+LIBFAKETIME = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))
+
+
+def faked(environment: dict[str, str], offset_file: Path, offset: str) -> dict[str, str]:
+    """``environment`` with this process's clock ``offset`` from the true time (``+10m``), read
+    again from ``offset_file`` at every clock reading: a test may move it while the service runs.
+    Only the wall clock moves: the event loop's timers run on the monotonic one."""
+    assert LIBFAKETIME, "libfaketime is missing: install Debian's faketime (make tools)"
+    offset_file.write_text(offset)
+    return {
+        **environment,
+        "LD_PRELOAD": LIBFAKETIME[0],
+        "FAKETIME_TIMESTAMP_FILE": str(offset_file),
+        "FAKETIME_NO_CACHE": "1",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+    }
+
+
 class ServiceProcess:
     """``python -m consumer run`` as a child process, with its JSON log captured to a file."""
 
     started: ClassVar[list[ServiceProcess]] = []
     """Every process started, in order: the fixtures check and end what a test left running."""
 
-    def __init__(self, test_env: TestEnv, label: str = "service", **overrides: str) -> None:
+    def __init__(
+        self,
+        test_env: TestEnv,
+        label: str = "service",
+        *,
+        launcher: Sequence[str] = (),
+        **overrides: str,
+    ) -> None:
+        """``launcher``: argv put in front of the command (``ip netns exec <namespace>``: the
+        network-fault lab's service host, whose HTTP address is ``CONSUMER_HTTP_HOST``)."""
         self.test_env = test_env
         self.label = label
+        self.launcher = list(launcher)
         self.environment = test_env.env(**overrides)
         self.port = int(self.environment["CONSUMER_HTTP_PORT"])
+        self.http_host = self.environment.get("CONSUMER_HTTP_HOST", "127.0.0.1")
         self.log_path = test_env.log_dir / f"{label}.log"
         self.process: subprocess.Popen[bytes] | None = None
         test_env.processes.append(self)
@@ -224,7 +254,7 @@ class ServiceProcess:
     def start(self) -> ServiceProcess:
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "consumer", "run"],
+            [*self.launcher, sys.executable, "-m", "consumer", "run"],
             env=self.environment,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -252,7 +282,7 @@ class ServiceProcess:
         async with (
             aiohttp.ClientSession() as session,
             session.get(
-                f"http://127.0.0.1:{self.port}/readyz", timeout=aiohttp.ClientTimeout(3)
+                f"http://{self.http_host}:{self.port}/readyz", timeout=aiohttp.ClientTimeout(3)
             ) as response,
         ):
             return response.status, await response.json()
@@ -280,7 +310,7 @@ class ServiceProcess:
         """Every sample of ``/metrics``, keyed by (name, sorted labels)."""
         async with (
             aiohttp.ClientSession() as session,
-            session.get(f"http://127.0.0.1:{self.port}/metrics") as response,
+            session.get(f"http://{self.http_host}:{self.port}/metrics") as response,
         ):
             text = await response.text()
         samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}

@@ -17,11 +17,13 @@ Needs root, ``ip`` (iproute2) and ``nft`` (Debian's nftables).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal
@@ -30,6 +32,15 @@ __all__ = ["Host", "Lab", "leftovers"]
 
 SUBNET = "10.77.0"
 Direction = Literal["both", "to", "from"]
+CLONE_NEWNET = 0x40000000
+NETNS_DIR = "/run/netns"
+
+
+def _setns(fd: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, CLONE_NEWNET) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"setns: {os.strerror(error)}")
 
 
 def _run(*argv: str) -> str:
@@ -103,6 +114,15 @@ class Lab:
                 "ip", "netns", "exec", namespace, "nft", "add", "chain", "inet", "cut", "out",
                 "{ type filter hook output priority 0 ; policy accept ; }",
             )  # fmt: skip
+            _run(
+                "ip", "netns", "exec", namespace, "nft", "add", "chain", "inet", "cut", "in",
+                "{ type filter hook input priority 0 ; policy accept ; }",
+            )  # fmt: skip
+            # The peers a trigger rule has cut off (cut_at_commit): filled by the packet itself.
+            _run(
+                "ip", "netns", "exec", namespace, "nft", "add", "set", "inet", "cut", "armed",
+                "{ type ipv4_addr ; flags dynamic ; }",
+            )  # fmt: skip
             self.by_name[name] = Host(name, namespace, address)
 
     def host(self, name: str) -> Host:
@@ -116,12 +136,49 @@ class Lab:
         if direction in ("both", "from"):
             self._drop(self.host(b), self.host(a))
 
+    def cut_at_commit(
+        self, client: str, server: str, port: int, lose: Literal["request", "reply"]
+    ) -> None:
+        """Arm a cut that the next ``COMMIT`` ``client`` sends ``server`` (PostgreSQL's simple
+        query ``COMMIT;`` on ``port``) sets off, from that very packet on: ``request``, that
+        packet and everything after it to ``server`` dropped (the COMMIT never arrives);
+        ``reply``, the packet goes, and everything ``server`` sends back is dropped (it commits,
+        the answer is lost). :meth:`triggered` says when it went off."""
+        namespace = self.host(client).namespace
+        nft = ("ip", "netns", "exec", namespace, "nft", "add", "rule", "inet", "cut")
+        # The payload after the TCP header: 'Q', a 4-byte length, then the query's text.
+        _run(
+            *nft, "out", "ip", "daddr", self.host(server).address, "tcp", "dport", str(port),
+            "@ih,40,48", "0x" + b"COMMIT".hex(), "add", "@armed", "{", "ip", "daddr", "}",
+        )  # fmt: skip
+        if lose == "request":
+            _run(*nft, "out", "ip", "daddr", "@armed", "drop")
+        else:
+            _run(*nft, "in", "ip", "saddr", "@armed", "drop")
+
+    def lose(self, name: str, percent: int) -> None:
+        """Drop ``percent`` % of what host ``name`` sends, at random (until :meth:`heal`)."""
+        _run(
+            "ip", "netns", "exec", self.host(name).namespace, "nft", "add", "rule", "inet", "cut",
+            "out", "numgen", "random", "mod", "100", "<", str(percent), "drop",
+        )  # fmt: skip
+
+    def triggered(self, client: str) -> bool:
+        """Whether a cut armed by :meth:`cut_at_commit` on ``client`` has gone off."""
+        listed = _run(
+            "ip", "netns", "exec", self.host(client).namespace, "nft", "list", "set", "inet",
+            "cut", "armed",
+        )  # fmt: skip
+        return "elements" in listed
+
     def heal(self) -> None:
         """Every cut gone."""
         for host in self.by_name.values():
-            _run(
-                "ip", "netns", "exec", host.namespace, "nft", "flush", "chain", "inet", "cut", "out"
-            )
+            for what in (("chain", "out"), ("chain", "in"), ("set", "armed")):
+                _run(
+                    "ip", "netns", "exec", host.namespace, "nft", "flush", *what[:1], "inet",
+                    "cut", what[1],
+                )  # fmt: skip
 
     def _drop(self, sender: Host, receiver: Host) -> None:
         _run(
@@ -141,19 +198,58 @@ class Lab:
         self.processes.append(process)
         return process
 
+    @contextlib.contextmanager
+    def entered(self, name: str) -> Iterator[Host]:
+        """The calling thread inside host ``name``'s namespace for the block, back in its own
+        after it: the sockets it opens meanwhile (an asyncio loop's, on this thread) and the
+        processes it starts live there. Threads started earlier stay where they were."""
+        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        try:
+            target = os.open(f"{NETNS_DIR}/{self.host(name).namespace}", os.O_RDONLY)
+            try:
+                _setns(target)
+            finally:
+                os.close(target)
+            try:
+                yield self.host(name)
+            finally:
+                _setns(own)
+        finally:
+            os.close(own)
+
     def tear_down(self) -> None:
-        """End every process started, delete every namespace made (their interfaces and rules
-        go with them); safe to call twice."""
+        """End every process started and any other still in a namespace (a server that
+        daemonized), delete every namespace made (their interfaces and rules go with them); safe
+        to call twice."""
         for process in self.processes:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=10)
         self.processes.clear()
+        for namespace in self.made:
+            with contextlib.suppress(RuntimeError):
+                for pid in _run("ip", "netns", "pids", namespace).split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
+                        _reap(int(pid))
         for namespace in reversed(self.made):
             with contextlib.suppress(RuntimeError):
                 _run("ip", "netns", "del", namespace)
         self.made.clear()
+
+
+def _reap(pid: int, timeout: float = 10) -> None:
+    """Until ``pid`` is gone (or a zombie: a daemon's parent may be gone too)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return
+        except OSError:
+            return
+        time.sleep(0.05)
 
 
 def leftovers(tag: str) -> list[str]:

@@ -26,11 +26,14 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
 from consumer.db.migrations import migrate
 from tests.chaos.faults import Fault
+from tests.chaos.netfaults import flow_findings, partition_findings
+from tests.chaos.netsite import NetSite, from_tester, net_site
 from tests.chaos.observe import (
     EndState,
     QueueProbe,
@@ -204,6 +207,7 @@ async def run(
                 "hostile_events": None,
                 "cluster_events": None,
                 "pruning_events": None,
+                "net_events": None,
             }
         )
     scenarios = chosen(profile, only)
@@ -214,6 +218,8 @@ async def run(
     rabbit = ThrowawayRabbit()
     postgres = ThrowawayPostgres()
     cluster = ThrowawayRabbitCluster() if any(s.site == "cluster" for s in scenarios) else None
+    lab = contextlib.AsyncExitStack()
+    net: NetSite | None = None
     report = RunReport(
         profile=profile.name,
         command=command,
@@ -236,6 +242,11 @@ async def run(
             _say(f"and a three-node RabbitMQ cluster ({', '.join(n.node for n in cluster.nodes)})")
             starting.append(asyncio.to_thread(cluster.start))
         await asyncio.gather(*starting)
+        if any(s.site == "net" for s in scenarios):
+            _say("and the network-fault lab: PostgreSQL, RabbitMQ and the service in namespaces")
+            net = await lab.enter_async_context(net_site())
+            async with from_tester(net):
+                await _make_template(net.postgres, f"chaos_{run_id}_template")
         report.environment = _versions(rabbit, postgres)
         if cluster is not None and cluster.start_seconds is not None:
             report.environment["cluster start"] = f"{cluster.start_seconds:.1f}s"
@@ -249,24 +260,27 @@ async def run(
                 result.skipped = f"the run's {profile.budget:.0f}s budget was spent"
                 continue
             _say(f"scenario {scenario.slug}: {scenario.title}")
+            in_lab = net if scenario.site == "net" else None
             try:
-                await asyncio.wait_for(
-                    run_scenario(
-                        result,
-                        scenario,
-                        profile,
-                        rabbit=rabbit,
-                        postgres=postgres,
-                        cluster=cluster,
-                        template=template,
-                        name=f"chaos{run_id}-{number}-{scenario.slug}",
-                        overrides={**overrides, **scenario.settings},
-                        seed=seed + number,
-                        log_dir=log_root / scenario.slug,
-                        run_deadline=deadline,
-                    ),
-                    timeout=left,
-                )
+                async with from_tester(in_lab):
+                    await asyncio.wait_for(
+                        run_scenario(
+                            result,
+                            scenario,
+                            profile,
+                            rabbit=rabbit if in_lab is None else in_lab.rabbit,
+                            postgres=postgres if in_lab is None else in_lab.postgres,
+                            cluster=cluster,
+                            net=in_lab,
+                            template=template,
+                            name=f"chaos{run_id}-{number}-{scenario.slug}",
+                            overrides={**overrides, **scenario.settings},
+                            seed=seed + number,
+                            log_dir=log_root / scenario.slug,
+                            run_deadline=deadline,
+                        ),
+                        timeout=left,
+                    )
             except TimeoutError:
                 result.error = f"stopped when the run's {profile.budget:.0f}s budget ran out"
             _say(
@@ -277,6 +291,8 @@ async def run(
                 shutil.rmtree(log_root / scenario.slug, ignore_errors=True)
     finally:
         _say("removing the throwaway servers")
+        with contextlib.suppress(Exception):
+            await lab.aclose()
 
         def remove_postgres() -> None:
             postgres.signal_all(signal.SIGCONT)
@@ -311,6 +327,7 @@ async def run_scenario(
     rabbit: ThrowawayRabbit,
     postgres: ThrowawayPostgres,
     cluster: ThrowawayRabbitCluster | None = None,
+    net: NetSite | None = None,
     template: str,
     name: str,
     overrides: dict[str, str],
@@ -343,13 +360,29 @@ async def run_scenario(
         self_exits=scenario.self_exits,
         cluster=on_cluster,
         pair=pair,
+        net=net,
+        service_amqp_url=(
+            net.proxied_amqp_url()
+            if net is not None and scenario.via_proxy
+            else rabbit.url + scenario.amqp_query
+            if scenario.amqp_query
+            else None
+        ),
+        clock_file=log_dir / "clock-offset" if scenario.faked_clock else None,
+        service_database_url=(
+            net.proxied_dsn(database) if net is not None and scenario.via_proxy else None
+        ),
+        proxy_control=log_dir / "proxy-control" if scenario.via_proxy else None,
     )
     events = scenario.events or profile.events
     progress = asyncio.create_task(world.progress.run(), name="progress")
     publishing: asyncio.Task[PublishLog] | None = None
     supervisor: asyncio.Task[None] | None = None
     sampling: asyncio.Task[None] | None = None
+    proxy: subprocess.Popen[bytes] | None = None
     try:
+        if net is not None and world.proxy_control is not None:
+            proxy = net.start_proxy(world.proxy_control)
         if pair is not None:  # a pair of the scenario's own: a failover spends it
             await asyncio.to_thread(pair.start)
             await _make_template(pair, template)
@@ -409,7 +442,8 @@ async def run_scenario(
                 _say(f"  among oversized bodies: {_rate(resources.bodies)}")
                 block_logs.append(bodies_log)
         # Publishing takes events / rate; faults and a slow machine can stretch it, within bounds.
-        publish_deadline = min(run_deadline + 60, time.monotonic() + events / profile.rate * 3 + 90)
+        rate = scenario.rate or profile.rate
+        publish_deadline = min(run_deadline + 60, time.monotonic() + events / rate * 3 + 90)
         producer = ResilientProducer(env.amqp_url, env.settings().exchange)
         stream = [p for p in workload.publications if p.event.kind is not Kind.ID_CONFLICT]
         total = len(stream)
@@ -417,13 +451,15 @@ async def run_scenario(
             [min(total, math.ceil((share + LEAD) * total)) for share, _ in scenario.schedule()]
         )
         publishing = asyncio.create_task(
-            producer.publish_all(stream, rate=profile.rate, deadline=publish_deadline, gates=gates)
+            producer.publish_all(stream, rate=rate, deadline=publish_deadline, gates=gates)
         )
         try:
             result.faults = await _inject(world, scenario, workload, gates, publish_deadline)
         finally:
             gates.open()
         log = await publishing
+        for stretch in world.background:  # a degraded stretch ends before the queues settle
+            await stretch
         if workload.tail:
             # Each id collision once its victim is applied: the innocent is the one applied. A
             # deadline of their own: on a slow machine the victims come late, not never.
@@ -432,7 +468,7 @@ async def run_scenario(
             tail = ResilientProducer(env.amqp_url, env.settings().exchange)
             log = merged(
                 log,
-                await tail.publish_all(workload.tail, rate=profile.rate, deadline=tail_deadline),
+                await tail.publish_all(workload.tail, rate=rate, deadline=tail_deadline),
             )
         log = merged(*block_logs, log)
         workload = combine(*blocks, workload)
@@ -474,12 +510,15 @@ async def run_scenario(
             expired_copies=_expiry_age(env) if scenario.expired_copies else None,
         )
         result.metrics, failures = world.metrics_check(
-            state.applied, dead_by_reason(state), scenario.cuts_broker_links
+            state.applied,
+            dead_by_reason(state),
+            scenario.cuts_broker_links,
+            lost_commit_replies=scenario.loses_commit_replies,
         )
         verdict.violations += failures
         if scenario.losses_reported:
             excuse_losses(verdict, "reported, not a violation: asynchronous replication")
-        verdict.violations += world.unexpected_exits
+        verdict.violations += world.unexpected_exits + world.violations
         verdict.figures.restarts = world.restarts
         verdict.figures.stranded = stranding.stranded
         verdict.figures.recovered = stranding.recovered
@@ -493,17 +532,24 @@ async def run_scenario(
         if resources is not None:
             check_resources(resources, verdict)
         verdict.notes += world.notes + world.log_findings()
+        verdict.notes += await partition_findings(world, scenario.lost_event)
+        if scenario.via_proxy:
+            verdict.notes += flow_findings(world)
         result.verdict = verdict
     except Exception as error:  # report what could not be run, and go on with the next
         result.error = f"{type(error).__name__}: {error}"
         _say(f"scenario {scenario.slug} stopped: {result.error}")
     finally:
-        for task in (publishing, supervisor, progress, sampling):
+        tasks: list[asyncio.Task[Any] | None] = [publishing, supervisor, progress, sampling]
+        for task in [*tasks, *world.background]:
             if task is not None and not task.done():
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
         world.kill_everything()
+        if proxy is not None:
+            proxy.kill()
+            proxy.wait(timeout=10)
         postgres.signal_all(signal.SIGCONT)
         with contextlib.suppress(Exception):
             await _remove_broker_objects(env)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from consumer.service.watchdog import EXIT_HARD_TIMEOUT
+from tests.chaos.clock import SkewClock
 from tests.chaos.faults import (
     BrokerAlarm,
     CloseConnections,
@@ -22,6 +23,7 @@ from tests.chaos.faults import (
     RollingRestart,
     Terminate,
 )
+from tests.chaos.netfaults import CommitCut, Cut, Degrade
 from tests.chaos.workload import SLOW_S, Kind
 
 # What every consumer of every scenario runs with, on top of tests.support.TestEnv's test settings
@@ -65,11 +67,12 @@ their start-up on."""
 EXIT_CRASH = 17
 """``test.behave``'s ``crash``: ``os._exit(17)``."""
 
-Site = Literal["node", "cluster", "pg-sync", "pg-async"]
+Site = Literal["node", "cluster", "pg-sync", "pg-async", "net"]
 """Where a scenario runs: the run's RabbitMQ node and PostgreSQL; the run's three-node RabbitMQ
 cluster (each consumer given the node list starting at another node; quorum queues on all three);
-or the run's node and a PostgreSQL primary with a synchronous or asynchronous standby of the
-scenario's own, which its fault fails over."""
+the run's node and a PostgreSQL primary with a synchronous or asynchronous standby of the
+scenario's own, which its fault fails over; or the network-fault lab (:mod:`.netsite`): a
+PostgreSQL, a RabbitMQ node, the consumers and the runner each in a network namespace of its own."""
 CLUSTER_SETTINGS = {"quorum_initial_group_size": "3"}
 MIB = 1024 * 1024
 
@@ -84,6 +87,37 @@ BEYOND_ONE = (
     "pg-failover-async",
 )
 """The scenarios on a RabbitMQ cluster or a PostgreSQL failover pair."""
+
+
+SHORT_HEARTBEAT = 2
+"""Seconds: the consumers' AMQP heartbeat where a cut must outlast it (aiormq gives a silent
+broker up after a few heartbeats), short so that the scenario stays short."""
+BROKER_CUT_S = 10.0
+"""A silent cut shorter than the default heartbeat (60s): TCP's retransmissions carry the
+connection over it, or the service notices."""
+LONG_BROKER_CUT_S = 12.0
+"""A silent cut past :data:`SHORT_HEARTBEAT`'s timeout: the service must notice and reconnect."""
+DATABASE_CUT_S = 8.0
+"""A one-way cut between the service and PostgreSQL: past the stall timeout (5s), which ends the
+connection of a statement (a COMMIT) that gets no answer, and past the orphan session's
+``idle_in_transaction_session_timeout`` (6s at the scenario's 2s hard limit)."""
+DATABASE_LOST = "database unreachable, pausing consumption"
+NET = (
+    "net-broker-cut",
+    "net-broker-cut-heartbeat",
+    "net-pg-reply-lost",
+    "net-pg-request-lost",
+    "net-latency-loss",
+    "net-clean",
+)
+"""The network-fault lab's scenarios."""
+DEGRADED_S = 10.0
+"""The short profile's stretch of latency and loss (the long one's: 5 minutes)."""
+DEGRADED_RATE = 50.0
+"""Publications a second through the proxy: a steady stream the degraded links are measured
+under, not a backlog."""
+NET_NAMED_ONLY = ("net-broker-cut", "net-pg-request-lost", "clock-behind", "net-clean")
+"""Run in the short profile only when named: one scenario of each kind runs in `make test`."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +163,8 @@ class Profile:
     """How long a cluster node stays SIGSTOPped."""
     cluster_events: int | None = None
     """Publications of the cluster and failover scenarios (None: :attr:`events`)."""
+    net_events: int | None = None
+    """Publications of the network-fault lab's scenarios (None: :attr:`events`)."""
     pruning_events: int | None = None
     """Publications of ``receipt-pruning`` (None: :attr:`events`): no more than the consumers
     settle well inside its 20s window, else late copies expire by design (dead-lettered
@@ -166,16 +202,27 @@ PROFILES = {
         # The handler faults run together here (`handler-faults`); each alone when named. The
         # cluster and failover scenarios too: tests/integration/test_cluster.py runs a leader kill
         # and a synchronous failover in `make test` already, and a cluster takes 20-30s to start.
+        # The network lab's: one of each kind of fault (a broker cut, a COMMIT cut, ...).
         named_only=frozenset(
-            {"swallow", "blocking", "crashing", "odd-payload", "kill-connection", *BEYOND_ONE}
+            {
+                "swallow",
+                "blocking",
+                "crashing",
+                "odd-payload",
+                "kill-connection",
+                *BEYOND_ONE,
+                *NET_NAMED_ONLY,
+            }
         ),
         alarm_s=3.0,
         node_freeze_s=10.0,
         cluster_events=1_500,
+        net_events=600,
         settle_timeout=60,
         # About 250s on a quiet machine; 350s was overrun at a load average of 10 (other work on
-        # both cores), before hostile-producers had started. The budget is there for a hang.
-        budget=480,
+        # both cores), before hostile-producers had started. The budget is there for a hang; 600s
+        # since the network lab (its start and four scenarios: about 2 minutes).
+        budget=600,
     ),
     "long": Profile(
         name="long",
@@ -245,6 +292,23 @@ class Scenario:
     expired_copies: bool = False
     """Copies of an applied event may be dead-lettered ``expired`` (its receipts' window is short
     here): counted, not a violation. An event with no effect is still lost."""
+    amqp_query: str = ""
+    """Appended to the consumers' ``CONSUMER_AMQP_URL`` (``?heartbeat=5``): the runner's own
+    connections keep the plain URL."""
+    lost_event: str = "lost RabbitMQ"
+    """The consumers' log line that says they noticed a cut (the time to detect)."""
+    faked_clock: bool = False
+    """The consumers run under libfaketime, on the true time until a fault moves their clock
+    (:class:`~tests.chaos.clock.SkewClock`)."""
+    via_proxy: bool = False
+    """In the network lab: the consumers reach RabbitMQ and PostgreSQL through the latency proxy
+    (:mod:`.proxy`) on its own host; the runner reaches them directly."""
+    rate: float | None = None
+    """Publications a second, where not the profile's."""
+    loses_commit_replies: bool = False
+    """PostgreSQL's answers to the service may be lost while its statements arrive: a COMMIT
+    that committed unknown to the service is counted a ``duplicate`` when its event's re-run
+    finds the receipt, so the consumers' ``processed`` may fall short of the effects."""
 
     @property
     def cuts_broker_links(self) -> bool:
@@ -412,6 +476,127 @@ def scenarios_for(profile: Profile) -> list[Scenario]:
             ],
         ),
         *beyond_one_machine(profile),
+        *in_the_lab(profile),
+        *skewed_clocks(profile),
+    ]
+
+
+CLOCK_SETTINGS = {"receipt_prune_interval": "1s"}
+"""Prune rounds every second: each measures the clocks' difference again."""
+
+
+def skewed_clocks(profile: Profile) -> list[Scenario]:
+    """The consumers' clock 10 minutes ahead of the database's and 10 minutes behind, moved while
+    they run under the handler-fault workload (the kinds that leave the process running: a
+    consumer restarted on a clock 10 minutes off refuses to start, which
+    tests/integration/test_clock_skew.py checks)."""
+    p = profile
+    return [
+        Scenario(
+            f"clock-{name}",
+            f"the consumers' clock moved {offset} from the database's under load, 2 consumers, "
+            "handler faults",
+            consumers=2,
+            faults=[SkewClock(offset)],
+            settings=CLOCK_SETTINGS,
+            mix_in=lab_handler_faults(p),
+            faked_clock=True,
+            events=p.net_events,
+        )
+        for name, offset in (("ahead", "+10m"), ("behind", "-10m"))
+    ]
+
+
+def lab_handler_faults(profile: Profile) -> dict[Kind, int]:
+    """The handler faults that leave the process running (swallowed errors, odd payloads,
+    killed database connections). Not those that end it (``block``, ``crash``): a consumer
+    restarted during a cut fails to connect, and that, not the running consumers' noticing, would
+    be the first ``lost RabbitMQ`` line, the time to detect; and one restarted on a skewed clock
+    refuses to start."""
+    scale = 1 if profile.name == "short" else 10
+    return {
+        Kind.SWALLOW: 10 * scale,
+        Kind.ODD_POISON: 5 * scale,
+        Kind.ODD: 5 * scale,
+        Kind.KILL_CONNECTION: 2 * scale,
+    }
+
+
+def in_the_lab(profile: Profile) -> list[Scenario]:
+    """The network-fault scenarios, each under :func:`lab_handler_faults`."""
+    p = profile
+    handler_faults = lab_handler_faults(p)
+    degrade = Degrade(DEGRADED_S if p.name == "short" else 300.0)
+    # The stream outlasts the fault, which strikes at 40% of it: a clean stretch before it, its
+    # seconds, and a little after.
+    degraded_events = round(DEGRADED_RATE * degrade.seconds * 2)
+
+    def in_lab(
+        slug: str,
+        title: str,
+        fault: Fault | None,
+        amqp_query: str = "",
+        settings: dict[str, str] | None = None,
+        lost_event: str = "lost RabbitMQ",
+        loses_commit_replies: bool = False,
+        via_proxy: bool = False,
+    ) -> Scenario:
+        return Scenario(
+            slug,
+            f"network lab, 2 consumers, handler faults: {title}",
+            consumers=2,
+            faults=[] if fault is None else [fault],
+            mix_in=handler_faults,
+            site="net",
+            amqp_query=amqp_query,
+            settings=settings or {},
+            lost_event=lost_event,
+            loses_commit_replies=loses_commit_replies,
+            via_proxy=via_proxy,
+            events=degraded_events if via_proxy else p.net_events,
+            rate=DEGRADED_RATE if via_proxy else None,
+        )
+
+    return [
+        in_lab(
+            "net-broker-cut",
+            f"silent cut service<->RabbitMQ {BROKER_CUT_S:g}s (default heartbeat)",
+            Cut("service", "rabbit", BROKER_CUT_S),
+        ),
+        in_lab(
+            "net-broker-cut-heartbeat",
+            f"silent cut service<->RabbitMQ {LONG_BROKER_CUT_S:g}s, past a "
+            f"{SHORT_HEARTBEAT}s heartbeat",
+            Cut("service", "rabbit", LONG_BROKER_CUT_S),
+            amqp_query=f"?heartbeat={SHORT_HEARTBEAT}",
+        ),
+        in_lab(
+            "net-pg-reply-lost",
+            f"a COMMIT arrives, PostgreSQL's reply and all it sends after are dropped "
+            f"{DATABASE_CUT_S:g}s",
+            CommitCut("reply", DATABASE_CUT_S),
+            settings={"hard_timeout": HARD_TIMEOUT},
+            lost_event=DATABASE_LOST,
+            loses_commit_replies=True,
+        ),
+        in_lab(
+            "net-pg-request-lost",
+            f"a COMMIT and all the service sends PostgreSQL after it dropped {DATABASE_CUT_S:g}s "
+            "(the sessions left open in their transactions)",
+            CommitCut("request", DATABASE_CUT_S),
+            settings={"hard_timeout": HARD_TIMEOUT},
+            lost_event=DATABASE_LOST,
+        ),
+        in_lab(
+            "net-latency-loss",
+            f"through the proxy; every link {degrade.delay_ms}±{degrade.jitter_ms}ms and "
+            f"{degrade.loss_percent}% loss {degrade.seconds:g}s",
+            degrade,
+            via_proxy=True,
+        ),
+        in_lab(
+            "net-clean", "through the proxy, no fault (the figures beside)", None, via_proxy=True
+        ),
     ]
 
 

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Literal
 
+import aio_pika
+import asyncpg
 import pytest
 
+from tests.chaos.netsite import from_tester, net_site
 from tests.chaos.network import Lab, leftovers
+from tests.servers import port_open
 
 PORT = "9000"
 SERVER = (
@@ -27,13 +32,26 @@ PROBE = (
 )
 
 
+COMMIT = b"Q\x00\x00\x00\x0cCOMMIT;\x00"
+"""PostgreSQL's simple query ``COMMIT;``, as asyncpg sends it."""
+SENDER = (
+    "import socket, sys\n"
+    "c = socket.create_connection((sys.argv[1], 9000), timeout=float(sys.argv[2]))\n"
+    "c.sendall(bytes.fromhex(sys.argv[3]))\n"
+    "print('sent', flush=True)\n"
+    "assert c.recv(1)\n"
+)
+
+
 def probe(
-    lab: Lab, source: str, target: str, timeout: float = 5
+    lab: Lab, source: str, target: str, timeout: float = 5, payload: bytes = b""
 ) -> subprocess.CompletedProcess[str]:
-    """A TCP round trip from ``source`` to ``target``'s echo server."""
+    """A TCP round trip from ``source`` to ``target``'s echo server (sending ``payload`` first
+    instead of one byte, if given)."""
+    script, extra = (SENDER, [payload.hex()]) if payload else (PROBE, [])
     return subprocess.run(
-        ["ip", "netns", "exec", lab.host(source).namespace, sys.executable, "-c", PROBE,
-         lab.host(target).address, str(timeout)],
+        ["ip", "netns", "exec", lab.host(source).namespace, sys.executable, "-c", script,
+         lab.host(target).address, str(timeout), *extra],
         capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip
 
@@ -88,3 +106,59 @@ async def test_a_failed_scenario_still_leaves_no_namespace_interface_or_process(
 
     assert started[0].poll() is not None
     assert leftovers(lab.tag) == []
+
+
+async def test_the_lab_runs_its_servers_in_namespaces_and_leaves_nothing_behind() -> None:
+    # Given the lab with its throwaway PostgreSQL and RabbitMQ node, each on its own host
+    async with net_site() as site:
+        tag = site.lab.tag
+        # Then the runner reaches them from the tester host, by their lab addresses
+        async with from_tester(site):
+            conn = await asyncpg.connect(site.postgres.admin_dsn, timeout=10)
+            assert await conn.fetchval("SELECT host(inet_server_addr())") == (
+                site.address("postgres")
+            )
+            await conn.close()
+            connection = await aio_pika.connect(site.rabbit.url, timeout=10)
+            await connection.close()
+        # and the machine's own namespace does not: nothing listens there for them
+        assert not port_open(site.postgres.port)
+        assert not port_open(site.rabbit.port)
+        assert leftovers(tag)  # their namespaces and processes, while it runs
+
+    # When it ends, no namespace, interface or process (epmd, a backend) is left
+    assert leftovers(tag) == []
+
+
+@pytest.mark.parametrize("lose", ["request", "reply"])
+async def test_a_cut_armed_at_a_commit_goes_off_with_the_commit_and_not_before(
+    lose: Literal["request", "reply"],
+) -> None:
+    async with Lab(["server", "client"]) as lab:
+        lab.start("server", [sys.executable, "-c", SERVER])
+        wait_for_server(lab, "client", "server")
+
+        # Given a cut armed on the client's next COMMIT to the server
+        lab.cut_at_commit(
+            "client", "server", int(PORT), "request" if lose == "request" else "reply"
+        )
+
+        # Then other traffic goes through, and the trigger has not gone off
+        assert probe(lab, "client", "server").returncode == 0
+        assert not lab.triggered("client")
+
+        # When a COMMIT goes: it sets the cut off, and no answer comes back (the request
+        # dropped, or the reply)
+        cut = probe(lab, "client", "server", timeout=1, payload=COMMIT)
+        assert cut.returncode != 0
+        assert "sent" in cut.stdout
+        assert "timed out" in cut.stderr, cut.stderr
+        assert lab.triggered("client")
+        # and the server is cut off from the client from then on, until healed
+        assert probe(lab, "client", "server", timeout=1).returncode != 0
+        lab.heal()
+        assert not lab.triggered("client")
+        assert probe(lab, "client", "server").returncode == 0
+        tag = lab.tag
+
+    assert leftovers(tag) == []

@@ -4,7 +4,15 @@ its documentation says."""
 from __future__ import annotations
 
 from consumer.durations import parse_duration
-from tests.chaos.scenarios import BEYOND_ONE, CONSUMER_SETTINGS, PROFILES, chosen, scenarios_for
+from tests.chaos.scenarios import (
+    BEYOND_ONE,
+    CONSUMER_SETTINGS,
+    NET,
+    NET_NAMED_ONLY,
+    PROFILES,
+    chosen,
+    scenarios_for,
+)
 from tests.chaos.workload import (
     BLOCK_S,
     HANDLER_FAULTS,
@@ -94,5 +102,20 @@ def test_the_long_profile_runs_every_cluster_and_failover_scenario_and_the_short
             assert (scenario.events or PROFILES["long"].events) == 50_000, scenario.slug
             # Only the asynchronous standby is allowed to lose acked commits.
             assert scenario.losses_reported == (scenario.site == "pg-async"), scenario.slug
+        elif scenario.slug in NET:
+            assert scenario.site == "net", scenario.slug
         else:
             assert scenario.site == "node", scenario.slug
+
+
+def test_the_network_lab_scenarios_run_all_in_the_long_profile_and_one_of_each_kind_short() -> None:
+    long = [s for s in chosen(PROFILES["long"]) if s.site == "net"]
+    short = [s for s in chosen(PROFILES["short"]) if s.site == "net"]
+
+    assert {s.slug for s in long} == set(NET)
+    # `make test`: one scenario of each kind of fault, the others when named
+    kinds = {type(fault).__name__ for s in long for fault in s.faults}
+    assert {type(fault).__name__ for s in short for fault in s.faults} == kinds
+    assert {s.slug for s in short} == set(NET) - set(NET_NAMED_ONLY)
+    for scenario in long:
+        assert scenario.mix_in, scenario.slug  # under the handler-fault workload

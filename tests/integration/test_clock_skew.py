@@ -7,30 +7,12 @@ while the service runs is measured on the next prune round, a warning and the ga
 
 from __future__ import annotations
 
-import glob
 import json
 from pathlib import Path
 
 import pytest
 
-from tests.support import ServiceProcess, TestEnv, run_cli, wait_until
-
-LIBFAKETIME = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))
-
-
-def faked(environment: dict[str, str], offset_file: Path, offset: str) -> dict[str, str]:
-    """``environment`` with this process's clock ``offset`` from the true time (``+10m``), read
-    again from ``offset_file`` at every clock reading: a test may move it while the service runs.
-    Only the wall clock moves: the event loop's timers run on the monotonic one."""
-    assert LIBFAKETIME, "libfaketime is missing: install Debian's faketime (make tools)"
-    offset_file.write_text(offset)
-    return {
-        **environment,
-        "LD_PRELOAD": LIBFAKETIME[0],
-        "FAKETIME_TIMESTAMP_FILE": str(offset_file),
-        "FAKETIME_NO_CACHE": "1",
-        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-    }
+from tests.support import ServiceProcess, TestEnv, faked, run_cli, wait_until
 
 
 @pytest.mark.parametrize(("offset", "said"), [("+10m", "10m ahead of"), ("-10m", "10m behind")])

@@ -1,0 +1,260 @@
+"""The network faults of the lab's scenarios (:mod:`.netsite`), and what the report says of each:
+how long the service took to notice a cut, and to commit again once it healed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+import asyncpg
+
+from tests.chaos.network import Direction
+from tests.chaos.world import Partition, World
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Drop, silently (nftables, no RST, no ICMP), what ``a`` and ``b`` send each other (or one
+    way: ``to`` is what ``a`` sends ``b``) for ``seconds``, then heal and wait until the
+    consumers are ready again."""
+
+    a: str
+    b: str
+    seconds: float
+    direction: Direction = "both"
+
+    @property
+    def label(self) -> str:
+        arrow = {"both": "<->", "to": "->", "from": "<-"}[self.direction]
+        return f"silent cut {self.a}{arrow}{self.b} {self.seconds:g}s"
+
+    @property
+    def cuts_broker_links(self) -> bool:
+        return "rabbit" in (self.a, self.b)
+
+    async def inject(self, world: World) -> None:
+        net = world.need_net()
+        lab = net.lab
+        partition = Partition(self.label, datetime.now(UTC), server_log_from=_size(net.log))
+        world.partitions.append(partition)
+        lab.cut(self.a, self.b, self.direction)
+        try:
+            await asyncio.sleep(self.seconds)
+        finally:
+            lab.heal()
+            partition.healed_at = datetime.now(UTC)
+        await world.wait_ready()
+
+
+@dataclass(frozen=True)
+class Degrade:
+    """Every link of the service slowed and lossy for ``seconds``: the proxy between it and its
+    servers delays each chunk ``delay_ms`` ± ``jitter_ms`` each way, and nftables drops
+    ``loss_percent`` of the packets the service and the proxy send (``numgen random``). Needs
+    a scenario whose consumers go through the proxy (``via_proxy``)."""
+
+    seconds: float
+    delay_ms: int = 100
+    jitter_ms: int = 50
+    loss_percent: int = 2
+
+    @property
+    def label(self) -> str:
+        return (
+            f"latency {self.delay_ms}±{self.jitter_ms}ms and {self.loss_percent}% loss "
+            f"{self.seconds:g}s"
+        )
+
+    @property
+    def cuts_broker_links(self) -> bool:
+        return True  # a lossy link may well end a connection
+
+    async def inject(self, world: World) -> None:
+        net = world.need_net()
+        if world.proxy_control is None:
+            raise RuntimeError("this fault needs the consumers behind the latency proxy")
+        partition = Partition(self.label, datetime.now(UTC), server_log_from=_size(net.log))
+        world.partitions.append(partition)
+        control = world.proxy_control
+        control.write_text(f"{self.delay_ms} {self.jitter_ms}")
+        for host in ("service", "proxy"):
+            net.lab.lose(host, self.loss_percent)
+
+        async def heal_later() -> None:
+            try:
+                await asyncio.sleep(self.seconds)
+            finally:
+                net.lab.heal()
+                control.write_text("0 0")
+                partition.healed_at = datetime.now(UTC)
+
+        # Returns at once, the links still degraded: the stream flows on through them (a cut
+        # holds the stream at its gate; here the flow under the fault is what is measured).
+        world.background.append(asyncio.create_task(heal_later(), name="degraded"))
+
+
+TRIGGER_WAIT = 10.0
+"""How long an armed cut may wait for a COMMIT under load before the fault gives up."""
+
+
+@dataclass(frozen=True)
+class CommitCut:
+    """A cut between the service and PostgreSQL that the service's next ``COMMIT`` sets off
+    (:meth:`~tests.chaos.network.Lab.cut_at_commit`): so it lands in the middle of one, the
+    request arrived and the reply lost (``reply``) or the request lost (``request``). Healed
+    ``seconds`` after it went off."""
+
+    lose: Literal["request", "reply"]
+    seconds: float
+
+    @property
+    def label(self) -> str:
+        what = "reply" if self.lose == "reply" else "request"
+        return f"silent cut at a COMMIT, its {what} and all after dropped {self.seconds:g}s"
+
+    @property
+    def cuts_broker_links(self) -> bool:
+        return False
+
+    async def inject(self, world: World) -> None:
+        net = world.need_net()
+        lab = net.lab
+        log_from = _size(net.log)
+        lab.cut_at_commit("service", "postgres", net.postgres.port, self.lose)
+        try:
+            deadline = time.monotonic() + TRIGGER_WAIT
+            while not lab.triggered("service"):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"no COMMIT went to PostgreSQL in {TRIGGER_WAIT:g}s")
+                await asyncio.sleep(0.01)
+            partition = Partition(self.label, datetime.now(UTC), server_log_from=log_from)
+            world.partitions.append(partition)
+            await asyncio.sleep(self.seconds)
+        finally:
+            lab.heal()
+        partition.healed_at = datetime.now(UTC)
+        await world.wait_ready()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+SERVER_SAYS = {
+    "idle-in-transaction timeout": "ended sessions idle in their transaction",
+    "could not receive data from client": "lost clients",
+    "unexpected EOF on client connection": "saw clients leave mid-transaction",
+}
+"""What the lab PostgreSQL's log says of the service's sessions after a cut, and how to say it."""
+
+
+def _server_findings(world: World, partition: Partition) -> str:
+    net = world.need_net()
+    try:
+        with net.log.open("rb") as log:
+            log.seek(partition.server_log_from)
+            text = log.read().decode(errors="replace")
+    except OSError:
+        return ""
+    counts = [
+        f"{meaning} x{count}"
+        for needle, meaning in SERVER_SAYS.items()
+        if (count := text.count(needle))
+    ]
+    return f"; PostgreSQL {', '.join(counts)}" if counts else ""
+
+
+def _first_loss(world: World, after: datetime, event: str) -> datetime | None:
+    """The first consumer log line ``event`` (``lost RabbitMQ``...) at or after ``after``."""
+    found: list[datetime] = []
+    for service in world.services:
+        for line in service.log_lines():
+            if line.get("event") != event or "timestamp" not in line:
+                continue
+            stamp = datetime.fromisoformat(str(line["timestamp"]).replace("Z", "+00:00"))
+            if stamp >= after:
+                found.append(stamp)
+    return min(found, default=None)
+
+
+_FIRST_EFFECT_AFTER = "SELECT min(applied_at) FROM test_effects WHERE applied_at > $1"
+"""``applied_at`` is ``clock_timestamp()`` in the handler's transaction: its commit follows."""
+
+
+async def partition_findings(world: World, lost_event: str = "lost RabbitMQ") -> list[str]:
+    """Per cut: the time to detect (its first ``lost_event`` log line after the cut) and the time
+    to resume (the first effect committed after the heal, by the database's clock)."""
+    findings: list[str] = []
+    if not world.partitions:
+        return findings
+    conn = await asyncpg.connect(world.env.database_url, timeout=10)
+    try:
+        for partition in world.partitions:
+            detected = _first_loss(world, partition.cut_at, lost_event)
+            detect = (
+                f"detected after {(detected - partition.cut_at).total_seconds():.1f}s "
+                f"('{lost_event}')"
+                if detected is not None
+                else f"never detected ('{lost_event}' not logged)"
+            )
+            resume = "not healed"
+            if partition.healed_at is not None:
+                first = await conn.fetchval(_FIRST_EFFECT_AFTER, partition.healed_at)
+                resume = (
+                    "no effect committed after the heal"
+                    if first is None
+                    else f"first commit {(first - partition.healed_at).total_seconds():.1f}s "
+                    "after the heal"
+                )
+            server = _server_findings(world, partition) if world.net is not None else ""
+            findings.append(f"{partition.label}: {detect}; {resume}{server}")
+    finally:
+        await conn.close()
+    return findings
+
+
+def _settled(world: World) -> list[tuple[datetime, float]]:
+    """Each fresh commit the consumers logged: when, and how long from delivery to settling."""
+    found: list[tuple[datetime, float]] = []
+    for service in world.services:
+        for line in service.log_lines():
+            if line.get("event") != "message settled" or line.get("outcome") != "processed":
+                continue
+            stamp = datetime.fromisoformat(str(line["timestamp"]).replace("Z", "+00:00"))
+            found.append((stamp, float(line.get("duration_ms", 0.0))))
+    return sorted(found)
+
+
+def _p99(durations: list[float]) -> float:
+    ordered = sorted(durations)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else 0.0
+
+
+def flow_findings(world: World) -> list[str]:
+    """Throughput (fresh commits a second) and p99 of their delivery-to-settle time, by the
+    consumers' logs: within each fault's stretch, and over the whole stream."""
+    settled = _settled(world)
+    if not settled:
+        return ["flow: no fresh commit logged"]
+    windows = [
+        (partition.label, partition.cut_at, partition.healed_at)
+        for partition in world.partitions
+        if partition.healed_at is not None
+    ]
+    windows.append(("whole stream", settled[0][0], settled[-1][0]))
+    findings = []
+    for label, start, end in windows:
+        inside = [ms for stamp, ms in settled if start <= stamp <= end]
+        seconds = max((end - start).total_seconds(), 0.001)
+        findings.append(
+            f"flow, {label}: {len(inside)} fresh commits in {seconds:.1f}s "
+            f"({len(inside) / seconds:.0f}/s), p99 delivery to settle {_p99(inside):.0f} ms"
+        )
+    return findings

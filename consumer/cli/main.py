@@ -19,7 +19,13 @@ from consumer.amqp import fast_paths, wire
 from consumer.cli.pipes import end_by_sigpipe
 from consumer.cli.producer import PublishRequest, payload_problem, publish_event, repeat_command
 from consumer.config.settings import Settings
-from consumer.config.startup import EXIT_CONFIG, fail, load_handlers, load_settings
+from consumer.config.startup import (
+    EXIT_CONFIG,
+    fail,
+    load_handlers,
+    load_queue_table,
+    load_settings,
+)
 from consumer.db.database import describe_database_error
 from consumer.db.migration_sets import MigrationSet, migration_sets
 from consumer.db.migrations import create_database_if_missing, migrate
@@ -158,6 +164,14 @@ def _command(argv: Sequence[str] | None) -> int:
 
 def _run(settings: Settings) -> int:
     registry = load_handlers(settings)
+    table = load_queue_table(settings, registry)
+    if table.path is not None:
+        # Checked above, so that a table is refused for what is wrong with it first.
+        fail(
+            f"CONSUMER_QUEUES_FILE: `consumer run` does not consume a queue table yet "
+            f"({table.path}); `consumer topology apply|check` declares and checks it",
+            EXIT_CONFIG,
+        )
     try:
         check_memory_budget(memory_budget(settings))
         # The header limits hold only if pamqp reads tables through the decoders installed in

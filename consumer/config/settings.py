@@ -150,6 +150,11 @@ class Settings(BaseSettings):
     ] = DEFAULT_HANDLER_MODULES
     """Handler modules to load, comma-separated; `consumer migrate` applies the migration folder
     each declares (`MIGRATIONS`), in this order. The default is the reference handlers."""
+    queues_file: Path | None = None
+    """The queue table: a TOML file of `[queues.<name>]` tables, each listing the event `types`
+    it takes and what of `prefetch`, `workers`, `batch_size`, `batch_wait`, `handler_timeout`,
+    `hard_timeout`, `retry_delays`, `delivery_limit`, `work_queue_version` and `db_pool_size` it
+    sets for itself (see The queue table). Unset: one work queue for every type, as before."""
     handler_timeout: Duration = timedelta(seconds=15)
     """Soft time limit per handler (`register(..., timeout=)` overrides)."""
     hard_timeout: Duration = timedelta(seconds=20)

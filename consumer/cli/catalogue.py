@@ -273,6 +273,11 @@ HEADERS: dict[str, Any] = {
             "type": "string",
             "description": "CONSUMER_NAME of the dead-lettering service.",
         },
+        h.QUEUE: {
+            "type": "string",
+            "description": "The queue of the service's queue table (CONSUMER_QUEUES_FILE) the "
+            "event was dead-lettered from; absent without a table. " + _SERVICE_WRITES,
+        },
         h.ORIGINAL_EXCHANGE: {"type": "string"},
         h.ORIGINAL_ROUTING_KEY: {"type": "string"},
         h.REPLAYS: {

@@ -32,7 +32,7 @@ def env_for(path: Path) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize("command", [("consumer", "run")])
+@pytest.mark.parametrize("command", [("consumer", "run"), ("topology", "apply", "--dry-run")])
 @pytest.mark.parametrize(
     ("table", "expected"),
     [

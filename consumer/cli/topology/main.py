@@ -11,9 +11,9 @@ import aiormq
 from consumer.amqp.connect import BrokerConfig, connect, describe_amqp_error
 from consumer.cli.topology.migrate import add_migrate_parser, run_migrate
 from consumer.config.settings import Settings
-from consumer.config.startup import fail, load_handlers
+from consumer.config.startup import EXIT_CONFIG, fail, load_handlers, load_queue_table
 from consumer.errors import BrokerUnreachable, TopologyConflict, TopologyError, TopologyMissing
-from consumer.service.components import broker_config, topology_for
+from consumer.service.components import broker_config, table_topology
 from topology.apply import apply_topology, find_conflicts, missing
 from topology.model import Topology
 
@@ -81,9 +81,15 @@ async def _check(broker: BrokerConfig, topology: Topology) -> int:
 
 def run_topology(settings: Settings, arguments: argparse.Namespace) -> int:
     if arguments.topology_command == "migrate":
+        if settings.queues_file is not None:
+            fail(
+                "CONSUMER_QUEUES_FILE: `consumer topology migrate` does not migrate a queue "
+                "table yet: unset it to migrate a service without one",
+                EXIT_CONFIG,
+            )
         return run_migrate(settings, arguments)
     registry = load_handlers(settings)
-    topology = topology_for(settings, registry)
+    topology = table_topology(load_queue_table(settings, registry))
     if arguments.topology_command == "apply" and arguments.dry_run:
         for line in topology.describe():
             print(line)

@@ -36,6 +36,14 @@ from topology.names import Names
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_HANDLERS = "consumer.handlers.inventory,consumer.handlers.notifications,tests.handlers.behave"
+REFERENCE_HANDLERS = "consumer.handlers.inventory,consumer.handlers.notifications"
+REFERENCE_TABLE = """
+[queues.stock]
+types = ["inventory.restock", "inventory.reserve"]
+[queues.notify]
+types = ["notification.requested"]
+"""
+"""A queue table (CONSUMER_QUEUES_FILE) of two queues for the reference handlers' types."""
 
 IN_FLIGHT = "consumer_in_flight"
 # Deliveries the service tried to settle a second time: 0 unless there is a bug. (A metric the

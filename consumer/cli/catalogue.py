@@ -106,7 +106,7 @@ def asyncapi(settings: Settings, registry: HandlerRegistry) -> dict[str, Any]:
                         "type": "topic",
                         "durable": True,
                         "autoDelete": False,
-                        "vhost": _vhost(settings),
+                        "vhost": settings.amqp_vhost,
                     },
                     "x-queue": {"name": names.work, "type": "quorum", "durable": True},
                     "bindingVersion": AMQP_BINDING,
@@ -227,12 +227,6 @@ def _servers(settings: Settings) -> dict[str, Any]:
             "description": "CONSUMER_AMQP_URL (credentials left out)",
         }
     return servers
-
-
-def _vhost(settings: Settings) -> str:
-    first = split_urls(settings.amqp_url.get_secret_value())[0]
-    path = urlsplit(first).path
-    return path[1:] if len(path) > 1 else "/"
 
 
 _SERVICE_WRITES = (

@@ -8,15 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import REPO, run_cli
+from tests.support import REFERENCE_HANDLERS, REFERENCE_TABLE, REPO, run_cli
 
-HANDLERS = "consumer.handlers.inventory,consumer.handlers.notifications"
-GOOD = """
-[queues.stock]
-types = ["inventory.restock", "inventory.reserve"]
-[queues.notify]
-types = ["notification.requested"]
-"""
+GOOD = REFERENCE_TABLE
 
 
 def env_for(path: Path) -> dict[str, str]:
@@ -26,7 +20,7 @@ def env_for(path: Path) -> dict[str, str]:
         "CONSUMER_NAME": "queue-table-startup",
         # Nothing listens there: the table must be refused before any connection is tried.
         "CONSUMER_AMQP_URL": "amqp://guest:guest@127.0.0.1:1/",
-        "CONSUMER_HANDLERS": HANDLERS,
+        "CONSUMER_HANDLERS": REFERENCE_HANDLERS,
         "CONSUMER_QUEUES_FILE": str(path),
         "PYTHONPATH": str(REPO),
     }

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,9 +27,10 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, DeliveryMode
 from prometheus_client.parser import text_string_to_metric_families
 
 from consumer.cli.producer import envelope_body
+from consumer.config.queue_table import read_queue_table
 from consumer.config.settings import Settings
 from consumer.registry import HandlerRegistry
-from consumer.service.components import names_for, topology_for
+from consumer.service.components import names_for, table_topology, topology_for
 from topology.apply import apply_topology
 from topology.model import Topology
 from topology.names import Names
@@ -145,6 +146,15 @@ class TestEnv:
         self.topologies.append(topology)
         return topology
 
+    def use_queue_table(self, text: str, folder: Path) -> Path:
+        """Write the queue table ``text`` to ``folder`` and set ``CONSUMER_QUEUES_FILE`` to it for
+        every process of the test; its topology is removed with the test's."""
+        path = folder / "queues.toml"
+        path.write_text(text)
+        self.overrides["queues_file"] = str(path)
+        self.topologies.append(table_topology(read_queue_table(path, self.settings())))
+        return path
+
     async def bind_type(self, event_type: str) -> None:
         """Route ``event_type`` from the test's ingress exchange to its work queue, as a handler
         removed since the topology was applied leaves it bound: the one way a type no handler
@@ -220,9 +230,18 @@ class ServiceProcess:
     started: ClassVar[list[ServiceProcess]] = []
     """Every process started, in order: the fixtures check and end what a test left running."""
 
-    def __init__(self, test_env: TestEnv, label: str = "service", **overrides: str) -> None:
+    def __init__(
+        self,
+        test_env: TestEnv,
+        label: str = "service",
+        *,
+        run_args: Sequence[str] = (),
+        **overrides: str,
+    ) -> None:
         self.test_env = test_env
         self.label = label
+        self.run_args = tuple(run_args)
+        """After ``consumer run`` (``--queues a,b``)."""
         self.environment = test_env.env(**overrides)
         self.port = int(self.environment["CONSUMER_HTTP_PORT"])
         self.log_path = test_env.log_dir / f"{label}.log"
@@ -232,7 +251,7 @@ class ServiceProcess:
     def start(self) -> ServiceProcess:
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "consumer", "run"],
+            [sys.executable, "-m", "consumer", "run", *self.run_args],
             env=self.environment,
             stdout=log,
             stderr=subprocess.STDOUT,

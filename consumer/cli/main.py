@@ -54,7 +54,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"rabbit-pg-consumer {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("run", help="consume the work queue until SIGTERM or SIGINT")
+    run_cmd = commands.add_parser("run", help="consume the work queue until SIGTERM or SIGINT")
+    run_cmd.add_argument(
+        "--queues",
+        metavar="A,B",
+        help="consume only these queues of the queue table (CONSUMER_QUEUES_FILE): one "
+        "deployment per class of work",
+    )
 
     migrate_cmd = commands.add_parser(
         "migrate",
@@ -133,7 +139,7 @@ def _command(argv: Sequence[str] | None) -> int:
     arguments = _parser().parse_args(argv)
     settings = load_settings()
     if arguments.command == "run":
-        return _run(settings)
+        return _run(settings, arguments.queues)
     if arguments.command == "migrate":
         return _migrate_command(settings, create_database=arguments.create_database)
     if arguments.command == "publish":
@@ -162,18 +168,19 @@ def _command(argv: Sequence[str] | None) -> int:
 # -- run ----------------------------------------------------------------------------------------
 
 
-def _run(settings: Settings) -> int:
+def _run(settings: Settings, queues: str | None) -> int:
     registry = load_handlers(settings)
     table = load_queue_table(settings, registry)
-    if table.path is not None:
-        # Checked above, so that a table is refused for what is wrong with it first.
-        fail(
-            f"CONSUMER_QUEUES_FILE: `consumer run` does not consume a queue table yet "
-            f"({table.path}); `consumer topology apply|check` declares and checks it",
-            EXIT_CONFIG,
-        )
+    if queues is not None:
+        if table.path is None:
+            fail("--queues needs a queue table: set CONSUMER_QUEUES_FILE", EXIT_CONFIG)
+        try:
+            table = table.subset([name.strip() for name in queues.split(",") if name.strip()])
+        except ConfigError as error:
+            fail(str(error), EXIT_CONFIG)
     try:
-        check_memory_budget(memory_budget(settings))
+        for queue in table.queues:
+            check_memory_budget(memory_budget(queue.settings))
         # The header limits hold only if pamqp reads tables through the decoders installed in
         # its place: checked once, before any connection (consumer.amqp.wire).
         broker = broker_config(settings)
@@ -181,7 +188,7 @@ def _run(settings: Settings) -> int:
         wire.self_test(broker.header_limits)
     except ConfigError as error:
         fail(str(error), EXIT_CONFIG)
-    return run(settings, registry)
+    return run(settings, registry, table)
 
 
 # -- migrate ------------------------------------------------------------------------------------

@@ -110,6 +110,8 @@ class QueueTable:
     def subset(self, names: Sequence[str]) -> QueueTable:
         """The queues ``consumer run --queues a,b`` runs; an unknown name is an error."""
         known = {queue.label: queue for queue in self.queues}
+        if not names:
+            raise QueueTableError(f"--queues names no queue of {self._where()}")
         unknown = [name for name in names if name not in known]
         if unknown:
             raise QueueTableError(

@@ -10,8 +10,6 @@ from pathlib import Path
 
 import aio_pika
 
-from consumer.config.queue_table import read_queue_table
-from consumer.service.components import table_topology
 from tests.support import TestEnv, queue_depth, queue_exists, run_cli
 
 TABLE = """
@@ -27,15 +25,6 @@ delivery_limit = 5
 [queues.behave]
 types = ["test.behave", "test.behave_many", "test.odd"]
 """
-
-
-def write_table(env: TestEnv, tmp_path: Path) -> Path:
-    path = tmp_path / "queues.toml"
-    path.write_text(TABLE)
-    env.overrides["queues_file"] = str(path)
-    # Removed after the test with the rest of its topology.
-    env.topologies.append(table_topology(read_queue_table(path, env.settings())))
-    return path
 
 
 async def publish(env: TestEnv, event_type: str) -> None:
@@ -60,7 +49,7 @@ async def test_apply_declares_every_queue_and_routes_each_type_to_its_own(
     env: TestEnv, tmp_path: Path
 ) -> None:
     # Given a table of three queues
-    write_table(env, tmp_path)
+    env.use_queue_table(TABLE, tmp_path)
 
     # When the bootstrap applies it
     applied = run_cli("topology", "apply", env=env.env())
@@ -96,7 +85,7 @@ async def test_apply_declares_every_queue_and_routes_each_type_to_its_own(
 
 async def test_check_names_what_one_queue_of_the_table_lacks(env: TestEnv, tmp_path: Path) -> None:
     # Given a table applied, and then one queue's dead-letter queue deleted
-    write_table(env, tmp_path)
+    env.use_queue_table(TABLE, tmp_path)
     assert run_cli("topology", "apply", env=env.env()).returncode == 0
     connection = await aio_pika.connect(env.amqp_url)
     try:

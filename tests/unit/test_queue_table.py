@@ -203,3 +203,5 @@ def test_a_subset_keeps_the_named_queues_and_refuses_unknown_ones(tmp_path: Path
     assert table.subset(["report", "sms"]).names == ("sms", "report")
     with pytest.raises(QueueTableError, match="--queues: no queue 'pay'"):
         table.subset(["pay"])
+    with pytest.raises(QueueTableError, match="--queues names no queue"):
+        table.subset([])

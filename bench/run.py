@@ -198,7 +198,17 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
         "runs": options.runs,
         "skus": options.skus,
         "settings": {
-            "service": {**knobs, **options.service_env},
+            "service": {
+                **knobs,
+                # Unset, the worker count and batch size follow the handlers as the service runs
+                # (consumer.service.concurrency_policy).
+                **{
+                    key: "adaptive"
+                    for key in ("CONSUMER_WORKERS", "CONSUMER_BATCH_SIZE")
+                    if not (options.service_env.get(key) or os.environ.get(key))
+                },
+                **options.service_env,
+            },
             "broker_prefetch": sizes.prefetch,
             "pgbench": {"clients": sizes.pool, "events_per_transaction": sizes.batch},
             "celery": {"pool": "prefork", "concurrency": 2, "prefetch_total": sizes.prefetch},

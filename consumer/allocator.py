@@ -3,13 +3,15 @@
 Every frame the service reads allocates and frees buffers of up to a socket read (256 KiB) and a
 frame (``frame_max``, 128 KiB). glibc's defaults serve blocks that large by ``mmap``, or from a
 heap top it trims again as soon as twice that is free, so each one comes as fresh pages the kernel
-must zero and map. That is most of what reading a body costs: discarding issue 29's 768 MiB of
-oversized bodies took 1.15 CPU-seconds in the frame reader at glibc's defaults and 0.38 with the
-thresholds below (measured by bench/frame_reader.py). The heap then keeps at
-most :data:`TRIM_THRESHOLD` free at its top: a few MiB of RSS, against the hundreds of the memory
-budget.
+must zero and map. That is most of what reading a body costs in the frame reader
+(``python -m bench.frame_reader``: 768 MiB of body frames, issue 29's attack, 1.24 CPU-seconds at
+glibc's defaults, 0.45 with these thresholds). The cost in memory: free blocks up to 1 MiB stay in
+the heap for reuse, so RSS stays near its high-water mark after a burst rather than falling back
+(the top of the heap is trimmed past :data:`TRIM_THRESHOLD`); the memory budget the service checks
+at start-up is that high-water mark's worst case already.
 
-An operator's own ``MALLOC_*`` tunables (glibc reads them at start) win: nothing is changed then.
+An operator's own ``MALLOC_*`` tunables, or ``glibc.malloc.*`` ones in ``GLIBC_TUNABLES`` (glibc
+reads them at start), win: nothing is changed then.
 Elsewhere than glibc (musl, macOS) there is nothing to do.
 """
 
@@ -29,13 +31,15 @@ TRIM_THRESHOLD = 4 * MMAP_THRESHOLD
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
-_OPERATOR_TUNABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
+_OPERATOR_TUNABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
 
 def keep_frame_buffers_on_heap(environ: Mapping[str, str] = os.environ) -> bool:
     """Set glibc's thresholds (module docstring); whether they were set. Process-wide, so called
     once, by the command that runs the service."""
-    if any(name in environ for name in _OPERATOR_TUNABLES):
+    if any(name in environ for name in _OPERATOR_TUNABLES) or "glibc.malloc." in environ.get(
+        "GLIBC_TUNABLES", ""
+    ):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt

@@ -175,7 +175,12 @@ def build_service(
     concurrency = Concurrency(
         limits=concurrency_limits(
             settings,
-            per_event_handlers=any(handler.many is None for handler in registry.values()),
+            # A queue of the table starts as its own handlers would, not another queue's.
+            per_event_handlers=any(
+                registry[event_type].many is None
+                for event_type in (queue.types if queue is not None else registry)
+                if event_type in registry
+            ),
         ),
         handler_time=parts.handler_time,
         dispatcher=dispatcher,

@@ -60,7 +60,9 @@ def concurrency_limits(settings: Settings, *, per_event_handlers: bool = False) 
 
 
 def worker_count(settings: Settings) -> int:
-    """The workers the service starts with: ``CONSUMER_WORKERS``, or one per
+    """The workers the service starts with when every handler is a batch handler (with a
+    per-event one it starts at :attr:`~consumer.service.concurrency_policy.Limits.max_workers`:
+    :func:`~consumer.service.concurrency_policy.initial`): ``CONSUMER_WORKERS``, or one per
     :data:`~consumer.service.concurrency_policy.WINDOW_PER_WORKER` (400) of the prefetch window,
     at least one and at most ``CONSUMER_DB_POOL_SIZE``: one at the default prefetch of 400.
 
@@ -72,7 +74,7 @@ def worker_count(settings: Settings) -> int:
 
 
 def batch_size(settings: Settings) -> int:
-    """The batch size the service starts with: ``CONSUMER_BATCH_SIZE``, or the workers' share of
+    """The batch size batch handlers start with: ``CONSUMER_BATCH_SIZE``, or the workers' share of
     the prefetch window, at most :data:`MAX_BATCH_SIZE`: a batch never waits for deliveries the
     window cannot hold."""
     return concurrency_limits(settings).full_batch(worker_count(settings))

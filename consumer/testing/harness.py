@@ -127,6 +127,9 @@ class InProcessHarness:
         parts.settler.publisher = self._channel
         rungs = [rung_label(delay) for delay in settings.retry_delays]
         metrics = Metrics(ServiceRegistry(), self.registry, rungs, name=settings.name)
+        # The worker count and batch size the service starts batch handlers at, fixed: a test
+        # sends a handful of events, too few for the service's adaptive choice to matter, and a
+        # fixed shape keeps its outcome the same run after run.
         dispatcher = self._dispatcher = Dispatcher(
             workers=worker_count(settings),
             batch_size=batch_size(settings),

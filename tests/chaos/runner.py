@@ -435,7 +435,7 @@ async def run_scenario(
             resources.clean, clean_log = await _measure(world, blocks[0])
             _say(f"  clean: {_rate(resources.clean)}")
             resources.attack, attack_log = await _measure(world, blocks[1])
-            _say(f"  under the header attack: {_rate(resources.attack)}")
+            _say(f"  among header floods: {_rate(resources.attack)}")
             block_logs = [clean_log, attack_log]
             if bodies:
                 resources.bodies, bodies_log = await _measure(world, blocks[2])

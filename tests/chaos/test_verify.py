@@ -923,9 +923,9 @@ def test_the_report_shows_the_resources_and_saves_the_ratios(tmp_path: Path) -> 
 
     assert (
         "- resources: peak RSS 100 MiB (budget 391 MiB); innocents clean: 1000 in 1.00s = "
-        "1000/s, 0.80 consumer CPU-s = 1250/CPU-s; innocents under attack: 1000 in 1.25s = "
-        "800/s, 1.00 consumer CPU-s = 1000/CPU-s; throughput under attack / clean: 0.80 "
-        "wall-clock, 0.80 CPU"
+        "1000/s, 0.80 consumer CPU-s = 1250/CPU-s; innocents among header floods: 1000 in "
+        "1.25s = 800/s, 1.00 consumer CPU-s = 1000/CPU-s; among header floods / clean: 0.80 "
+        "wall-clock, 0.80 CPU (floor)"
     ) in report.markdown()
     saved = json.loads(report.save(tmp_path).with_suffix(".json").read_text())
     figures = saved["results"][0]["resources"]
@@ -958,6 +958,6 @@ def test_the_oversized_bodies_block_is_reported_beside_without_a_floor() -> None
     assert verdict.ok
     assert resources.describe().endswith(
         "innocents among oversized bodies: 1000 in 10.00s = 100/s, 2.00 consumer CPU-s = "
-        "500/CPU-s; throughput under attack / clean: 0.80 wall-clock, 0.80 CPU; among oversized "
-        "bodies / clean: 0.10 wall-clock, 0.40 CPU (reported, no floor)"
+        "500/CPU-s; among header floods / clean: 0.80 wall-clock, 0.80 CPU (floor); among "
+        "oversized bodies / clean: 0.10 wall-clock, 0.40 CPU (reported, no floor)"
     )

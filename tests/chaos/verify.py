@@ -145,7 +145,7 @@ class Resources:
             parts.append(f"peak RSS {_mib(self.peak_rss_bytes)} (budget {budget})")
         for name, block in (
             ("clean", self.clean),
-            ("under attack", self.attack),
+            ("among header floods", self.attack),
             ("among oversized bodies", self.bodies),
         ):
             if block is not None:
@@ -155,12 +155,19 @@ class Resources:
                     f"{block.per_cpu_second:.0f}/CPU-s"
                 )
         if (wall := self.wall_ratio) is not None and (cpu := self.cpu_ratio) is not None:
-            parts.append(f"throughput under attack / clean: {wall:.2f} wall-clock, {cpu:.2f} CPU")
-        if self.bodies is not None and self.clean is not None and self.clean.per_second:
+            parts.append(
+                f"among header floods / clean: {wall:.2f} wall-clock, {cpu:.2f} CPU (floor)"
+            )
+        clean = self.clean
+        if self.bodies is not None and clean is not None and clean.per_second:
+            per_cpu = (
+                f"{self.bodies.per_cpu_second / clean.per_cpu_second:.2f}"
+                if clean.per_cpu_second
+                else "?"
+            )
             parts.append(
                 "among oversized bodies / clean: "
-                f"{self.bodies.per_second / self.clean.per_second:.2f} wall-clock, "
-                f"{self.bodies.per_cpu_second / max(self.clean.per_cpu_second, 1e-9):.2f} CPU "
+                f"{self.bodies.per_second / clean.per_second:.2f} wall-clock, {per_cpu} CPU "
                 "(reported, no floor)"
             )
         return "; ".join(parts)

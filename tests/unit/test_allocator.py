@@ -12,10 +12,15 @@ from consumer.allocator import keep_frame_buffers_on_heap
 
 
 @pytest.mark.parametrize(
-    "tunable", ["MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"]
+    ("tunable", "value"),
+    [
+        ("MALLOC_MMAP_THRESHOLD_", "131072"),
+        ("MALLOC_TRIM_THRESHOLD_", "131072"),
+        ("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=131072"),
+    ],
 )
-def test_an_operators_own_tunables_are_left_alone(tunable: str) -> None:
-    assert keep_frame_buffers_on_heap({tunable: "131072"}) is False
+def test_an_operators_own_tunables_are_left_alone(tunable: str, value: str) -> None:
+    assert keep_frame_buffers_on_heap({tunable: value}) is False
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")

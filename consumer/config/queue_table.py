@@ -107,15 +107,16 @@ class QueueTable:
                 return queue
         raise KeyError(event_type)
 
-    def subset(self, names: Sequence[str]) -> QueueTable:
-        """The queues ``consumer run --queues a,b`` runs; an unknown name is an error."""
+    def subset(self, names: Sequence[str], flag: str = "--queues") -> QueueTable:
+        """The queues ``consumer run --queues a,b`` runs; an unknown name is an error, which
+        names the command's ``flag``."""
         known = {queue.label: queue for queue in self.queues}
         if not names:
-            raise QueueTableError(f"--queues names no queue of {self._where()}")
+            raise QueueTableError(f"{flag} names no queue of {self._where()}")
         unknown = [name for name in names if name not in known]
         if unknown:
             raise QueueTableError(
-                f"--queues: no queue {', '.join(map(repr, unknown))} in "
+                f"{flag}: no queue {', '.join(map(repr, unknown))} in "
                 f"{self._where()} (it has {', '.join(known)})"
             )
         wanted = set(names)

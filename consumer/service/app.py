@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from uuid import UUID, uuid4
 
 from prometheus_client import CollectorRegistry
@@ -199,7 +199,9 @@ def build_service(
     )
     return Service(
         config=ServiceConfig(
-            broker=broker_config(settings),
+            # A queue's connection is named after it (svc.sms/consumer@host:pid) in the broker's
+            # list of connections.
+            broker=replace(broker_config(settings), service=names.prefix),
             reconnect_max_delay=settings.reconnect_max_delay.total_seconds(),
             shutdown_grace=settings.shutdown_grace.total_seconds(),
             migrations=tuple(

@@ -11,6 +11,8 @@ import pytest
 from consumer.config.queue_table import OVERRIDES, QueueTable, read_queue_table
 from consumer.config.settings import Settings
 from consumer.errors import QueueTableError
+from consumer.registry import HandlerRegistry
+from tests.support import REPO
 
 TABLE = """
 [queues.sms]
@@ -205,3 +207,10 @@ def test_a_subset_keeps_the_named_queues_and_refuses_unknown_ones(tmp_path: Path
         table.subset(["pay"])
     with pytest.raises(QueueTableError, match="--queues names no queue"):
         table.subset([])
+
+
+def test_the_example_project_s_table_covers_its_handlers() -> None:
+    table = read_queue_table(REPO / "examples" / "queues.toml", Settings())
+
+    table.check_handlers(HandlerRegistry.from_modules(["billing.handlers"]))
+    assert table.names == ("charges", "refunds")

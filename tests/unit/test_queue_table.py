@@ -86,6 +86,12 @@ def test_a_row_without_overrides_is_the_service_settings(tmp_path: Path) -> None
     assert table.queues[0].settings is base
 
 
+def test_a_time_limit_up_to_the_margin_is_taken(tmp_path: Path) -> None:
+    text = '[queues.a]\ntypes = ["a.b"]\nhandler_timeout = "24m"\nhard_timeout = "25m"\n'
+    (queue,) = read_queue_table(write(tmp_path, text), Settings()).queues
+    assert queue.settings.hard_timeout == timedelta(minutes=25)
+
+
 def test_without_a_file_one_queue_takes_every_type_under_todays_names() -> None:
     base = Settings(name="svc")
 
@@ -140,6 +146,16 @@ def test_retry_delays_may_be_the_settings_text(tmp_path: Path) -> None:
             '[queues.sms]\ntypes = ["notification.sms"]\nprefetch = true\n',
             "queue sms: prefetch: is not a switch",
         ),
+        # a time limit near the broker's acknowledgement timeout
+        (
+            '[queues.sms]\ntypes = ["notification.sms"]\nhandler_timeout = "26m"\n'
+            'hard_timeout = "27m"\n',
+            "queue sms: handler_timeout: 26m comes near RabbitMQ's delivery acknowledgement",
+        ),
+        (
+            '[queues.sms]\ntypes = ["notification.sms"]\nhard_timeout = "40m"\n',
+            "queue sms: hard_timeout: 40m comes near",
+        ),
         # a type in two queues
         (
             '[queues.a]\ntypes = ["notification.sms"]\n[queues.b]\ntypes = ["notification.sms"]\n',
@@ -174,6 +190,8 @@ def test_retry_delays_may_be_the_settings_text(tmp_path: Path) -> None:
         "workers-over-pool",
         "soft-over-hard",
         "bool",
+        "soft-near-ack-timeout",
+        "hard-near-ack-timeout",
         "type-in-two-queues",
         "type-without-handler",
         "handler-in-no-queue",

@@ -229,8 +229,9 @@ async def test_dlq_queue_reads_that_queue_s_dead_letters(env: TestEnv, tmp_path:
     use_table(env, tmp_path)
     service = await ServiceProcess(env, run_args=("--queues", "stock")).start().wait_ready()
     async with env.producer() as producer:
-        for _ in range(3):
-            await producer.send("inventory.restock", {"sku": "", "qty": -1})
+        poison = [
+            await producer.send("inventory.restock", {"sku": "", "qty": -1}) for _ in range(3)
+        ]
 
     async def dead_lettered() -> bool:
         return await queue_depth(env.amqp_url, f"{env.name}.stock.dead") == 3
@@ -252,3 +253,11 @@ async def test_dlq_queue_reads_that_queue_s_dead_letters(env: TestEnv, tmp_path:
     assert unknown.returncode == 2
     (line,) = unknown.stderr.splitlines()
     assert line.startswith("error: --queue: no queue 'pay' in queue table ")
+
+    # And events show looks in every queue's dead letters and ladder
+    shown = run_cli("consumer", "events", "show", str(poison[0]), env=env.env())
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    dead_line = next(line for line in shown.stdout.splitlines() if line.startswith("dead-lettered"))
+    assert f"{env.name}.stock.dead" in dead_line
+    assert f"not in {env.name}.notify.dead" in shown.stdout
+    assert f"{env.name}.slow.work" in shown.stdout.splitlines()[-1]

@@ -20,11 +20,10 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
-from bench.cluster_scale import restocks
+from bench.cluster_scale import restock_rate, restocks
 from tests.conftest import drop_database, make_template
 from tests.servers import free_port
 from tests.support import (
@@ -32,13 +31,11 @@ from tests.support import (
     TestEnv,
     assert_applied_once,
     behave,
-    movements,
     run_cli,
 )
 
 ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
-POLL_S = 0.05
 TABLE = """
 [queues.fast]
 types = ["inventory.restock", "inventory.reserve", "notification.requested"]
@@ -77,14 +74,9 @@ async def one_run(events: int, slow: int, slow_seconds: float, logs: Path) -> fl
                 for n in range(slow)
             )
         service = ServiceProcess(env, name).start()
-        first: float | None = None
-        while (done := await movements(env.database_url)) < events:
-            if done and first is None:
-                first = time.monotonic()
-            await asyncio.sleep(POLL_S)
-        last = time.monotonic()
+        rate = await restock_rate(env.database_url, events)
         await assert_applied_once(env.database_url, [i for _, _, i in batch], "stock_movements")
-        return events / (last - (first or last) or POLL_S)
+        return rate
     finally:
         if service is not None and service.running:
             await service.stop()

@@ -66,7 +66,7 @@ from consumer.service.components import (
 )
 from consumer.service.concurrency import Concurrency
 from consumer.service.dispatch import Dispatcher
-from consumer.service.memory import worst_case
+from consumer.service.memory import worst_case, worst_case_of_queues
 from consumer.service.pruner import PeriodicPruner
 from consumer.service.supervisor import Service, ServiceConfig
 from consumer.service.watchdog import LoopWatchdog
@@ -345,8 +345,8 @@ async def serve_table(
         before_exit=before_exit,
         handlers=list(registry),
         queues={queue.label: list(queue.types) for queue in table.queues},
-        memory_budget_bytes=sum(
-            worst_case(memory_budget(queue.settings)) for queue in table.queues
+        memory_budget_bytes=worst_case_of_queues(
+            memory_budget(queue.settings) for queue in table.queues
         ),
     )
 

@@ -53,6 +53,18 @@ def restocks(count: int, skus: int) -> list[Event]:
     ]
 
 
+async def restock_rate(dsn: str, events: int) -> float:
+    """Restocks a second, from the first effect committed to the last of ``events``
+    (``stock_movements`` polled every :data:`POLL_S`)."""
+    first: float | None = None
+    while (done := await movements(dsn)) < events:
+        if done and first is None:
+            first = time.monotonic()
+        await asyncio.sleep(POLL_S)
+    last = time.monotonic()
+    return events / (last - (first or last) or POLL_S)
+
+
 def rotated(urls: list[str], start: int) -> str:
     return ",".join(urls[start:] + urls[:start])
 
@@ -95,16 +107,11 @@ async def one_run(
         ]
         for service in services:
             service.start()
-        first: float | None = None
-        while (done := await movements(env.database_url)) < events:
-            if done and first is None:
-                first = time.monotonic()
-            await asyncio.sleep(POLL_S)
-        last = time.monotonic()
+        rate = await restock_rate(env.database_url, events)
         await asyncio.gather(*(service.wait_idle(timeout=60) for service in services))
         await assert_applied_once(env.database_url, [i for _, _, i in batch], "stock_movements")
         assert await fetchval(env.database_url, "SELECT sum(available) FROM stock") == events
-        return events / (last - (first or last) or POLL_S)
+        return rate
     finally:
         for service in services:
             if service.running:

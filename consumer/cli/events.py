@@ -33,7 +33,7 @@ from consumer.cli.dlq.main import add_stall_timeout
 from consumer.cli.dlq.output import shown
 from consumer.cli.dlq.stream import Delivered, QueueScan
 from consumer.config.settings import Settings
-from consumer.config.startup import EXIT_FAILURE, fail, load_handlers
+from consumer.config.startup import EXIT_FAILURE, fail, load_handlers, load_queue_table
 from consumer.db.database import describe_database_error
 from consumer.errors import BrokerUnreachable
 from consumer.pipeline.envelope_parser import EnvelopeParser
@@ -107,17 +107,24 @@ async def _show(settings: Settings, event_id: UUID, scan: int, stall: float) -> 
         )
     if not receipts:
         print("applied:        no receipt (not applied, or older than the receipts kept)")
-    names = names_for(settings)
     registry = load_handlers(settings)
     parser = EnvelopeParser(envelope_limits(settings))
-    queues = [("dead-lettered", names.dead)]
-    queues += [("retrying", names.rung(delay)) for delay in settings.retry_delays]
+    # Every queue of the queue table's (without one, the service's one queue): an event's type
+    # may have moved between queues since it was dead-lettered.
+    table = load_queue_table(settings, registry)
+    every = [names_for(queue.settings, queue.name) for queue in table.queues]
+    queues: list[tuple[str, str]] = []
+    dead_queues = set()
+    for names, spec in zip(every, table.queues, strict=True):
+        queues.append(("dead-lettered", names.dead))
+        dead_queues.add(names.dead)
+        queues += [("retrying", names.rung(delay)) for delay in spec.settings.retry_delays]
     connection = await connect(broker_config(settings), "events")
     located = bool(receipts)
     incomplete = False
     try:
         for what, queue in queues:
-            expires = queue != names.dead
+            expires = queue not in dead_queues
             found = await _look(connection, queue, str(event_id), scan, stall, expires=expires)
             if found is None:
                 print(f"{what + ':':<15} {queue} does not exist")
@@ -138,9 +145,10 @@ async def _show(settings: Settings, event_id: UUID, scan: int, stall: float) -> 
                 print(f"{what + ':':<15} not in {_extent(found)}")
     finally:
         await connection.close()
+    works = ", ".join(names.work for names in every)
     print(
-        f"not looked for in {names.work}, the service's own queue: an event found nowhere "
-        "else may be there, waiting or being processed"
+        f"not looked for in {works}, the service's own queue{'s' if len(every) > 1 else ''}: "
+        "an event found nowhere else may be there, waiting or being processed"
     )
     return 0 if located and not incomplete else EXIT_FAILURE
 

@@ -38,7 +38,7 @@ from consumer.errors import (
 from consumer.observe.tracing_setup import TracingSetup
 from consumer.service.app import run
 from consumer.service.components import broker_config, database_config, memory_budget
-from consumer.service.memory import check_memory_budget
+from consumer.service.memory import check_queue_budgets
 from consumer.version import __version__
 
 __all__ = ["EXIT_SECOND_SIGNAL", "main"]
@@ -179,8 +179,7 @@ def _run(settings: Settings, queues: str | None) -> int:
         except ConfigError as error:
             fail(str(error), EXIT_CONFIG)
     try:
-        for queue in table.queues:
-            check_memory_budget(memory_budget(queue.settings))
+        check_queue_budgets({queue.label: memory_budget(queue.settings) for queue in table.queues})
         # The header limits hold only if pamqp reads tables through the decoders installed in
         # its place: checked once, before any connection (consumer.amqp.wire).
         broker = broker_config(settings)

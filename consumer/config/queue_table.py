@@ -30,6 +30,7 @@ import re
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +40,17 @@ from consumer.config.setting_errors import settings_problems
 from consumer.config.settings import Settings
 from consumer.envelope import EVENT_TYPE_PATTERN
 from consumer.errors import QueueTableError
+from topology.durations import format_duration
 
-__all__ = ["OVERRIDES", "QUEUE_NAME", "QueueSpec", "QueueTable", "read_queue_table"]
+__all__ = [
+    "ACK_TIMEOUT_MARGIN",
+    "BROKER_ACK_TIMEOUT",
+    "OVERRIDES",
+    "QUEUE_NAME",
+    "QueueSpec",
+    "QueueTable",
+    "read_queue_table",
+]
 
 OVERRIDES = (
     "prefetch",
@@ -58,6 +68,12 @@ OVERRIDES = (
 ``CONSUMER_PREFETCH``), for this queue alone."""
 
 _KEYS = ("types", *OVERRIDES)
+
+BROKER_ACK_TIMEOUT = timedelta(minutes=30)
+"""RabbitMQ's delivery acknowledgement timeout (``consumer_timeout``) by default: a delivery held
+unacknowledged longer closes its channel, and every delivery on it goes back."""
+ACK_TIMEOUT_MARGIN = timedelta(minutes=5)
+"""What a delivery needs besides its handler's time: the batch's wait, its commit, the settle."""
 
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,49}$")
 """A queue's name: a part of its broker names (``<CONSUMER_NAME>.<queue>.work``), so no dot
@@ -107,15 +123,16 @@ class QueueTable:
                 return queue
         raise KeyError(event_type)
 
-    def subset(self, names: Sequence[str]) -> QueueTable:
-        """The queues ``consumer run --queues a,b`` runs; an unknown name is an error."""
+    def subset(self, names: Sequence[str], flag: str = "--queues") -> QueueTable:
+        """The queues ``consumer run --queues a,b`` runs; an unknown name is an error, which
+        names the command's ``flag``."""
         known = {queue.label: queue for queue in self.queues}
         if not names:
-            raise QueueTableError(f"--queues names no queue of {self._where()}")
+            raise QueueTableError(f"{flag} names no queue of {self._where()}")
         unknown = [name for name in names if name not in known]
         if unknown:
             raise QueueTableError(
-                f"--queues: no queue {', '.join(map(repr, unknown))} in "
+                f"{flag}: no queue {', '.join(map(repr, unknown))} in "
                 f"{self._where()} (it has {', '.join(known)})"
             )
         wanted = set(names)
@@ -219,7 +236,28 @@ def _queue(path: Path | None, name: str, row: object, settings: Settings) -> Que
         # pydantic would read true as 1: no setting here is a switch.
         if isinstance(value, bool):
             raise _error(path, name, key, f"is not a switch (got {str(value).lower()})")
-    return QueueSpec(name, types, _settings(path, name, settings, overrides), tuple(overrides))
+    own = _settings(path, name, settings, overrides)
+    _check_ack_timeout(path, name, own)
+    return QueueSpec(name, types, own, tuple(overrides))
+
+
+def _check_ack_timeout(path: Path | None, queue: str, settings: Settings) -> None:
+    """A time limit that lets a delivery be held near the broker's acknowledgement timeout would
+    have the broker close the queue's channel under its long work, over and over."""
+    limit = BROKER_ACK_TIMEOUT - ACK_TIMEOUT_MARGIN
+    for key in ("handler_timeout", "hard_timeout"):
+        value: timedelta = getattr(settings, key)
+        if value > limit:
+            raise _error(
+                path,
+                queue,
+                key,
+                f"{format_duration(value)} comes near RabbitMQ's delivery acknowledgement timeout "
+                f"(consumer_timeout, {format_duration(BROKER_ACK_TIMEOUT)} by default), which "
+                f"closes the channel of a delivery held longer: keep it at most "
+                f"{format_duration(limit)}, and take longer work in a short handler that "
+                "publishes its completion later",
+            )
 
 
 def _types(path: Path | None, queue: str, value: object) -> tuple[str, ...]:

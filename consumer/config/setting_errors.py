@@ -33,7 +33,7 @@ def settings_problems(error: ValidationError, name: Callable[[str], str]) -> lis
             problems.append(message)
             continue
         if (
-            field not in ("amqp_url", "database_url")
+            field not in ("amqp_url", "database_url", "management_url")
             and detail["type"] != "missing"
             and not message.startswith("is empty")
         ):

@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from uuid import UUID, uuid4
 
 from prometheus_client import CollectorRegistry
@@ -67,7 +67,7 @@ from consumer.service.components import (
 )
 from consumer.service.concurrency import Concurrency
 from consumer.service.dispatch import Dispatcher
-from consumer.service.memory import worst_case
+from consumer.service.memory import worst_case, worst_case_of_queues
 from consumer.service.pruner import PeriodicPruner
 from consumer.service.supervisor import Service, ServiceConfig
 from consumer.service.watchdog import LoopWatchdog
@@ -211,7 +211,9 @@ def build_service(
     )
     return Service(
         config=ServiceConfig(
-            broker=broker_config(settings),
+            # A queue's connection is named after it (svc.sms/consumer@host:pid) in the broker's
+            # list of connections.
+            broker=replace(broker_config(settings), service=names.prefix),
             reconnect_max_delay=settings.reconnect_max_delay.total_seconds(),
             shutdown_grace=settings.shutdown_grace.total_seconds(),
             migrations=tuple(
@@ -359,8 +361,8 @@ async def serve_table(
         before_exit=before_exit,
         handlers=list(registry),
         queues={queue.label: list(queue.types) for queue in table.queues},
-        memory_budget_bytes=sum(
-            worst_case(memory_budget(queue.settings)) for queue in table.queues
+        memory_budget_bytes=worst_case_of_queues(
+            memory_budget(queue.settings) for queue in table.queues
         ),
         tuned_allocator=tuned_allocator,
     )

@@ -19,6 +19,7 @@ stops start-up with one line naming the settings.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,9 +33,11 @@ __all__ = [
     "KEEP_PARSED_BYTES",
     "MemoryBudget",
     "check_memory_budget",
+    "check_queue_budgets",
     "container_memory_limit",
     "header_bytes",
     "worst_case",
+    "worst_case_of_queues",
 ]
 
 BASE_BYTES = 96 * 1024 * 1024
@@ -113,6 +116,33 @@ def check_memory_budget(budget: MemoryBudget, container: int | None = None) -> N
             f"CONSUMER_MAX_HEADER_BYTES ({budget.max_header_bytes}) "
             f"could take {_mib(needed)} of memory, more than {source} ({_mib(limit)}): lower "
             "CONSUMER_PREFETCH, CONSUMER_MAX_BODY_BYTES or CONSUMER_MAX_HEADER_BYTES"
+        )
+
+
+def worst_case_of_queues(budgets: Iterable[MemoryBudget]) -> int:
+    """The worst case of a queue table's queues in one process: each queue's deliveries, and the
+    process's own once."""
+    return BASE_BYTES + sum(worst_case(budget) - BASE_BYTES for budget in budgets)
+
+
+def check_queue_budgets(budgets: Mapping[str, MemoryBudget], container: int | None = None) -> None:
+    """:func:`check_memory_budget` for the queues of a queue table, by name, served by one
+    process: each alone, then all of them together."""
+    for budget in budgets.values():
+        check_memory_budget(budget, container)
+    # CONSUMER_MEMORY_LIMIT is the process's: no queue sets its own.
+    configured = next((budget.limit for budget in budgets.values() if budget.limit), None)
+    limit = configured or (container if container is not None else container_memory_limit())
+    if limit is None or len(budgets) < 2:
+        return
+    needed = worst_case_of_queues(budgets.values())
+    if needed > limit:
+        source = "CONSUMER_MEMORY_LIMIT" if configured else "the container's limit"
+        raise ConfigError(
+            f"the queues {', '.join(budgets)} together could take {_mib(needed)} of memory "
+            f"(each its prefetch x CONSUMER_MAX_BODY_BYTES), more than {source} "
+            f"({_mib(limit)}): lower some queue's prefetch in CONSUMER_QUEUES_FILE, or run "
+            "fewer queues per process (consumer run --queues)"
         )
 
 

@@ -222,3 +222,42 @@ async def test_a_missing_queue_topology_stops_the_service_with_one_line(
     service = ServiceProcess(env).start()
     assert await service.wait_exit(timeout=60) == 1
     assert "run `consumer topology apply` first" in service.log_text()
+
+
+async def test_dlq_queue_reads_that_queue_s_dead_letters(env: TestEnv, tmp_path: Path) -> None:
+    # Given poison dead-lettered by the stock queue
+    use_table(env, tmp_path)
+    service = await ServiceProcess(env, run_args=("--queues", "stock")).start().wait_ready()
+    async with env.producer() as producer:
+        poison = [
+            await producer.send("inventory.restock", {"sku": "", "qty": -1}) for _ in range(3)
+        ]
+
+    async def dead_lettered() -> bool:
+        return await queue_depth(env.amqp_url, f"{env.name}.stock.dead") == 3
+
+    await wait_until(dead_lettered, timeout=30, what="the poison dead-lettered")
+    assert await service.stop() == 0
+
+    # When the dead-letter tools are pointed at a queue
+    stock = run_cli("consumer", "dlq", "--queue", "stock", "list", "--json", env=env.env())
+    notify = run_cli("consumer", "dlq", "--queue", "notify", "list", "--json", env=env.env())
+    unknown = run_cli("consumer", "dlq", "--queue", "pay", "list", env=env.env())
+
+    # Then each reads its own queue's letters
+    assert stock.returncode == 0, stock.stderr
+    assert len(stock.stdout.splitlines()) == 3
+    assert all('"inventory.restock"' in line for line in stock.stdout.splitlines())
+    assert notify.returncode == 0, notify.stderr
+    assert notify.stdout == ""
+    assert unknown.returncode == 2
+    (line,) = unknown.stderr.splitlines()
+    assert line.startswith("error: --queue: no queue 'pay' in queue table ")
+
+    # And events show looks in every queue's dead letters and ladder
+    shown = run_cli("consumer", "events", "show", str(poison[0]), env=env.env())
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    dead_line = next(line for line in shown.stdout.splitlines() if line.startswith("dead-lettered"))
+    assert f"{env.name}.stock.dead" in dead_line
+    assert f"not in {env.name}.notify.dead" in shown.stdout
+    assert f"{env.name}.slow.work" in shown.stdout.splitlines()[-1]

@@ -259,3 +259,23 @@ def test_the_database_tls_settings_go_into_the_dsn_and_win_over_the_url(
 def test_scrub_hides_a_password_with_an_at_sign_whole(text: str, expected: str) -> None:
     assert scrub(text) == expected
     assert redact_url("amqp://u:p@ss@host/vh") == "amqp://u:***@host/vh"
+
+
+# -- the management API's URL -------------------------------------------------------------------
+
+
+def test_a_bad_management_url_is_named_without_its_password(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    line = error_line(monkeypatch, management_url=f"ftp://u:{PASSWORD}@broker:15672")
+    assert line == (
+        "invalid setting CONSUMER_MANAGEMENT_URL: must be an http:// or https:// URL naming a host"
+    )
+
+
+def test_the_management_url_is_logged_without_its_password(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    values = settings(monkeypatch, management_url=f"http://u:{PASSWORD}@broker:15672")
+    assert values.describe()["management_url"] == "http://u:***@broker:15672"
+    assert PASSWORD not in repr(values)

@@ -19,10 +19,13 @@ from consumer.config.settings import Settings
 from consumer.errors import ConfigError
 from consumer.service.components import memory_budget
 from consumer.service.memory import (
+    BASE_BYTES,
     check_memory_budget,
+    check_queue_budgets,
     container_memory_limit,
     header_bytes,
     worst_case,
+    worst_case_of_queues,
 )
 
 MIB = 1024 * 1024
@@ -123,3 +126,19 @@ def test_a_held_deliverys_headers_decode_within_their_share_of_the_budget(name: 
     # Then each was decoded (not refused) and takes no more than the budget counts for it
     assert all(UNREADABLE_KEY not in table for table in kept)
     assert held / 10 <= header_bytes(limits.max_bytes)
+
+
+def test_a_queue_table_s_queues_count_together_the_process_once() -> None:
+    # Given two queues that each fit 512 MiB alone, at the default prefetch of 400
+    one = memory_budget(Settings())
+    both = {"sms": one, "order": one}
+    assert worst_case_of_queues(both.values()) == 2 * worst_case(one) - BASE_BYTES
+
+    # Then together they are refused, naming the queues; one of them alone is not
+    with pytest.raises(ConfigError) as refused:
+        check_queue_budgets(both, container=512 * MIB)
+    message = str(refused.value)
+    assert message.startswith("the queues sms, order together could take ")
+    assert "the container's limit (512 MiB)" in message
+    check_queue_budgets({"sms": one}, container=512 * MIB)
+    check_queue_budgets(both, container=1024 * MIB)

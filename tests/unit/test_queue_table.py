@@ -11,6 +11,8 @@ import pytest
 from consumer.config.queue_table import OVERRIDES, QueueTable, read_queue_table
 from consumer.config.settings import Settings
 from consumer.errors import QueueTableError
+from consumer.registry import HandlerRegistry
+from tests.support import REPO
 
 TABLE = """
 [queues.sms]
@@ -84,6 +86,12 @@ def test_a_row_without_overrides_is_the_service_settings(tmp_path: Path) -> None
     assert table.queues[0].settings is base
 
 
+def test_a_time_limit_up_to_the_margin_is_taken(tmp_path: Path) -> None:
+    text = '[queues.a]\ntypes = ["a.b"]\nhandler_timeout = "24m"\nhard_timeout = "25m"\n'
+    (queue,) = read_queue_table(write(tmp_path, text), Settings()).queues
+    assert queue.settings.hard_timeout == timedelta(minutes=25)
+
+
 def test_without_a_file_one_queue_takes_every_type_under_todays_names() -> None:
     base = Settings(name="svc")
 
@@ -138,6 +146,16 @@ def test_retry_delays_may_be_the_settings_text(tmp_path: Path) -> None:
             '[queues.sms]\ntypes = ["notification.sms"]\nprefetch = true\n',
             "queue sms: prefetch: is not a switch",
         ),
+        # a time limit near the broker's acknowledgement timeout
+        (
+            '[queues.sms]\ntypes = ["notification.sms"]\nhandler_timeout = "26m"\n'
+            'hard_timeout = "27m"\n',
+            "queue sms: handler_timeout: 26m comes near RabbitMQ's delivery acknowledgement",
+        ),
+        (
+            '[queues.sms]\ntypes = ["notification.sms"]\nhard_timeout = "40m"\n',
+            "queue sms: hard_timeout: 40m comes near",
+        ),
         # a type in two queues
         (
             '[queues.a]\ntypes = ["notification.sms"]\n[queues.b]\ntypes = ["notification.sms"]\n',
@@ -172,6 +190,8 @@ def test_retry_delays_may_be_the_settings_text(tmp_path: Path) -> None:
         "workers-over-pool",
         "soft-over-hard",
         "bool",
+        "soft-near-ack-timeout",
+        "hard-near-ack-timeout",
         "type-in-two-queues",
         "type-without-handler",
         "handler-in-no-queue",
@@ -205,3 +225,10 @@ def test_a_subset_keeps_the_named_queues_and_refuses_unknown_ones(tmp_path: Path
         table.subset(["pay"])
     with pytest.raises(QueueTableError, match="--queues names no queue"):
         table.subset([])
+
+
+def test_the_example_project_s_table_covers_its_handlers() -> None:
+    table = read_queue_table(REPO / "examples" / "queues.toml", Settings())
+
+    table.check_handlers(HandlerRegistry.from_modules(["billing.handlers"]))
+    assert table.names == ("charges", "refunds")

@@ -30,7 +30,8 @@ __all__ = ["DlqCommands"]
 
 
 class DlqCommands:
-    """``list``, ``show``, ``replay`` and ``purge`` on one service's dead-letter queue."""
+    """``list``, ``show``, ``replay`` and ``purge`` on one service's dead-letter queue (with
+    ``queue``, that queue of its queue table's)."""
 
     def __init__(
         self,
@@ -40,13 +41,14 @@ class DlqCommands:
         *,
         limit: int | None,
         stall: float = DEFAULT_STALL,
+        queue: str | None = None,
     ) -> None:
         self._settings = settings
         self._stall = stall
         self._connection = connection
         self._selection = selection
         self._limit = limit
-        self._queue = names_for(settings).dead
+        self._queue = names_for(settings, queue).dead
         self._registry = load_handlers(settings)
         self._parser = EnvelopeParser(envelope_limits(settings))
         self._read = 0

@@ -20,6 +20,7 @@ from consumer.cli.common import positive_int
 from consumer.cli.dlq.commands import DlqCommands
 from consumer.cli.dlq.letters import Selection
 from consumer.cli.dlq.stream import DEFAULT_STALL
+from consumer.config.queue_table import read_queue_table
 from consumer.config.settings import Settings
 from consumer.config.startup import EXIT_CONFIG, fail
 from consumer.durations import parse_duration
@@ -105,6 +106,11 @@ def add_dlq_parser(commands: Any) -> None:
         description="Every command streams the queue with bounded memory, holds what it reads "
         "unacked and gives it back in order; nothing is removed except by replay or purge.",
     )
+    dlq.add_argument(
+        "--queue",
+        help="the dead-letter queue of this queue of the queue table (CONSUMER_QUEUES_FILE); "
+        "replay sends to the ingress exchange, which routes each type to its queue",
+    )
     actions = dlq.add_subparsers(dest="dlq_command", required=True)
 
     list_cmd = actions.add_parser("list", help="list dead letters with counts by reason and type")
@@ -157,7 +163,8 @@ def run_dlq(settings: Settings, arguments: argparse.Namespace) -> int:
     command = arguments.dlq_command
     if command == "replay" and selection.empty:
         fail("say what to replay: ids, --reason, --type, --since or --all", EXIT_CONFIG)
-    dead = names_for(settings).dead
+    queue = _queue_of(settings, arguments.queue)
+    dead = names_for(settings, queue).dead
     if isinstance(sys.stdout, io.TextIOWrapper) and not sys.stdout.isatty():
         # A line a letter: into a pipe or a file, one write per line (PYTHONUNBUFFERED) would
         # cost more than reading the letter.
@@ -168,7 +175,7 @@ def run_dlq(settings: Settings, arguments: argparse.Namespace) -> int:
             print("nothing deleted")
             return 1
     try:
-        return run_event_loop(_run(settings, arguments, selection))
+        return run_event_loop(_run(settings, arguments, selection, queue))
     except KeyboardInterrupt:
         # The summary is printed already; what was not removed is back in the queue.
         return EXIT_INTERRUPTED
@@ -199,7 +206,22 @@ def confirmed(question: str) -> bool:
     return answer.strip().lower() == "yes"
 
 
-async def _run(settings: Settings, arguments: argparse.Namespace, selection: Selection) -> int:
+def _queue_of(settings: Settings, queue: str | None) -> str | None:
+    """The table's queue ``--queue`` names (checked against the table), or None."""
+    if queue is None:
+        return None
+    if settings.queues_file is None:
+        fail("--queue needs a queue table: set CONSUMER_QUEUES_FILE", EXIT_CONFIG)
+    try:
+        read_queue_table(settings.queues_file, settings).subset([queue], "--queue")
+    except ConfigError as error:
+        fail(str(error), EXIT_CONFIG)
+    return queue
+
+
+async def _run(
+    settings: Settings, arguments: argparse.Namespace, selection: Selection, queue: str | None
+) -> int:
     connection = await connect(broker_config(settings), "dlq")
     try:
         commands = DlqCommands(
@@ -208,6 +230,7 @@ async def _run(settings: Settings, arguments: argparse.Namespace, selection: Sel
             selection,
             limit=arguments.__dict__.get("limit"),
             stall=arguments.stall_timeout,
+            queue=queue,
         )
         command: str = arguments.dlq_command
         chosen: dict[str, Callable[[], Any]] = {

@@ -4,7 +4,8 @@
 
     ConsumerError
     ├── ConfigError            a bad setting or handler module; start-up stops (exit 2)
-    │   └── IncompatibleLibrary  an installed library does not behave as the service relies on
+    │   ├── IncompatibleLibrary  an installed library does not behave as the service relies on
+    │   └── QueueTableError  the queue table (``CONSUMER_QUEUES_FILE``) is unusable
     ├── TopologyError          the broker's queues and exchanges are not what the service needs
     │   ├── TopologyMissing    something is not declared: run ``consumer topology apply``
     │   └── TopologyConflict   something exists with other arguments; nothing was changed
@@ -69,6 +70,7 @@ __all__ = [
     "Poison",
     "PoisonReason",
     "PublishFailed",
+    "QueueTableError",
     "SwallowedDatabaseError",
     "TopologyConflict",
     "TopologyError",
@@ -89,6 +91,11 @@ class ConfigError(ConsumerError):
 class IncompatibleLibrary(ConfigError):
     """An installed library does not behave as the service relies on (a pamqp whose header
     decoders the start-up self-test finds unprotected, :func:`consumer.amqp.wire.self_test`)."""
+
+
+class QueueTableError(ConfigError):
+    """The queue table (``CONSUMER_QUEUES_FILE``) cannot be used: its message is the one line
+    start-up prints, naming the file, the queue and the key."""
 
 
 class TopologyError(ConsumerError):

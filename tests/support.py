@@ -28,15 +28,24 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, DeliveryMode
 from prometheus_client.parser import text_string_to_metric_families
 
 from consumer.cli.producer import envelope_body
+from consumer.config.queue_table import read_queue_table
 from consumer.config.settings import Settings
 from consumer.registry import HandlerRegistry
-from consumer.service.components import names_for, topology_for
+from consumer.service.components import names_for, table_topology, topology_for
 from topology.apply import apply_topology
 from topology.model import Topology
 from topology.names import Names
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_HANDLERS = "consumer.handlers.inventory,consumer.handlers.notifications,tests.handlers.behave"
+REFERENCE_HANDLERS = "consumer.handlers.inventory,consumer.handlers.notifications"
+REFERENCE_TABLE = """
+[queues.stock]
+types = ["inventory.restock", "inventory.reserve"]
+[queues.notify]
+types = ["notification.requested"]
+"""
+"""A queue table (CONSUMER_QUEUES_FILE) of two queues for the reference handlers' types."""
 
 IN_FLIGHT = "consumer_in_flight"
 # Deliveries the service tried to settle a second time: 0 unless there is a bug. (A metric the
@@ -138,6 +147,15 @@ class TestEnv:
         self.topologies.append(topology)
         return topology
 
+    def use_queue_table(self, text: str, folder: Path) -> Path:
+        """Write the queue table ``text`` to ``folder`` and set ``CONSUMER_QUEUES_FILE`` to it for
+        every process of the test; its topology is removed with the test's."""
+        path = folder / "queues.toml"
+        path.write_text(text)
+        self.overrides["queues_file"] = str(path)
+        self.topologies.append(table_topology(read_queue_table(path, self.settings())))
+        return path
+
     async def bind_type(self, event_type: str) -> None:
         """Route ``event_type`` from the test's ingress exchange to its work queue, as a handler
         removed since the topology was applied leaves it bound: the one way a type no handler
@@ -237,13 +255,16 @@ class ServiceProcess:
         label: str = "service",
         *,
         launcher: Sequence[str] = (),
+        run_args: Sequence[str] = (),
         **overrides: str,
     ) -> None:
         """``launcher``: argv put in front of the command (``ip netns exec <namespace>``: the
-        network-fault lab's service host, whose HTTP address is ``CONSUMER_HTTP_HOST``)."""
+        network-fault lab's service host, whose HTTP address is ``CONSUMER_HTTP_HOST``);
+        ``run_args``: after ``consumer run`` (``--queues a,b``)."""
         self.test_env = test_env
         self.label = label
         self.launcher = list(launcher)
+        self.run_args = tuple(run_args)
         self.environment = test_env.env(**overrides)
         self.port = int(self.environment["CONSUMER_HTTP_PORT"])
         self.http_host = self.environment.get("CONSUMER_HTTP_HOST", "127.0.0.1")
@@ -254,7 +275,7 @@ class ServiceProcess:
     def start(self) -> ServiceProcess:
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [*self.launcher, sys.executable, "-m", "consumer", "run"],
+            [*self.launcher, sys.executable, "-m", "consumer", "run", *self.run_args],
             env=self.environment,
             stdout=log,
             stderr=subprocess.STDOUT,

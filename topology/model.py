@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -82,6 +82,20 @@ class Topology:
     exchanges: tuple[Exchange, ...]
     queues: tuple[Queue, ...]
     bindings: tuple[Binding, ...]
+
+    @classmethod
+    def merge(cls, parts: Iterable[Topology]) -> Topology:
+        """Several plans as one (a queue table's, one plan per queue): an exchange they share
+        (the ingress) once; queues and bindings of each, in order."""
+        exchanges: dict[str, Exchange] = {}
+        queues: list[Queue] = []
+        bindings: list[Binding] = []
+        for part in parts:
+            for exchange in part.exchanges:
+                exchanges.setdefault(exchange.name, exchange)
+            queues.extend(part.queues)
+            bindings.extend(part.bindings)
+        return cls(tuple(exchanges.values()), tuple(queues), tuple(bindings))
 
     @property
     def declarables(self) -> tuple[Exchange | Queue, ...]:

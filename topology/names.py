@@ -21,13 +21,22 @@ def rung_label(delay: timedelta) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Names:
-    """Queue and exchange names for a service called ``service`` reading from ``ingress``."""
+    """Queue and exchange names for a service called ``service`` reading from ``ingress``; for
+    one ``queue`` of its queue table, each name has the queue's after the service's
+    (``svc.sms.work``, ``svc.sms.dead``): the queue-less service keeps ``svc.work``."""
 
     service: str
     ingress: str
     work_version: int = 1
     """The work queue's generation: RabbitMQ cannot change a queue's arguments, so a new
     delivery limit is a new queue (``consumer topology migrate`` moves an install to it)."""
+    queue: str | None = None
+    """The queue table's row these names are for; ``None``: the service without a table."""
+
+    @property
+    def prefix(self) -> str:
+        """What every name starts with: ``svc``, or ``svc.<queue>``."""
+        return self.service if self.queue is None else f"{self.service}.{self.queue}"
 
     @property
     def work(self) -> str:
@@ -36,28 +45,28 @@ class Names:
 
     def work_queue(self, version: int) -> str:
         """The work queue of one generation (the first keeps the name it always had)."""
-        return f"{self.service}.work" if version == 1 else f"{self.service}.work.v{version}"
+        return f"{self.prefix}.work" if version == 1 else f"{self.prefix}.work.v{version}"
 
     @property
     def dlx(self) -> str:
         """The dead-letter exchange: poison, delivery-limit drops and published dead letters."""
-        return f"{self.service}.dlx"
+        return f"{self.prefix}.dlx"
 
     @property
     def dead(self) -> str:
         """The operator's queue behind the dead-letter exchange."""
-        return f"{self.service}.dead"
+        return f"{self.prefix}.dead"
 
     @property
     def retry(self) -> str:
         """The headers exchange a failed event is published to; a header picks the rung."""
-        return f"{self.service}.retry"
+        return f"{self.prefix}.retry"
 
     @property
     def redeliver(self) -> str:
         """The exchange expired retries are dead-lettered through: bound to the work queue only."""
-        return f"{self.service}.redeliver"
+        return f"{self.prefix}.redeliver"
 
     def rung(self, delay: timedelta) -> str:
         """The delay queue for one rung of the retry ladder, e.g. ``svc.retry.5s``."""
-        return f"{self.service}.retry.{format_duration(delay)}"
+        return f"{self.prefix}.retry.{format_duration(delay)}"

@@ -39,6 +39,9 @@ _LONG_LONG = struct.Struct(">q")
 _CONTENT_HEADER = struct.Struct(">HHQ")
 _SHORT = struct.Struct(">H")
 _OCTET = struct.Struct("B")
+_FRAME_END = constants.FRAME_END
+_LARGE_BODY_FRAME = 64 * 1024
+"""A body frame this large, not yet whole in the buffer, has its rest read in one piece."""
 
 _DELIVER = commands.Basic.Deliver
 _PROPERTIES = commands.Basic.Properties
@@ -176,12 +179,17 @@ class BulkFrameReceiver(aiormq.connection.FrameReceiver):
         super().__init__(reader)
         self._buffer = bytearray()
         self._start = 0
+        self._missing = 0
+        """What the large body frame at the buffer's start still lacks (:meth:`_rest_of_body`)."""
 
     async def get_frame(self) -> ReceivedFrame:
         received = self._next()
         while received is None:
-            await self._fill()
-            received = self._next()
+            if self._missing:
+                received = await self._rest_of_body()
+            else:
+                await self._fill()
+                received = self._next()
         return received
 
     def _next(self) -> ReceivedFrame | None:
@@ -194,11 +202,20 @@ class BulkFrameReceiver(aiormq.connection.FrameReceiver):
             if buffer.startswith(b"AMQP", start):
                 raise ProtocolSyntaxError("Unexpected AMQP protocol header")
             self.started = True
-        _, channel, size = _FRAME_HEADER.unpack_from(buffer, start)
+        frame_type, channel, size = _FRAME_HEADER.unpack_from(buffer, start)
         end = start + 8 + size
         if available < 8 + size:
+            if frame_type == constants.FRAME_BODY and size >= _LARGE_BODY_FRAME:
+                self._missing = 8 + size - available
             return None
-        frame = bytes(buffer[start:end])
+        # One copy out of the buffer, through a view released before the buffer is resized: a
+        # body frame's payload straight into its ContentBody (a body over the limit is 32 MiB and
+        # more of these, read only to be dropped), any other frame whole for decode_frame.
+        with memoryview(buffer) as view:
+            if buffer[start] == constants.FRAME_BODY and size and buffer[end - 1] == _FRAME_END:
+                received: Any = body.ContentBody(bytes(view[start + 7 : end - 1]))
+            else:
+                received = bytes(view[start:end])
         self._start = end
         if end == len(buffer):
             buffer.clear()
@@ -206,7 +223,30 @@ class BulkFrameReceiver(aiormq.connection.FrameReceiver):
         elif end > _READ_SIZE:
             del buffer[:end]
             self._start = 0
-        return 8 + size, channel, decode_frame(frame)
+        if isinstance(received, bytes):
+            received = decode_frame(received)
+        return 8 + size, channel, received
+
+    async def _rest_of_body(self) -> ReceivedFrame:
+        """The large body frame whose start the buffer holds, its rest read in one piece: the
+        payload is then copied once, from the two parts, where the buffer would copy it twice
+        more (appended, then cut out). A body over the limit is hundreds of these, read only to
+        be dropped (issue 29)."""
+        missing, self._missing = self._missing, 0
+        rest = await self._read(missing, exactly=True)
+        buffer, start = self._buffer, self._start
+        if rest[-1] != _FRAME_END:
+            # A lost frame end: the buffer's way, where pamqp says what is wrong.
+            buffer += rest
+            received = self._next()
+            assert received is not None
+            return received
+        _, channel, size = _FRAME_HEADER.unpack_from(buffer, start)
+        with memoryview(buffer) as head, memoryview(rest) as tail:
+            payload = b"".join((head[start + 7 :], tail[:-1]))
+        buffer.clear()
+        self._start = 0
+        return 8 + size, channel, body.ContentBody(payload)
 
     async def _fill(self) -> None:
         reader = self.reader
@@ -214,8 +254,17 @@ class BulkFrameReceiver(aiormq.connection.FrameReceiver):
             raise AMQPConnectionError()
         if reader.at_eof() and self._start == len(self._buffer):
             raise StopAsyncIteration
+        self._buffer += await self._read(_READ_SIZE, exactly=False)
+
+    async def _read(self, size: int, *, exactly: bool) -> bytes:
+        """Up to ``size`` bytes (``exactly`` that many) from the socket, its errors aiormq's."""
+        reader = self.reader
+        if reader is None:
+            raise AMQPConnectionError()
         try:
-            chunk = await reader.read(_READ_SIZE)
+            chunk = await (reader.readexactly(size) if exactly else reader.read(size))
+        except asyncio.IncompleteReadError:
+            chunk = b""
         except ConnectionRefusedError as error:
             raise AMQPConnectionError(f"Server connection refused: {error!r}") from error
         except ConnectionResetError as error:
@@ -230,7 +279,7 @@ class BulkFrameReceiver(aiormq.connection.FrameReceiver):
                 "Server connection unexpectedly closed. "
                 f"Read {held} bytes of a frame but the connection ended"
             )
-        self._buffer += chunk
+        return chunk
 
 
 def install() -> None:

@@ -32,6 +32,7 @@ __all__ = [
     "ORIGINAL_EXCHANGE",
     "ORIGINAL_ROUTING_KEY",
     "OWN_PREFIX",
+    "QUEUE",
     "REASON",
     "REPLAYS",
     "SERVICE",
@@ -57,6 +58,9 @@ REASON = "consumer-dead-reason"
 ORIGINAL_EXCHANGE = "consumer-original-exchange"
 ORIGINAL_ROUTING_KEY = "consumer-original-routing-key"
 SERVICE = "consumer-service"
+QUEUE = "consumer-queue"
+"""On a dead letter of a queue table's queue: the queue's name in the table (``sms``); absent
+for a service without a table, which has one queue."""
 DEAD_LETTERED_AT = "consumer-dead-lettered-at"
 REPLAYS = "consumer-replays"
 """How many times an operator replayed this event from the dead-letter queue."""
@@ -184,6 +188,7 @@ def dead_letter_headers(
     original_routing_key: str,
     service: str,
     now: datetime,
+    queue: str | None = None,
 ) -> Headers:
     """Headers for the copy published to the dead-letter exchange: what an operator needs."""
     stamp = now.isoformat()
@@ -193,6 +198,8 @@ def dead_letter_headers(
     copy[ATTEMPT] = attempts
     copy[DEAD_LETTERED_AT] = stamp
     copy[SERVICE] = service
+    if queue is not None:
+        copy[QUEUE] = queue
     copy.setdefault(ORIGINAL_EXCHANGE, original_exchange)
     copy.setdefault(ORIGINAL_ROUTING_KEY, original_routing_key)
     return copy

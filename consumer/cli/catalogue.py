@@ -106,7 +106,7 @@ def asyncapi(settings: Settings, registry: HandlerRegistry) -> dict[str, Any]:
                         "type": "topic",
                         "durable": True,
                         "autoDelete": False,
-                        "vhost": _vhost(settings),
+                        "vhost": settings.amqp_vhost,
                     },
                     "x-queue": {"name": names.work, "type": "quorum", "durable": True},
                     "bindingVersion": AMQP_BINDING,
@@ -229,12 +229,6 @@ def _servers(settings: Settings) -> dict[str, Any]:
     return servers
 
 
-def _vhost(settings: Settings) -> str:
-    first = split_urls(settings.amqp_url.get_secret_value())[0]
-    path = urlsplit(first).path
-    return path[1:] if len(path) > 1 else "/"
-
-
 _SERVICE_WRITES = (
     "Written by the service on its retry and dead-letter copies; a producer's is dropped on "
     "arrival."
@@ -272,6 +266,11 @@ HEADERS: dict[str, Any] = {
         h.SERVICE: {
             "type": "string",
             "description": "CONSUMER_NAME of the dead-lettering service.",
+        },
+        h.QUEUE: {
+            "type": "string",
+            "description": "The queue of the service's queue table (CONSUMER_QUEUES_FILE) the "
+            "event was dead-lettered from; absent without a table. " + _SERVICE_WRITES,
         },
         h.ORIGINAL_EXCHANGE: {"type": "string"},
         h.ORIGINAL_ROUTING_KEY: {"type": "string"},

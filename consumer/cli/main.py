@@ -19,7 +19,13 @@ from consumer.amqp import fast_paths, wire
 from consumer.cli.pipes import end_by_sigpipe
 from consumer.cli.producer import PublishRequest, payload_problem, publish_event, repeat_command
 from consumer.config.settings import Settings
-from consumer.config.startup import EXIT_CONFIG, fail, load_handlers, load_settings
+from consumer.config.startup import (
+    EXIT_CONFIG,
+    fail,
+    load_handlers,
+    load_queue_table,
+    load_settings,
+)
 from consumer.db.database import describe_database_error
 from consumer.db.migration_sets import MigrationSet, migration_sets
 from consumer.db.migrations import create_database_if_missing, migrate
@@ -48,7 +54,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"rabbit-pg-consumer {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("run", help="consume the work queue until SIGTERM or SIGINT")
+    run_cmd = commands.add_parser("run", help="consume the work queue until SIGTERM or SIGINT")
+    run_cmd.add_argument(
+        "--queues",
+        metavar="A,B",
+        help="consume only these queues of the queue table (CONSUMER_QUEUES_FILE): one "
+        "deployment per class of work",
+    )
 
     migrate_cmd = commands.add_parser(
         "migrate",
@@ -127,7 +139,7 @@ def _command(argv: Sequence[str] | None) -> int:
     arguments = _parser().parse_args(argv)
     settings = load_settings()
     if arguments.command == "run":
-        return _run(settings)
+        return _run(settings, arguments.queues)
     if arguments.command == "migrate":
         return _migrate_command(settings, create_database=arguments.create_database)
     if arguments.command == "publish":
@@ -156,10 +168,19 @@ def _command(argv: Sequence[str] | None) -> int:
 # -- run ----------------------------------------------------------------------------------------
 
 
-def _run(settings: Settings) -> int:
+def _run(settings: Settings, queues: str | None) -> int:
     registry = load_handlers(settings)
+    table = load_queue_table(settings, registry)
+    if queues is not None:
+        if table.path is None:
+            fail("--queues needs a queue table: set CONSUMER_QUEUES_FILE", EXIT_CONFIG)
+        try:
+            table = table.subset([name.strip() for name in queues.split(",") if name.strip()])
+        except ConfigError as error:
+            fail(str(error), EXIT_CONFIG)
     try:
-        check_memory_budget(memory_budget(settings))
+        for queue in table.queues:
+            check_memory_budget(memory_budget(queue.settings))
         # The header limits hold only if pamqp reads tables through the decoders installed in
         # its place: checked once, before any connection (consumer.amqp.wire).
         broker = broker_config(settings)
@@ -167,7 +188,7 @@ def _run(settings: Settings) -> int:
         wire.self_test(broker.header_limits)
     except ConfigError as error:
         fail(str(error), EXIT_CONFIG)
-    return run(settings, registry)
+    return run(settings, registry, table)
 
 
 # -- migrate ------------------------------------------------------------------------------------

@@ -5,19 +5,25 @@ variables that are no setting at all (a misspelling would otherwise be ignored w
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from pydantic import ValidationError
 
 from consumer.config.setting_values import ENV_PREFIX, env_name
 from consumer.config.settings import Settings
 
-__all__ = ["describe_settings_error", "unknown_variables"]
+__all__ = ["describe_settings_error", "settings_problems", "unknown_variables"]
 
 
 def describe_settings_error(error: ValidationError) -> str:
     """One line naming each bad setting and what is wrong with it, with the bad value once (the
     messages of the checks above never repeat it); never echoes a URL."""
+    return "invalid setting " + "; ".join(settings_problems(error, env_name))
+
+
+def settings_problems(error: ValidationError, name: Callable[[str], str]) -> list[str]:
+    """One ``<name>: <what is wrong> (got <value>)`` per bad setting, each named by ``name`` (the
+    environment variable, or a queue table's key)."""
     problems = []
     for detail in error.errors(include_url=False):
         field = str(detail["loc"][0]) if detail["loc"] else ""
@@ -34,8 +40,8 @@ def describe_settings_error(error: ValidationError) -> str:
             given = detail.get("input")
             if isinstance(given, str | int | float):
                 message = f"{message} (got {given!r})"
-        problems.append(f"{env_name(field)}: {message}")
-    return "invalid setting " + "; ".join(problems)
+        problems.append(f"{name(field)}: {message}")
+    return problems
 
 
 # The test suite's own variables (tests/conftest.py) share the prefix; they are not settings.

@@ -16,7 +16,7 @@ import ssl
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -150,6 +150,16 @@ class Settings(BaseSettings):
     ] = DEFAULT_HANDLER_MODULES
     """Handler modules to load, comma-separated; `consumer migrate` applies the migration folder
     each declares (`MIGRATIONS`), in this order. The default is the reference handlers."""
+    management_url: SecretStr | None = None
+    """RabbitMQ's management HTTP API (`http://user:password@host:15672`), for `consumer
+    topology check` to compare the broker's bindings with the plan (AMQP cannot list them; the
+    user needs the `monitoring` tag). Unset: the check compares exchanges and queues, and says
+    that it did not compare the bindings."""
+    queues_file: Path | None = None
+    """The queue table: a TOML file of `[queues.<name>]` tables, each listing the event `types`
+    it takes and what of `prefetch`, `workers`, `batch_size`, `batch_wait`, `handler_timeout`,
+    `hard_timeout`, `retry_delays`, `delivery_limit`, `work_queue_version` and `db_pool_size` it
+    sets for itself (see The queue table). Unset: one work queue for every type, as before."""
     handler_timeout: Duration = timedelta(seconds=15)
     """Soft time limit per handler (`register(..., timeout=)` overrides)."""
     hard_timeout: Duration = timedelta(seconds=20)
@@ -305,6 +315,16 @@ class Settings(BaseSettings):
             )
         return value
 
+    @field_validator("management_url")
+    @classmethod
+    def _check_management_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return None
+        parts = urlsplit(value.get_secret_value())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL naming a host")
+        return value
+
     @field_validator("http_host")
     @classmethod
     def _check_http_host(cls, value: str) -> str:
@@ -454,6 +474,12 @@ class Settings(BaseSettings):
         return urlsplit(split_urls(self.amqp_url.get_secret_value())[0]).scheme == "amqps"
 
     @property
+    def amqp_vhost(self) -> str:
+        """The virtual host of ``CONSUMER_AMQP_URL`` (of its first node: every node's is one)."""
+        path = urlsplit(split_urls(self.amqp_url.get_secret_value())[0]).path
+        return unquote(path[1:]) if len(path) > 1 else "/"
+
+    @property
     def safe_amqp_url(self) -> str:
         return ",".join(redact_url(url) for url in split_urls(self.amqp_url.get_secret_value()))
 
@@ -466,6 +492,8 @@ class Settings(BaseSettings):
         values = self.model_dump()
         values["amqp_url"] = self.safe_amqp_url
         values["database_url"] = self.safe_database_url
+        if self.management_url is not None:
+            values["management_url"] = redact_url(self.management_url.get_secret_value())
         for key, value in values.items():
             if isinstance(value, timedelta):
                 values[key] = format_duration(value)

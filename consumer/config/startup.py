@@ -8,12 +8,20 @@ from typing import NoReturn
 
 from pydantic import ValidationError
 
+from consumer.config.queue_table import QueueTable, read_queue_table
 from consumer.config.setting_errors import describe_settings_error, unknown_variables
 from consumer.config.settings import Settings
 from consumer.errors import ConfigError
 from consumer.registry import HandlerRegistry
 
-__all__ = ["EXIT_CONFIG", "EXIT_FAILURE", "fail", "load_handlers", "load_settings"]
+__all__ = [
+    "EXIT_CONFIG",
+    "EXIT_FAILURE",
+    "fail",
+    "load_handlers",
+    "load_queue_table",
+    "load_settings",
+]
 
 EXIT_CONFIG = 2
 EXIT_FAILURE = 1
@@ -43,3 +51,17 @@ def load_handlers(settings: Settings) -> HandlerRegistry:
         return HandlerRegistry.from_modules(settings.handlers)
     except ConfigError as error:
         fail(str(error), EXIT_CONFIG)
+
+
+def load_queue_table(settings: Settings, registry: HandlerRegistry) -> QueueTable:
+    """The queues the service consumes: the table ``CONSUMER_QUEUES_FILE`` names, checked
+    against the handlers, or (unset) the one queue of every handler's type, under today's names.
+    An unusable table exits 2 with one line naming the file, the queue and the key."""
+    if settings.queues_file is None:
+        return QueueTable.default(settings, registry)
+    try:
+        table = read_queue_table(settings.queues_file, settings)
+        table.check_handlers(registry)
+    except ConfigError as error:
+        fail(str(error), EXIT_CONFIG)
+    return table

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from consumer.db.database import Database
 from consumer.errors import ConfigError, DatabaseUnavailable
 
-__all__ = ["DatabaseAnswer", "Readiness"]
+__all__ = ["DatabaseAnswer", "QueuesReadiness", "Readiness"]
 
 READINESS_CACHE_SECONDS = 1.0
 
@@ -43,6 +45,32 @@ class Readiness:
             "database": self.database,
             "paused": self.paused,
             "workers": self.workers,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class QueuesReadiness:
+    """A queue table's readiness: ready when every queue is; the flags of all, and each queue's
+    own under ``queues``."""
+
+    queues: Mapping[str, Readiness]
+
+    @property
+    def ready(self) -> bool:
+        return all(state.ready for state in self.queues.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        states = self.queues.values()
+        return {
+            "broker_connected": all(state.broker_connected for state in states),
+            "consuming": all(state.consuming for state in states),
+            "database": all(state.database for state in states),
+            "paused": any(state.paused for state in states),
+            "workers": all(state.workers for state in states),
+            "queues": {
+                name: {**state.as_dict(), "ready": state.ready}
+                for name, state in self.queues.items()
+            },
         }
 
 

@@ -11,10 +11,15 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from uuid import UUID, uuid4
 
+from prometheus_client import CollectorRegistry
+
+from consumer.allocator import keep_frame_buffers_on_heap
 from consumer.amqp import fast_paths
+from consumer.config.queue_table import QueueSpec, QueueTable
 from consumer.config.settings import Settings
 from consumer.config.startup import EXIT_CONFIG, EXIT_FAILURE
 from consumer.db.crashes import CrashLedger, Liveness
@@ -37,8 +42,10 @@ from consumer.logs import (
     make_message_log,
     route_library_logs,
 )
-from consumer.observe.http import HttpServer, build_app
+from consumer.observe.http import HttpServer, ReadinessCheck, build_app
 from consumer.observe.metrics import Metrics, ServiceRegistry
+from consumer.observe.queue_metrics import QueueMetricsRegistry
+from consumer.observe.readiness import QueuesReadiness
 from consumer.observe.report import OutcomeReporter
 from consumer.observe.tracing_setup import TracingSetup
 from consumer.pipeline.calls import HandlerCalls, RunningCall
@@ -56,6 +63,7 @@ from consumer.service.components import (
     names_for,
     receipt_window,
     topology_for,
+    topology_spec,
 )
 from consumer.service.concurrency import Concurrency
 from consumer.service.dispatch import Dispatcher
@@ -66,14 +74,17 @@ from consumer.service.watchdog import LoopWatchdog
 from consumer.service.window import PrefetchWindow
 from consumer.service.workers import Workers
 from topology.names import rung_label
+from topology.plan import build_topology
 
-__all__ = ["build_service", "run", "serve"]
+__all__ = ["build_service", "run", "serve", "serve_table"]
 
 EXIT_SECOND_SIGNAL = 130
 
 
-def run(settings: Settings, registry: HandlerRegistry) -> int:
-    """The service in this process until it stops: its logs, its metrics, its event loop."""
+def run(settings: Settings, registry: HandlerRegistry, table: QueueTable | None = None) -> int:
+    """The service in this process until it stops: its logs, its metrics, its event loop; with a
+    queue ``table`` (``CONSUMER_QUEUES_FILE``), each of its queues (:func:`serve_table`)."""
+    tuned_allocator = keep_frame_buffers_on_heap()
     lines = TickFlushed(sys.stdout.buffer)
     logger = make_logger(
         settings.name, level=settings.log_level, log_format=settings.log_format, lines=lines
@@ -82,6 +93,18 @@ def run(settings: Settings, registry: HandlerRegistry) -> int:
         logger, settings.name, level=settings.log_level, log_format=settings.log_format, lines=lines
     )
     route_library_logs(logger)
+    if table is not None and table.path is not None:
+        return run_event_loop(
+            serve_table(
+                settings,
+                registry,
+                table,
+                logger,
+                before_exit=lines.write_out,
+                message_log=message_log,
+                tuned_allocator=tuned_allocator,
+            )
+        )
     rungs = [rung_label(delay) for delay in settings.retry_delays]
     metrics = Metrics(ServiceRegistry(), registry, rungs, name=settings.name)
     return run_event_loop(
@@ -92,6 +115,7 @@ def run(settings: Settings, registry: HandlerRegistry) -> int:
             metrics,
             before_exit=lines.write_out,
             message_log=message_log,
+            tuned_allocator=tuned_allocator,
         )
     )
 
@@ -106,12 +130,24 @@ def build_service(
     owner: UUID,
     tracing: Tracing | None = None,
     message_log: MessageLog | None = None,
+    queue: QueueSpec | None = None,
+    prune: bool = True,
 ) -> Service:
     """The service, wired: a delivery passes the dispatcher, a worker, the pipeline (prepare,
     batch engine, handler call) and the settler, in that order; ``tracing`` follows it through
     (off by default). ``message_log`` takes the line per settled delivery (through ``logger``
-    unless given)."""
-    names = names_for(settings)
+    unless given).
+
+    With ``queue`` (a row of the queue table, ``settings`` its own), the service of that queue:
+    its work queue, ladder and dead letters, its channel, prefetch, workers and pool; ``prune``
+    false leaves the receipts' partitions to another queue's service (one table, one pruner)."""
+    name = queue.name if queue is not None else None
+    names = names_for(settings, name)
+    topology = (
+        topology_for(settings, registry)
+        if queue is None
+        else build_topology(topology_spec(settings, queue.types, name))
+    )
     parts = build_pipeline(
         settings,
         registry,
@@ -119,6 +155,7 @@ def build_service(
         owner=owner,
         tracing=tracing,
         on_conflict=metrics.batch_conflicts.inc,
+        queue=name,
     )
     database, preparer, pipeline, settler = (
         parts.database,
@@ -136,7 +173,10 @@ def build_service(
         window_full=window.full,
     )
     concurrency = Concurrency(
-        limits=concurrency_limits(settings),
+        limits=concurrency_limits(
+            settings,
+            per_event_handlers=any(handler.many is None for handler in registry.values()),
+        ),
         handler_time=parts.handler_time,
         dispatcher=dispatcher,
         metrics=metrics,
@@ -177,7 +217,7 @@ def build_service(
             max_clock_skew=settings.max_clock_skew,
         ),
         names=names,
-        topology=topology_for(settings, registry),
+        topology=topology,
         database=database,
         dispatcher=dispatcher,
         workers=workers,
@@ -196,8 +236,20 @@ def build_service(
             max_clock_skew=settings.max_clock_skew,
             logger=logger,
             metrics=metrics,
-        ),
+        )
+        if prune
+        else None,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Built:
+    """What :func:`_serve` runs: the services (one per queue), what ``/metrics`` exports and
+    what ``/readyz`` asks."""
+
+    services: Sequence[Service]
+    metrics: CollectorRegistry
+    readiness: ReadinessCheck
 
 
 async def serve(
@@ -208,16 +260,122 @@ async def serve(
     *,
     before_exit: Callable[[], None] = lambda: None,
     message_log: MessageLog | None = None,
+    tuned_allocator: bool = False,
 ) -> int:
     """Run the service until SIGTERM or SIGINT; a second signal exits at once. The exit code.
 
     ``before_exit`` writes out the log lines still held for the end of the loop's turn: the
     immediate exits (second signal, hard time limit) skip the interpreter's clean-up.
+    ``tuned_allocator`` (logged) says whether :mod:`consumer.allocator` set glibc's thresholds.
     """
+    owner = uuid4()
+
+    def build(calls: HandlerCalls, tracer: Tracing) -> _Built:
+        service = build_service(
+            settings,
+            registry,
+            logger,
+            metrics,
+            calls=calls,
+            owner=owner,
+            tracing=tracer,
+            message_log=message_log,
+        )
+        return _Built((service,), metrics.registry, service.readiness)
+
+    return await _serve(
+        settings,
+        logger,
+        build,
+        convict=_convicting(settings, owner),
+        hard_limit=settings.hard_timeout.total_seconds(),
+        before_exit=before_exit,
+        handlers=list(registry),
+        # The worst case start-up checked against the memory limit: what the process at these
+        # settings can hold, whatever its producers send (consumer.service.memory).
+        memory_budget_bytes=worst_case(memory_budget(settings)),
+        tuned_allocator=tuned_allocator,
+    )
+
+
+async def serve_table(
+    settings: Settings,
+    registry: HandlerRegistry,
+    table: QueueTable,
+    logger: Logger,
+    *,
+    before_exit: Callable[[], None] = lambda: None,
+    message_log: MessageLog | None = None,
+    tuned_allocator: bool = False,
+) -> int:
+    """:func:`serve` for a queue table: in one process, one service per queue, each with its
+    own channel, prefetch, workers, pool and metrics (labelled ``queue``), so that one queue's
+    slow or failing work holds none of the others' workers. One ``/readyz`` lists every queue;
+    one pruner keeps the receipts (one table for every queue). A queue that stops the process
+    (a bug, its topology missing) stops the others gracefully first."""
+    owners = {queue.label: uuid4() for queue in table.queues}
+
+    def build(calls: HandlerCalls, tracer: Tracing) -> _Built:
+        services: dict[str, Service] = {}
+        registries: dict[str, CollectorRegistry] = {}
+        for index, queue in enumerate(table.queues):
+            own = queue.settings
+            rungs = [rung_label(delay) for delay in own.retry_delays]
+            metrics = Metrics(ServiceRegistry(), queue.types, rungs, name=settings.name)
+            services[queue.label] = build_service(
+                own,
+                registry,
+                logger.bind(queue=queue.label),
+                metrics,
+                calls=calls,
+                owner=owners[queue.label],
+                tracing=tracer,
+                message_log=message_log,
+                queue=queue,
+                prune=index == 0,
+            )
+            registries[queue.label] = metrics.registry
+
+        async def readiness() -> QueuesReadiness:
+            return QueuesReadiness(
+                {label: await service.readiness() for label, service in services.items()}
+            )
+
+        return _Built(tuple(services.values()), QueueMetricsRegistry(registries), readiness)
+
+    # The event loop is one: blocked, it blocks every queue. Its limit is the longest queue's.
+    longest = max(table.queues, key=lambda queue: queue.settings.hard_timeout)
+    return await _serve(
+        settings,
+        logger,
+        build,
+        convict=_convicting(longest.settings, owners[longest.label]),
+        hard_limit=longest.settings.hard_timeout.total_seconds(),
+        before_exit=before_exit,
+        handlers=list(registry),
+        queues={queue.label: list(queue.types) for queue in table.queues},
+        memory_budget_bytes=sum(
+            worst_case(memory_budget(queue.settings)) for queue in table.queues
+        ),
+        tuned_allocator=tuned_allocator,
+    )
+
+
+async def _serve(
+    settings: Settings,
+    logger: Logger,
+    build: Callable[[HandlerCalls, Tracing], _Built],
+    *,
+    convict: Callable[[RunningCall, float], bool],
+    hard_limit: float,
+    before_exit: Callable[[], None],
+    **starting: object,
+) -> int:
+    """What :func:`serve` and :func:`serve_table` share: signals, tracing, the watchdog, the
+    HTTP endpoint, and the services ``build`` makes, run until ``stop``."""
     stop = asyncio.Event()
     _on_signals(stop, logger, before_exit)
     calls = HandlerCalls()
-    owner = uuid4()
     try:
         tracing = TracingSetup.from_environment(settings.name)
     except ConfigError as error:
@@ -230,46 +388,30 @@ async def serve(
                 "off (pip install 'rabbit-pg-consumer[otel]')"
             )
         try:
-            service = build_service(
-                settings,
-                registry,
-                logger,
-                metrics,
-                calls=calls,
-                owner=owner,
-                tracing=tracer,
-                message_log=message_log,
-            )
+            built = build(calls, tracer)
         except ConfigError as error:
             return _fatal(logger, str(error), EXIT_CONFIG)
         except MigrationError as error:
             return _fatal(logger, str(error), EXIT_FAILURE)
-        # The worst case start-up checked against the memory limit: what the process at these
-        # settings can hold, whatever its producers send (consumer.service.memory).
-        logger.info(
-            "starting",
-            settings=settings.describe(),
-            handlers=list(registry),
-            memory_budget_bytes=worst_case(memory_budget(settings)),
-        )
+        logger.info("starting", settings=settings.describe(), **starting)
         _warn_of_refused_hooks(logger, fast_path=settings.amqp_fast_path)
         try:
             async with (
                 LoopWatchdog(
-                    limit=settings.hard_timeout.total_seconds(),
+                    limit=hard_limit,
                     logger=logger,
                     calls=calls,
-                    convict=_convicting(settings, owner),
+                    convict=convict,
                     before_exit=before_exit,
                 ),
                 HttpServer(
-                    build_app(metrics.registry, service.readiness),
+                    build_app(built.metrics, built.readiness),
                     host=settings.http_host,
                     port=settings.http_port,
                 ),
             ):
                 logger.info("serving HTTP", host=settings.http_host, port=settings.http_port)
-                await service.run(stop)
+                await _run_all(built.services, stop)
         except OSError as error:
             return _fatal(
                 logger,
@@ -283,6 +425,25 @@ async def serve(
             return _fatal(logger, str(error), EXIT_FAILURE)
     logger.info("stopped")
     return 0
+
+
+async def _run_all(services: Sequence[Service], stop: asyncio.Event) -> None:
+    """Each service until ``stop``; one that ends (it raised) stops the others, which drain
+    gracefully, and its error is raised once all have."""
+    if len(services) == 1:
+        await services[0].run(stop)
+        return
+
+    async def one(service: Service) -> None:
+        try:
+            await service.run(stop)
+        finally:
+            stop.set()
+
+    results = await asyncio.gather(*(one(service) for service in services), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
 
 
 def _warn_of_refused_hooks(logger: Logger, *, fast_path: bool) -> None:

@@ -60,9 +60,11 @@ def build_pipeline(
     owner: UUID,
     tracing: Tracing | None = None,
     on_conflict: Callable[[], object] = lambda: None,
+    queue: str | None = None,
 ) -> PipelineParts:
     """Prepare, batch engine, handler call, judge and settler, as ``settings`` configure them;
-    ``on_conflict`` is told of each batch that met a lock conflict (a metric)."""
+    ``on_conflict`` is told of each batch that met a lock conflict (a metric). ``queue``: the
+    queue table's row this pipeline serves (its retries and dead letters go to its own)."""
     database = Database(database_config(settings, registry))
     guard = Guard(database, within=settings.db_stall_timeout.total_seconds())
     judge = Judge(RetryPolicy.from_delays(settings.retry_delays))
@@ -102,5 +104,7 @@ def build_pipeline(
         judge=judge,
         database=database,
     )
-    settler = Settler(names=names_for(settings), jitter=settings.retry_jitter, tracing=tracing)
+    settler = Settler(
+        names=names_for(settings, queue), jitter=settings.retry_jitter, tracing=tracing
+    )
     return PipelineParts(database, preparer, pipeline, settler, ledger, handler_time)

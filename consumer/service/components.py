@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pydantic import SecretStr
 
 from consumer.amqp.connect import BrokerConfig
+from consumer.config.queue_table import QueueTable
 from consumer.config.settings import Settings, split_urls
 from consumer.config.tls import TlsFiles
 from consumer.db.database import DatabaseConfig
@@ -38,20 +39,23 @@ __all__ = [
     "memory_budget",
     "names_for",
     "receipt_window",
+    "table_topology",
     "topology_for",
     "topology_spec",
     "worker_count",
 ]
 
 
-def concurrency_limits(settings: Settings) -> Limits:
+def concurrency_limits(settings: Settings, *, per_event_handlers: bool = False) -> Limits:
     """What bounds the worker count and batch size chosen as the service runs
-    (:mod:`consumer.service.concurrency_policy`), and what pins them."""
+    (:mod:`consumer.service.concurrency_policy`), and what pins them. ``per_event_handlers``:
+    whether the registry has any (the start differs)."""
     return Limits(
         prefetch=settings.prefetch,
         pool_size=settings.db_pool_size,
         workers=settings.workers,
         batch_size=settings.batch_size,
+        per_event_handlers=per_event_handlers,
     )
 
 
@@ -85,16 +89,23 @@ def max_workers(settings: Settings) -> int:
     return concurrency_limits(settings).max_workers
 
 
-def names_for(settings: Settings) -> Names:
+def names_for(settings: Settings, queue: str | None = None) -> Names:
+    """The broker names of the service, or of one ``queue`` of its queue table."""
     return Names(
-        service=settings.name, ingress=settings.exchange, work_version=settings.work_queue_version
+        service=settings.name,
+        ingress=settings.exchange,
+        work_version=settings.work_queue_version,
+        queue=queue,
     )
 
 
-def topology_spec(settings: Settings, event_types: Iterable[str]) -> TopologySpec:
-    """What this service's plan depends on, its handlers' event types among it."""
+def topology_spec(
+    settings: Settings, event_types: Iterable[str], queue: str | None = None
+) -> TopologySpec:
+    """What this service's plan depends on, its handlers' event types among it; with ``queue``,
+    the plan of that queue of the table (``settings`` then the queue's own)."""
     return TopologySpec(
-        names=names_for(settings),
+        names=names_for(settings, queue),
         retry_delays=settings.retry_delays,
         delivery_limit=settings.delivery_limit,
         event_types=tuple(event_types),
@@ -105,6 +116,15 @@ def topology_spec(settings: Settings, event_types: Iterable[str]) -> TopologySpe
 def topology_for(settings: Settings, event_types: Iterable[str]) -> Topology:
     """The plan for this service, its handlers' event types bound to its work queue."""
     return build_topology(topology_spec(settings, event_types))
+
+
+def table_topology(table: QueueTable) -> Topology:
+    """The plan of every queue of the table: each its own work queue, retry ladder and
+    dead-letter queue, named after it, and its event types bound to its work queue."""
+    return Topology.merge(
+        build_topology(topology_spec(queue.settings, queue.types, queue.name))
+        for queue in table.queues
+    )
 
 
 def broker_config(settings: Settings) -> BrokerConfig:

@@ -32,6 +32,7 @@ __all__ = [
     "MAX_BATCH_SIZE",
     "MIN_BATCHES",
     "MIN_EVENTS",
+    "START_BATCH_SIZE",
     "Choice",
     "Limits",
     "decide",
@@ -45,6 +46,9 @@ a conflict's retry (event by event) longer."""
 
 WINDOW_PER_WORKER = 8 * MAX_BATCH_SIZE
 """Deliveries of the prefetch window per base worker: one at the default prefetch of 400."""
+
+START_BATCH_SIZE = 5
+"""The batch size per-event handlers start with, before their time is measured (:func:`initial`)."""
 
 BATCH_TOLERANCE = 1.5
 """Batch sizes closer than this factor are the same choice (:func:`material`)."""
@@ -71,6 +75,9 @@ class Limits:
     """``CONSUMER_WORKERS``: pinned when set."""
     batch_size: int | None = None
     """``CONSUMER_BATCH_SIZE``: pinned when set."""
+    per_event_handlers: bool = False
+    """Whether any handler is a per-event one (``register``): then the start is
+    :func:`initial`'s guess for handlers that may await, not the batch handlers' single worker."""
 
     @property
     def max_workers(self) -> int:
@@ -105,10 +112,21 @@ class Choice:
 
 
 def initial(limits: Limits) -> Choice:
-    """Before anything is measured: the base workers, full batches."""
-    workers = limits.base_workers
+    """Before anything is measured. Batch handlers only: the base workers, full batches (what
+    they keep). Per-event handlers: every worker the pool allows, small batches. A handler that
+    awaits (an HTTP call of 50 ms) would otherwise spend its first batch, fifty calls one after
+    another, before anything could be decided (2.5 s); small batches are measured within a few
+    hundred milliseconds whatever the handler, and a database-only or CPU-bound one is moved to
+    its own choice as soon as they are."""
     pinned = limits.workers is not None and limits.batch_size is not None
-    return Choice(workers, limits.full_batch(workers), "pinned" if pinned else "start")
+    reason = "pinned" if pinned else "start"
+    if not limits.per_event_handlers:
+        workers = limits.base_workers
+        return Choice(workers, limits.full_batch(workers), reason)
+    workers = limits.max_workers
+    if limits.batch_size is not None:
+        return Choice(workers, limits.batch_size, reason)
+    return Choice(workers, min(START_BATCH_SIZE, limits.full_batch(workers)), reason)
 
 
 def enough(window: HandlerTimeWindow) -> bool:

@@ -181,6 +181,7 @@ class Settler:
             original_routing_key=delivery.routing_key,
             service=self._names.service,
             now=datetime.now(UTC),
+            queue=self._names.queue,
         )
         await self._publish(delivery, headers, self._names.dlx)
 
@@ -212,6 +213,7 @@ class Settler:
             original_routing_key=delivery.routing_key,
             service=self._names.service,
             now=datetime.now(UTC),
+            queue=self._names.queue,
         )
         await self._publish(delivery, headers, self._names.dlx)
 

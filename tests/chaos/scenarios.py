@@ -435,8 +435,9 @@ def scenarios_for(profile: Profile) -> list[Scenario]:
             "hostile-producers",
             f"hostile producers, 2 consumers supervised: {p.hostile} deep headers, {p.hostile} "
             f"too complex, {p.hostile} forged, {4 * p.hostile} headers or ids to make safe; "
-            f"{p.oversized} bodies of {p.oversized_bytes // MIB} MiB and {p.hostile} header "
-            f"floods amid {p.probe} innocents, after {p.probe} clean; {p.hostile} each of keys "
+            f"{p.hostile} header floods amid {p.probe} innocents and {p.oversized} bodies of "
+            f"{p.oversized_bytes // MIB} MiB amid {p.probe} more, after {p.probe} clean; "
+            f"{p.hostile} each of keys "
             "twice, forged dead letters, routing-key mismatches, id collisions",
             consumers=2,
             mix_in={

@@ -947,3 +947,17 @@ def test_proc_readings_are_parsed() -> None:
     ]
     assert memory_budget(lines) == 42
     assert memory_budget([{"event": "starting"}]) is None
+
+
+def test_the_oversized_bodies_block_is_reported_beside_without_a_floor() -> None:
+    # A tenth of the clean rate among 768 MiB of bodies: reported, not a violation (the floor is
+    # the header floods' block's).
+    resources = measured((1, 0.8), (1.25, 1.0))
+    resources.bodies = Throughput(1000, 10.0, 2.0)
+    verdict = checked(resources)
+    assert verdict.ok
+    assert resources.describe().endswith(
+        "innocents among oversized bodies: 1000 in 10.00s = 100/s, 2.00 consumer CPU-s = "
+        "500/CPU-s; throughput under attack / clean: 0.80 wall-clock, 0.80 CPU; among oversized "
+        "bodies / clean: 0.10 wall-clock, 0.40 CPU (reported, no floor)"
+    )

@@ -7,7 +7,14 @@ import asyncio
 import pytest
 
 from consumer.pipeline.handler_time import HandlerTime, HandlerTimeWindow
-from consumer.service.concurrency_policy import Choice, Limits, decide, initial, material
+from consumer.service.concurrency_policy import (
+    START_BATCH_SIZE,
+    Choice,
+    Limits,
+    decide,
+    initial,
+    material,
+)
 
 DEFAULTS = Limits(prefetch=400, pool_size=4)
 START = initial(DEFAULTS)
@@ -162,3 +169,36 @@ def test_a_window_holds_a_batch_and_its_own_handlers_calls_only() -> None:
     window = tally.take()
     assert window.event_awaited == 0.005
     assert window.event_calls == 1
+
+
+def test_batch_handlers_start_at_the_base_workers_and_full_batches() -> None:
+    assert Choice(1, 50, "start") == START
+
+
+def test_per_event_handlers_start_at_every_worker_and_small_batches() -> None:
+    # A handler awaiting 50 ms would spend 2.5 s on a first batch of 50 before anything is
+    # decided; small batches are measured at once, and the policy moves on from there.
+    limits = Limits(prefetch=400, pool_size=4, per_event_handlers=True)
+    assert initial(limits) == Choice(4, START_BATCH_SIZE, "start")
+    cpu_bound = _per_event(awaited_ms=0, cpu_ms=2, overhead_ms=2, batch=START_BATCH_SIZE)
+    assert decide(limits, cpu_bound, initial(limits)).workers == 1
+
+
+@pytest.mark.parametrize(
+    ("limits", "expected"),
+    [
+        (Limits(prefetch=2, pool_size=4, per_event_handlers=True), Choice(2, 1, "start")),
+        (
+            Limits(prefetch=400, pool_size=4, workers=2, per_event_handlers=True),
+            Choice(2, 5, "start"),
+        ),
+        (
+            Limits(prefetch=400, pool_size=4, batch_size=20, per_event_handlers=True),
+            Choice(4, 20, "start"),
+        ),
+    ],
+)
+def test_the_per_event_start_stays_within_the_window_and_the_pins(
+    limits: Limits, expected: Choice
+) -> None:
+    assert initial(limits) == expected

@@ -234,3 +234,29 @@ def test_a_content_header_with_a_wrong_frame_end_stops_the_stream(
     stream_frames = [DELIVERY[0], DELIVERY[1][:-1] + b"\x00", DELIVERY[2]]
     got = run(receive(receiver_class, [b"".join(stream_frames)]))
     assert_same_outcome(got, (pamqps(DELIVERY[:1])[0], InvalidFrameError))
+
+
+LARGE_BODY = [
+    pamqp_frame.marshal(body.ContentBody(bytes([n]) * (128 * 1024 - 8 - n)), 1) for n in range(5)
+]
+
+
+@pytest.mark.parametrize("chunk", [1000, 65_536, 99_991, 131_072, 262_144, 400_000])
+def test_large_body_frames_read_in_one_piece_come_out_as_pamqp_decodes_them(chunk: int) -> None:
+    # The rest of a large body frame is read in one piece (frames._LARGE_BODY_FRAME), whatever
+    # the reads had cut off; deliveries and heartbeats between them go the buffer's way.
+    stream_frames = [*DELIVERY, *LARGE_BODY[:2], HEARTBEAT, *DELIVERY, *LARGE_BODY[2:]]
+    stream = b"".join(stream_frames)
+    chunks = [stream[start : start + chunk] for start in range(0, len(stream), chunk)]
+    assert_same_outcome(run(receive(BulkFrameReceiver, chunks)), pamqps(stream_frames))
+
+
+def test_a_large_body_frame_without_its_frame_end_is_an_invalid_frame_error() -> None:
+    broken = LARGE_BODY[0][:-1] + b"\x00"
+    got = run(receive(BulkFrameReceiver, [broken[:1000], broken[1000:]]))
+    assert_same_outcome(got, ([], InvalidFrameError))
+
+
+def test_the_end_of_the_stream_inside_a_large_body_frame_is_a_connection_error() -> None:
+    got = run(receive(BulkFrameReceiver, [DELIVERY[0], LARGE_BODY[0][:70_000]]))
+    assert_same_outcome(got, (pamqps(DELIVERY[:1])[0], AMQPConnectionError))

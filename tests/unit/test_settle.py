@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import warnings
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any, cast
@@ -239,3 +240,42 @@ async def test_giving_back_is_a_single_nack_with_requeue() -> None:
 
     assert channel.frames == [("nack-requeue", 2, False)]
     assert cast(Acker, first.acker).unsettled == 1
+
+
+async def test_a_queue_s_copies_go_to_its_own_ladder_and_dlx_and_say_the_queue() -> None:
+    # Given the settler of queue "sms" of a queue table
+    channel, publisher = RecordingChannel(), RecordingPublisher()
+    d = deliveries(channel, 3)
+    made = Settler(names=replace(NAMES, queue="sms"), publish_failure_pause=0.0)
+    made.publisher = cast(Any, publisher)
+
+    # When it retries one event, dead-letters one and finds one poison
+    await made.settle(
+        [
+            Outcome(d[0], Failed(TransientError("t"), Retry(0, timedelta(seconds=1), 1), 0)),
+            Outcome(d[1], Failed(PermanentError("p"), DeadLetter(PERMANENT), 0)),
+            Outcome(d[2], Rejected(Poison(PoisonReason.NOT_JSON, "x"))),
+        ]
+    )
+
+    # Then the copies go to the queue's own exchanges, and each dead letter names the queue
+    assert sorted(exchange for exchange, _, _ in publisher.published) == [
+        "svc.sms.dlx",
+        "svc.sms.dlx",
+        "svc.sms.retry",
+    ]
+    for exchange, _, headers in publisher.published:
+        assert headers.get(h.QUEUE) == ("sms" if exchange.endswith(".dlx") else None)
+        assert headers.get(h.SERVICE) in (None, "svc")
+
+
+async def test_without_a_table_dead_letters_carry_no_queue_header() -> None:
+    channel, publisher = RecordingChannel(), RecordingPublisher()
+    (delivery,) = deliveries(channel, 1)
+
+    await settler(publisher).settle(
+        [Outcome(delivery, Failed(PermanentError("p"), DeadLetter(PERMANENT), 0))]
+    )
+
+    ((_, _, headers),) = publisher.published
+    assert h.QUEUE not in headers

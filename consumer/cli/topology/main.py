@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 import aiormq
@@ -11,10 +12,11 @@ import aiormq
 from consumer.amqp.connect import BrokerConfig, connect, describe_amqp_error
 from consumer.cli.topology.migrate import add_migrate_parser, run_migrate
 from consumer.config.settings import Settings
-from consumer.config.startup import fail, load_handlers
+from consumer.config.startup import EXIT_CONFIG, fail, load_handlers, load_queue_table
 from consumer.errors import BrokerUnreachable, TopologyConflict, TopologyError, TopologyMissing
-from consumer.service.components import broker_config, topology_for
+from consumer.service.components import broker_config, table_topology
 from topology.apply import apply_topology, find_conflicts, missing
+from topology.bindings import ManagementError, compare_bindings, read_bindings
 from topology.model import Topology
 
 __all__ = ["add_topology_parser", "run_topology"]
@@ -60,7 +62,15 @@ async def _apply(broker: BrokerConfig, topology: Topology) -> int:
     return 0
 
 
-async def _check(broker: BrokerConfig, topology: Topology) -> int:
+@dataclass(frozen=True, slots=True)
+class _Management:
+    """Where ``check`` reads the bindings from (``CONSUMER_MANAGEMENT_URL``), and the vhost."""
+
+    url: str
+    vhost: str
+
+
+async def _check(broker: BrokerConfig, topology: Topology, management: _Management | None) -> int:
     connection = await connect(broker, "topology")
     try:
         lacking = await missing(connection, topology)
@@ -68,29 +78,53 @@ async def _check(broker: BrokerConfig, topology: Topology) -> int:
             raise TopologyMissing(
                 f"the broker lacks {', '.join(lacking)}: run `consumer topology apply` first"
             )
-        differences = await find_conflicts(connection, topology)
+        differences = [d.describe() for d in await find_conflicts(connection, topology)]
     finally:
         await connection.close()
+    if management is not None:
+        try:
+            present = await read_bindings(management.url, management.vhost)
+        except ManagementError as error:
+            raise TopologyError(f"{error} (CONSUMER_MANAGEMENT_URL)") from None
+        differences += compare_bindings(topology, present).describe()
     for difference in differences:
-        print(difference.describe())
+        print(difference)
     if differences:
         return 1
-    print("topology is in place")
+    if management is None:
+        # AMQP cannot list bindings: say so rather than vouch for them.
+        print(
+            "topology is in place: exchanges and queues (set CONSUMER_MANAGEMENT_URL to compare "
+            "the bindings too)"
+        )
+    else:
+        print("topology is in place: exchanges, queues and bindings")
     return 0
 
 
 def run_topology(settings: Settings, arguments: argparse.Namespace) -> int:
     if arguments.topology_command == "migrate":
+        if settings.queues_file is not None:
+            fail(
+                "CONSUMER_QUEUES_FILE: `consumer topology migrate` does not migrate a queue "
+                "table yet: unset it to migrate a service without one",
+                EXIT_CONFIG,
+            )
         return run_migrate(settings, arguments)
     registry = load_handlers(settings)
-    topology = topology_for(settings, registry)
+    topology = table_topology(load_queue_table(settings, registry))
     if arguments.topology_command == "apply" and arguments.dry_run:
         for line in topology.describe():
             print(line)
         return 0
-    runner = _apply if arguments.topology_command == "apply" else _check
+    broker = broker_config(settings)
+    management = None
+    if settings.management_url is not None:
+        management = _Management(settings.management_url.get_secret_value(), settings.amqp_vhost)
     try:
-        return asyncio.run(runner(broker_config(settings), topology))
+        if arguments.topology_command == "apply":
+            return asyncio.run(_apply(broker, topology))
+        return asyncio.run(_check(broker, topology, management))
     except (TopologyError, BrokerUnreachable) as error:
         fail(str(error))
     except aiormq.exceptions.ChannelAccessRefused as error:

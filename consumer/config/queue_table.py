@@ -1,0 +1,255 @@
+"""The queue table: several work queues in one service, each tuned for its kind of work.
+
+``CONSUMER_QUEUES_FILE`` names a TOML file (read with :mod:`tomllib`)::
+
+    [queues.sms]
+    types = ["notification.sms"]
+    prefetch = 400
+
+    [queues.report]
+    types = ["report.build"]
+    prefetch = 1
+    handler_timeout = "10m"
+    hard_timeout = "11m"
+
+Each ``[queues.<name>]`` lists the event types it takes (``types``) and may override, for that
+queue only, the settings :data:`OVERRIDES` names; every other setting is the service's. Each
+event type belongs to exactly one queue, and every handler's type to one queue.
+
+Parsing is pure: no broker, no database. Every problem raises
+:class:`~consumer.errors.QueueTableError` whose message is the one line start-up prints, naming
+the file, the queue and the key; a bad value is described by the setting's own check, as the
+environment variable's would be (:func:`consumer.config.setting_errors.settings_problems`).
+Without the file the service has one queue, :meth:`QueueTable.default`, with today's names.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from consumer.config.setting_errors import settings_problems
+from consumer.config.settings import Settings
+from consumer.envelope import EVENT_TYPE_PATTERN
+from consumer.errors import QueueTableError
+
+__all__ = ["OVERRIDES", "QUEUE_NAME", "QueueSpec", "QueueTable", "read_queue_table"]
+
+OVERRIDES = (
+    "prefetch",
+    "workers",
+    "batch_size",
+    "batch_wait",
+    "handler_timeout",
+    "hard_timeout",
+    "retry_delays",
+    "delivery_limit",
+    "work_queue_version",
+    "db_pool_size",
+)
+"""The keys a queue may set: each the setting of that name (``prefetch`` is
+``CONSUMER_PREFETCH``), for this queue alone."""
+
+_KEYS = ("types", *OVERRIDES)
+
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,49}$")
+"""A queue's name: a part of its broker names (``<CONSUMER_NAME>.<queue>.work``), so no dot
+(``a.retry`` would read as queue ``a``'s retry exchange)."""
+
+_EVENT_TYPE = re.compile(EVENT_TYPE_PATTERN)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSpec:
+    """One row of the table: the queue's name, its event types and its settings (the service's,
+    with the row's overrides)."""
+
+    name: str | None
+    """``None`` for the queue-less default: the service's work queue keeps today's names."""
+    types: tuple[str, ...]
+    settings: Settings
+    overrides: tuple[str, ...] = ()
+    """The keys this row sets (the others are the service's settings)."""
+
+    @property
+    def label(self) -> str:
+        """The name metrics and logs give this queue: the default is the service's name."""
+        return self.name if self.name is not None else self.settings.name
+
+
+@dataclass(frozen=True, slots=True)
+class QueueTable:
+    """Every queue of the service, in the file's order."""
+
+    queues: tuple[QueueSpec, ...]
+    path: Path | None = None
+
+    @classmethod
+    def default(cls, settings: Settings, event_types: Iterable[str]) -> QueueTable:
+        """No table: one queue taking every handler's type, under the service's own names."""
+        return cls((QueueSpec(None, tuple(sorted(event_types)), settings),))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(queue.label for queue in self.queues)
+
+    def queue_of(self, event_type: str) -> QueueSpec:
+        """The queue an event type is routed to (``KeyError`` for a type in none)."""
+        for queue in self.queues:
+            if event_type in queue.types:
+                return queue
+        raise KeyError(event_type)
+
+    def subset(self, names: Sequence[str]) -> QueueTable:
+        """The queues ``consumer run --queues a,b`` runs; an unknown name is an error."""
+        known = {queue.label: queue for queue in self.queues}
+        if not names:
+            raise QueueTableError(f"--queues names no queue of {self._where()}")
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            raise QueueTableError(
+                f"--queues: no queue {', '.join(map(repr, unknown))} in "
+                f"{self._where()} (it has {', '.join(known)})"
+            )
+        wanted = set(names)
+        return QueueTable(tuple(q for q in self.queues if q.label in wanted), self.path)
+
+    def check_handlers(self, event_types: Iterable[str]) -> None:
+        """Every type in the table has a handler, and every handler's type is in a queue."""
+        handled = set(event_types)
+        for queue in self.queues:
+            for event_type in queue.types:
+                if event_type not in handled:
+                    raise self._error(
+                        queue.name,
+                        "types",
+                        f"{event_type!r} has no handler in CONSUMER_HANDLERS",
+                    )
+        listed = {event_type for queue in self.queues for event_type in queue.types}
+        orphans = sorted(handled - listed)
+        if orphans:
+            raise self._error(
+                None,
+                "types",
+                f"no queue takes {', '.join(map(repr, orphans))}, which CONSUMER_HANDLERS "
+                "handles: add each to the types of one queue",
+            )
+
+    def _where(self) -> str:
+        return f"queue table {self.path}" if self.path is not None else "the queue table"
+
+    def _error(self, queue: str | None, key: str | None, message: str) -> QueueTableError:
+        return _error(self.path, queue, key, message)
+
+
+def _error(path: Path | None, queue: str | None, key: str | None, message: str) -> QueueTableError:
+    where = [f"invalid queue table {path}"]
+    if queue is not None:
+        where.append(f"queue {queue}")
+    if key is not None:
+        where.append(key)
+    return QueueTableError(": ".join([*where, message]))
+
+
+def read_queue_table(path: Path, settings: Settings) -> QueueTable:
+    """The table in ``path``, each queue's settings the service's ``settings`` with the row's
+    overrides; every problem a :class:`~consumer.errors.QueueTableError`."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as error:
+        raise _error(path, None, None, f"cannot read it: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise _error(path, None, None, "is not UTF-8 text") from None
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise _error(path, None, None, f"is not TOML: {error}") from None
+    return parse_queue_table(document, settings, path)
+
+
+def parse_queue_table(
+    document: Mapping[str, Any], settings: Settings, path: Path | None = None
+) -> QueueTable:
+    """The table from a parsed TOML document (``read_queue_table`` without the file)."""
+    for key in document:
+        if key != "queues":
+            raise _error(path, None, key, "unknown key (the file holds [queues.<name>] tables)")
+    rows = document.get("queues")
+    if not isinstance(rows, Mapping) or not rows:
+        raise _error(path, None, "queues", "no queue: add a [queues.<name>] table")
+    queues = [_queue(path, name, row, settings) for name, row in rows.items()]
+    owner: dict[str, str] = {}
+    for queue in queues:
+        assert queue.name is not None
+        for event_type in queue.types:
+            if event_type in owner:
+                raise _error(
+                    path,
+                    queue.name,
+                    "types",
+                    f"{event_type!r} is also in queue {owner[event_type]}: "
+                    "each event type belongs to one queue",
+                )
+            owner[event_type] = queue.name
+    return QueueTable(tuple(queues), path)
+
+
+def _queue(path: Path | None, name: str, row: object, settings: Settings) -> QueueSpec:
+    if not QUEUE_NAME.match(name):
+        raise _error(
+            path, name, None, "is not a usable queue name (letters, digits, '_', '-'; at most 50)"
+        )
+    if not isinstance(row, Mapping):
+        raise _error(path, name, None, "must be a table ([queues.<name>])")
+    for key in row:
+        if key not in _KEYS:
+            nearest = difflib.get_close_matches(key, _KEYS, n=1, cutoff=0.6)
+            hint = f"did you mean {nearest[0]}?" if nearest else f"known: {', '.join(_KEYS)}"
+            raise _error(path, name, key, f"unknown key ({hint})")
+    types = _types(path, name, row.get("types"))
+    overrides = {key: row[key] for key in OVERRIDES if key in row}
+    for key, value in overrides.items():
+        # pydantic would read true as 1: no setting here is a switch.
+        if isinstance(value, bool):
+            raise _error(path, name, key, f"is not a switch (got {str(value).lower()})")
+    return QueueSpec(name, types, _settings(path, name, settings, overrides), tuple(overrides))
+
+
+def _types(path: Path | None, queue: str, value: object) -> tuple[str, ...]:
+    if value is None:
+        raise _error(path, queue, "types", "is missing: list the event types this queue takes")
+    if not isinstance(value, list) or not value:
+        raise _error(path, queue, "types", "must be a non-empty list of event types")
+    seen: list[str] = []
+    for event_type in value:
+        if not isinstance(event_type, str) or not _EVENT_TYPE.match(event_type):
+            raise _error(path, queue, "types", f"{event_type!r} is not an event type")
+        if event_type in seen:
+            raise _error(path, queue, "types", f"lists {event_type!r} twice")
+        seen.append(event_type)
+    return tuple(seen)
+
+
+def _settings(
+    path: Path | None, queue: str, settings: Settings, overrides: Mapping[str, object]
+) -> Settings:
+    """The service's settings with the row's values, checked by the settings' own validators
+    (the cross-setting ones too: a queue's ``workers`` above its pool is refused)."""
+    if not overrides:
+        return settings
+    values = settings.model_dump()
+    # The URLs are in hand already; read from their files again they would count as set twice.
+    values.update(amqp_url_file=None, database_url_file=None, **overrides)
+    try:
+        # model_validate, not the constructor: the environment is not read again.
+        return Settings.model_validate(values)
+    except ValidationError as error:
+        problems = settings_problems(error, lambda field: field)
+        raise _error(path, queue, None, "; ".join(problems)) from None

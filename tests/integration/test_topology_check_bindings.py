@@ -1,0 +1,113 @@
+"""``consumer topology check`` compares the bindings with the plan (read from the management API,
+CONSUMER_MANAGEMENT_URL): a missing binding is no longer "in place". A node of the test's own,
+with the management plugin (the shared one has none)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aio_pika
+import aiohttp
+import pytest
+
+from tests.deploy.support import RabbitWithPrometheus
+from tests.support import REFERENCE_HANDLERS, REFERENCE_TABLE, REPO, run_cli, wait_until
+
+NAME = "check-bindings"
+TABLE = REFERENCE_TABLE
+
+
+@pytest.fixture
+async def rabbit() -> AsyncIterator[RabbitWithPrometheus]:
+    node = RabbitWithPrometheus()
+    try:
+        await node.start_async()
+
+        async def answers() -> bool:
+            try:
+                async with (
+                    aiohttp.ClientSession() as session,
+                    session.get(
+                        f"http://127.0.0.1:{node.management_port}/api/overview",
+                        headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="},  # guest:guest
+                    ) as response,
+                ):
+                    return response.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        await wait_until(answers, timeout=60, what="the management API")
+        yield node
+    finally:
+        await node.destroy_async()
+
+
+def env_for(rabbit: RabbitWithPrometheus, tmp_path: Path, *, management: bool) -> dict[str, str]:
+    table = tmp_path / "queues.toml"
+    table.write_text(TABLE)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CONSUMER_")}
+    values = {
+        **base,
+        "CONSUMER_NAME": NAME,
+        "CONSUMER_AMQP_URL": rabbit.url,
+        "CONSUMER_HANDLERS": REFERENCE_HANDLERS,
+        "CONSUMER_QUEUES_FILE": str(table),
+        "PYTHONPATH": str(REPO),
+    }
+    if management:
+        url = f"http://guest:guest@127.0.0.1:{rabbit.management_port}"
+        values["CONSUMER_MANAGEMENT_URL"] = url
+    return values
+
+
+async def test_check_finds_a_missing_binding(rabbit: RabbitWithPrometheus, tmp_path: Path) -> None:
+    # Given the table's topology applied, and the check finding it all in place
+    env = env_for(rabbit, tmp_path, management=True)
+    applied = run_cli("topology", "apply", env=env)
+    assert applied.returncode == 0, applied.stderr
+    check = run_cli("topology", "check", env=env)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "topology is in place: exchanges, queues and bindings" in check.stdout
+
+    # When one event type's binding goes (someone unbound it by hand)
+    connection = await aio_pika.connect(rabbit.url)
+    try:
+        channel = await connection.channel()
+        queue = await channel.get_queue(f"{NAME}.notify.work")
+        await queue.unbind("events", "notification.requested")
+    finally:
+        await connection.close()
+
+    # Then check names it and fails; it said "in place" before it compared bindings
+    check = run_cli("topology", "check", env=env)
+    assert check.returncode == 1, check.stdout + check.stderr
+    assert (
+        f"missing: bind events -> {NAME}.notify.work with routing key 'notification.requested'"
+    ) in check.stdout.splitlines()
+    assert "in place" not in check.stdout
+
+    # And without the management API it does not vouch for the bindings
+    blind = run_cli("topology", "check", env=env_for(rabbit, tmp_path, management=False))
+    assert blind.returncode == 0, blind.stdout + blind.stderr
+    assert "set CONSUMER_MANAGEMENT_URL to compare the bindings too" in blind.stdout
+
+    # And apply puts the binding back
+    assert run_cli("topology", "apply", env=env).returncode == 0
+    assert run_cli("topology", "check", env=env).returncode == 0
+
+
+async def test_an_unreachable_management_api_is_one_line(
+    rabbit: RabbitWithPrometheus, tmp_path: Path
+) -> None:
+    env = env_for(rabbit, tmp_path, management=True)
+    assert run_cli("topology", "apply", env=env).returncode == 0
+    env["CONSUMER_MANAGEMENT_URL"] = "http://guest:guest@127.0.0.1:1"
+
+    result = run_cli("topology", "check", env=env)
+
+    assert result.returncode == 1
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: cannot reach the management API at http://127.0.0.1:1")
+    assert "guest:guest" not in line

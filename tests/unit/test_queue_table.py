@@ -1,0 +1,207 @@
+"""The queue table (CONSUMER_QUEUES_FILE): parsing, per-queue settings, and the one line each
+unusable table stops start-up with, naming the file, the queue and the key."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from consumer.config.queue_table import OVERRIDES, QueueTable, read_queue_table
+from consumer.config.settings import Settings
+from consumer.errors import QueueTableError
+
+TABLE = """
+[queues.sms]
+types = ["notification.sms", "notification.email"]
+prefetch = 400
+
+[queues.report]
+types = ["report.build"]
+prefetch = 1
+workers = 1
+handler_timeout = "10m"
+hard_timeout = "11m"
+retry_delays = ["30s", "5m"]
+delivery_limit = 5
+work_queue_version = 2
+batch_size = 1
+batch_wait = "0s"
+db_pool_size = 2
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "queues.toml"
+    path.write_text(text)
+    return path
+
+
+def error_of(tmp_path: Path, text: str, settings: Settings | None = None) -> str:
+    path = write(tmp_path, text)
+    with pytest.raises(QueueTableError) as raised:
+        read_queue_table(path, settings or Settings()).check_handlers(
+            ["notification.sms", "notification.email", "report.build"]
+        )
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(f"invalid queue table {path}")
+    return message
+
+
+def test_each_queue_takes_its_types_and_its_own_settings(tmp_path: Path) -> None:
+    # Given a table of two queues, one tuned for long work
+    base = Settings(prefetch=50, retry_delays="1s,5s")
+
+    table = read_queue_table(write(tmp_path, TABLE), base)
+
+    # Then each row has its types, its overrides, and the service's other settings
+    sms, report = table.queues
+    assert (sms.name, sms.types) == ("sms", ("notification.sms", "notification.email"))
+    assert sms.settings.prefetch == 400
+    assert sms.settings.retry_delays == base.retry_delays
+    assert report.settings.prefetch == 1
+    assert report.settings.workers == 1
+    assert report.settings.batch_size == 1
+    assert report.settings.batch_wait == timedelta(0)
+    assert report.settings.db_pool_size == 2
+    assert report.settings.handler_timeout == timedelta(minutes=10)
+    assert report.settings.hard_timeout == timedelta(minutes=11)
+    assert report.settings.retry_delays == (timedelta(seconds=30), timedelta(minutes=5))
+    assert report.settings.delivery_limit == 5
+    assert report.settings.work_queue_version == 2
+    assert report.settings.name == base.name
+    # every key a row may set, in the order the table's reference lists them
+    assert report.overrides == OVERRIDES
+    assert table.queue_of("report.build") is report
+    table.check_handlers(["notification.sms", "notification.email", "report.build"])
+
+
+def test_a_row_without_overrides_is_the_service_settings(tmp_path: Path) -> None:
+    base = Settings()
+    table = read_queue_table(write(tmp_path, '[queues.a]\ntypes = ["a.b"]\n'), base)
+    assert table.queues[0].settings is base
+
+
+def test_without_a_file_one_queue_takes_every_type_under_todays_names() -> None:
+    base = Settings(name="svc")
+
+    table = QueueTable.default(base, ["b.x", "a.x"])
+
+    (queue,) = table.queues
+    assert queue.name is None
+    assert queue.label == "svc"
+    assert queue.types == ("a.x", "b.x")
+    assert queue.settings is base
+
+
+def test_retry_delays_may_be_the_settings_text(tmp_path: Path) -> None:
+    text = '[queues.a]\ntypes = ["a.b"]\nretry_delays = "1s,5s"\n[queues.c]\ntypes = ["c.d"]\n'
+    text += 'retry_delays = "none"\n'
+    a, c = read_queue_table(write(tmp_path, text), Settings()).queues
+    assert a.settings.retry_delays == (timedelta(seconds=1), timedelta(seconds=5))
+    assert c.settings.retry_delays == ()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # an unknown key, in a queue and at the top
+        (
+            '[queues.sms]\ntypes = ["notification.sms"]\nprefech = 3\n',
+            "queue sms: prefech: unknown key (did you mean prefetch?)",
+        ),
+        ('colour = "red"\n', ": colour: unknown key"),
+        # a bad value reads like the setting's own error
+        (
+            '[queues.sms]\ntypes = ["notification.sms"]\nprefetch = 0\n',
+            "queue sms: prefetch: Input should be greater than or equal to 1 (got 0)",
+        ),
+        (
+            '[queues.sms]\ntypes = ["notification.sms"]\nhandler_timeout = "soon"\n',
+            "queue sms: handler_timeout: is not a duration",
+        ),
+        (
+            '[queues.sms]\ntypes = ["notification.sms"]\nretry_delays = ["5s", "5s"]\n',
+            "queue sms: retry_delays: has the same delay twice (5s)",
+        ),
+        (
+            '[queues.sms]\ntypes = ["notification.sms"]\nworkers = 9\n',
+            "queue sms: workers: must be at most CONSUMER_DB_POOL_SIZE (4)",
+        ),
+        (
+            '[queues.sms]\ntypes = ["notification.sms"]\nhandler_timeout = "1m"\n',
+            "queue sms: hard_timeout: must be longer than CONSUMER_HANDLER_TIMEOUT (1m)",
+        ),
+        (
+            '[queues.sms]\ntypes = ["notification.sms"]\nprefetch = true\n',
+            "queue sms: prefetch: is not a switch",
+        ),
+        # a type in two queues
+        (
+            '[queues.a]\ntypes = ["notification.sms"]\n[queues.b]\ntypes = ["notification.sms"]\n',
+            "queue b: types: 'notification.sms' is also in queue a",
+        ),
+        # an event type with no handler
+        (
+            '[queues.a]\ntypes = ["notification.sms", "notification.email", "report.build",'
+            ' "nobody.home"]\n',
+            "queue a: types: 'nobody.home' has no handler",
+        ),
+        # a handler in no queue
+        (
+            '[queues.a]\ntypes = ["notification.sms", "notification.email"]\n',
+            ": types: no queue takes 'report.build', which CONSUMER_HANDLERS handles",
+        ),
+        # the shape
+        ("[queues.a]\nprefetch = 1\n", "queue a: types: is missing"),
+        ("[queues.a]\ntypes = []\n", "queue a: types: must be a non-empty list"),
+        ('[queues.a]\ntypes = ["Not A Type"]\n', "queue a: types: 'Not A Type' is not an event"),
+        ('[queues."a.b"]\ntypes = ["a.b"]\n', "queue a.b: is not a usable queue name"),
+        ("queues = 3\n", ": queues: no queue"),
+        ("[queues]\n", ": queues: no queue"),
+        ("[queues\n", ": is not TOML"),
+    ],
+    ids=[
+        "unknown-key",
+        "unknown-top-key",
+        "bad-value",
+        "bad-duration",
+        "bad-ladder",
+        "workers-over-pool",
+        "soft-over-hard",
+        "bool",
+        "type-in-two-queues",
+        "type-without-handler",
+        "handler-in-no-queue",
+        "no-types",
+        "empty-types",
+        "bad-type",
+        "bad-queue-name",
+        "queues-not-a-table",
+        "no-queue",
+        "not-toml",
+    ],
+)
+def test_an_unusable_table_is_one_line_naming_the_file_queue_and_key(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    assert expected in error_of(tmp_path, text)
+
+
+def test_a_missing_file_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "nowhere.toml"
+    with pytest.raises(QueueTableError, match=f"invalid queue table {path}: cannot read it"):
+        read_queue_table(path, Settings())
+
+
+def test_a_subset_keeps_the_named_queues_and_refuses_unknown_ones(tmp_path: Path) -> None:
+    table = read_queue_table(write(tmp_path, TABLE), Settings())
+
+    assert table.subset(["report"]).names == ("report",)
+    assert table.subset(["report", "sms"]).names == ("sms", "report")
+    with pytest.raises(QueueTableError, match="--queues: no queue 'pay'"):
+        table.subset(["pay"])
+    with pytest.raises(QueueTableError, match="--queues names no queue"):
+        table.subset([])

@@ -252,6 +252,11 @@ def _reap(pid: int, timeout: float = 10) -> None:
         time.sleep(0.05)
 
 
+def lab_namespaces() -> set[str]:
+    """Every network namespace on the machine that a lab could have made (``<tag>-<host>``)."""
+    return {line.split()[0] for line in _run("ip", "netns", "list").splitlines() if line.strip()}
+
+
 def leftovers(tag: str) -> list[str]:
     """What ``tag`` left: namespaces, interfaces in the machine's own namespace, processes in a
     namespace of its (by ``ip netns pids``)."""

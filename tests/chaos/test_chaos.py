@@ -11,20 +11,26 @@ from pathlib import Path
 
 import pytest
 
+from tests.chaos.network import lab_namespaces
 from tests.chaos.runner import run
 from tests.chaos.scenarios import PROFILES
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(720)  # past the profile's own budget (600s), which ends it cleanly
+@pytest.mark.timeout(840)  # past the profile's own budget (720s), which ends it cleanly
 async def test_short_profile_applies_every_event_once_and_dead_letters_the_rest(
     tmp_path: Path,
 ) -> None:
     # Given the short profile's scenarios, each with its own consumers, names and database
+    namespaces = lab_namespaces()
     # When events flow through every fault
     report = await run(PROFILES["short"], command="pytest tests/chaos", results_dir=tmp_path)
 
-    # Then no event is lost or applied twice, and every invariant holds in every scenario
+    # Then the network lab left no namespace behind (its processes and interfaces go with them:
+    # tests/chaos/test_network.py)
+    assert lab_namespaces() <= namespaces
+
+    # and no event is lost or applied twice, and every invariant holds in every scenario
     print(report.markdown())
     problems = [
         f"{result.slug}: {problem}"

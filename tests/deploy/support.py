@@ -51,6 +51,7 @@ GRAFANA_SUBSTITUTIONS = {
     "$job": "consumer",
     "$instance": ".+",
     "$name": "consumer",
+    "$queue": ".*",
 }
 
 

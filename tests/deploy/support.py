@@ -36,6 +36,7 @@ COMPOSE = DEPLOY / "compose.yaml"
 COMPOSE_CLUSTER = DEPLOY / "compose.cluster.yaml"
 """compose.yaml's override with a three-node RabbitMQ cluster."""
 K8S = DEPLOY / "k8s"
+K8S_QUEUE_TABLE = K8S / "queue-table"
 RUNBOOKS_BASE = "https://runbooks.example.com/consumer"
 """The base of every rule's runbook_url, which a deployer replaces (deploy/README.md)."""
 SYSTEMD = DEPLOY / "systemd"
@@ -50,6 +51,7 @@ GRAFANA_SUBSTITUTIONS = {
     "$job": "consumer",
     "$instance": ".+",
     "$name": "consumer",
+    "$queue": ".*",
 }
 
 
@@ -118,9 +120,13 @@ def compose_model(*overrides: Path) -> dict[str, Any]:
 
 
 def k8s_manifests() -> dict[Path, dict[str, Any]]:
-    """Every manifest under k8s/ (one document per file), examples included."""
+    """Every manifest under k8s/ (one document per file), examples included; not the queue
+    table's Component (k8s/queue-table), whose Deployments replace the base's one:
+    tests/deploy/test_kubernetes_queue_table.py checks it."""
     found: dict[Path, dict[str, Any]] = {}
     for path in sorted(K8S.rglob("*.yaml")):
+        if K8S_QUEUE_TABLE in path.parents:
+            continue
         (document,) = yaml_documents(path)
         found[path] = document
     return found

@@ -104,8 +104,27 @@ def test_queue_names_come_from_the_service_name_variable() -> None:
         for matcher in re.findall(r'queue=~?"([^"]*)"', query)
     ]
 
-    assert queue_matchers
-    assert all(matcher.startswith("$name") for matcher in queue_matchers), queue_matchers
+    # The broker's queue names come from $name; the consumer's own queue label (a queue table's
+    # queue) is the $queue variable
+    broker = [matcher for matcher in queue_matchers if matcher != "$queue"]
+    assert broker
+    assert all(matcher.startswith("$name") for matcher in broker), broker
+
+
+def test_every_consumer_series_is_filtered_by_the_queue_variable() -> None:
+    selectors = [
+        selector
+        for query in dashboard_queries()
+        for selector in re.findall(r"(consumer_\w+)\{([^}]*)\}", query)
+        if selector[0] not in ("consumer_build_info", "consumer_service_info")
+    ]
+    variable = {v["name"]: v for v in dashboard()["templating"]["list"]}["queue"]
+
+    assert selectors
+    assert [name for name, matchers in selectors if 'queue=~"$queue"' not in matchers] == []
+    # All takes the series without the label too (no queue table)
+    assert variable["includeAll"] is True
+    assert variable["allValue"] == ".*"
 
 
 @pytest.mark.parametrize("version", [1, 2, 10])

@@ -179,3 +179,18 @@ def test_the_stuck_dead_lettering_runbook_gives_the_step_the_chaos_runner_applie
     step = restart_member_expression("$QUEUE", "$VHOST").replace('"', '\\"')
 
     assert step in " ".join(runbook.split())
+
+
+@pytest.mark.parametrize("service", _SERVICES)
+def test_the_work_queue_rules_take_a_queue_tables_work_queue_as_service_dot_queue(
+    service: str,
+) -> None:
+    # Given a queue table's queue: its work queue <name>.<queue>.work, its dead-letter queue
+    names = Names(service, "events", queue="charges")
+
+    # Then the rules watching the work queue take it, and read <name>.<queue> from it: the name
+    # the join builds from consumer_service_info's name and queue labels
+    for alert in _WATCH_THE_WORK_QUEUE:
+        patterns, to_name = _queue_rule(alert)
+        _assert_watched(names.work, f"{service}.charges", patterns, to_name)
+        assert [pattern for pattern in patterns if re.fullmatch(pattern, names.dead)] == []

@@ -175,8 +175,11 @@ def build_service(
     concurrency = Concurrency(
         limits=concurrency_limits(
             settings,
-            # A queue of the table starts as its own handlers would, not another queue's.
-            per_event_handlers=any(
+            # A queue of the table starts as its own handlers would, not another queue's; a
+            # registry with any batch handler starts as batch handlers do (the start of
+            # concurrency_policy.initial for per-event handlers only: small batches of a batch
+            # handler go through its per-event form and would keep the start in place).
+            per_event_handlers=all(
                 registry[event_type].many is None
                 for event_type in (queue.types if queue is not None else registry)
                 if event_type in registry

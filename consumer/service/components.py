@@ -49,7 +49,7 @@ __all__ = [
 def concurrency_limits(settings: Settings, *, per_event_handlers: bool = False) -> Limits:
     """What bounds the worker count and batch size chosen as the service runs
     (:mod:`consumer.service.concurrency_policy`), and what pins them. ``per_event_handlers``:
-    whether the registry has any (the start differs)."""
+    whether every handler is one (the start differs)."""
     return Limits(
         prefetch=settings.prefetch,
         pool_size=settings.db_pool_size,
@@ -60,8 +60,8 @@ def concurrency_limits(settings: Settings, *, per_event_handlers: bool = False) 
 
 
 def worker_count(settings: Settings) -> int:
-    """The workers the service starts with when every handler is a batch handler (with a
-    per-event one it starts at :attr:`~consumer.service.concurrency_policy.Limits.max_workers`:
+    """The workers the service starts with unless every handler is a per-event one (then it
+    starts at :attr:`~consumer.service.concurrency_policy.Limits.max_workers`:
     :func:`~consumer.service.concurrency_policy.initial`): ``CONSUMER_WORKERS``, or one per
     :data:`~consumer.service.concurrency_policy.WINDOW_PER_WORKER` (400) of the prefetch window,
     at least one and at most ``CONSUMER_DB_POOL_SIZE``: one at the default prefetch of 400.

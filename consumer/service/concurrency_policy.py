@@ -76,7 +76,7 @@ class Limits:
     batch_size: int | None = None
     """``CONSUMER_BATCH_SIZE``: pinned when set."""
     per_event_handlers: bool = False
-    """Whether any handler is a per-event one (``register``): then the start is
+    """Whether every handler is a per-event one (``register``): then the start is
     :func:`initial`'s guess for handlers that may await, not the batch handlers' single worker."""
 
     @property

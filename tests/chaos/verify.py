@@ -126,17 +126,20 @@ class Resources:
     innocents wait for the broker to stream the bodies and the consumers to read them, a cost
     set by their bytes: bench/frame_reader.py)."""
 
+    def ratio(self, block: Throughput | None, rate: str) -> float | None:
+        """``block``'s ``rate`` (``per_second`` or ``per_cpu_second``) over the clean block's."""
+        clean_rate = getattr(self.clean, rate, 0.0) if self.clean is not None else 0.0
+        if block is None or not clean_rate:
+            return None
+        return float(getattr(block, rate)) / clean_rate
+
     @property
     def wall_ratio(self) -> float | None:
-        if self.clean is None or self.attack is None or not self.clean.per_second:
-            return None
-        return self.attack.per_second / self.clean.per_second
+        return self.ratio(self.attack, "per_second")
 
     @property
     def cpu_ratio(self) -> float | None:
-        if self.clean is None or self.attack is None or not self.clean.per_cpu_second:
-            return None
-        return self.attack.per_cpu_second / self.clean.per_cpu_second
+        return self.ratio(self.attack, "per_cpu_second")
 
     def describe(self) -> str:
         parts = []
@@ -158,16 +161,11 @@ class Resources:
             parts.append(
                 f"among header floods / clean: {wall:.2f} wall-clock, {cpu:.2f} CPU (floor)"
             )
-        clean = self.clean
-        if self.bodies is not None and clean is not None and clean.per_second:
-            per_cpu = (
-                f"{self.bodies.per_cpu_second / clean.per_cpu_second:.2f}"
-                if clean.per_cpu_second
-                else "?"
-            )
+        if (bodies_wall := self.ratio(self.bodies, "per_second")) is not None:
+            bodies_cpu = self.ratio(self.bodies, "per_cpu_second")
+            per_cpu = "?" if bodies_cpu is None else f"{bodies_cpu:.2f}"
             parts.append(
-                "among oversized bodies / clean: "
-                f"{self.bodies.per_second / clean.per_second:.2f} wall-clock, {per_cpu} CPU "
+                f"among oversized bodies / clean: {bodies_wall:.2f} wall-clock, {per_cpu} CPU "
                 "(reported, no floor)"
             )
         return "; ".join(parts)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import aiormq
 from aio_pika.abc import AbstractIncomingMessage
@@ -33,7 +33,9 @@ from topology.names import Names
 
 __all__ = [
     "EXIT_PENDING",
+    "Steps",
     "add_migrate_parser",
+    "answered_offline",
     "carry_out",
     "from_flags",
     "moved_headers",
@@ -171,6 +173,28 @@ def carry_out(
     return True
 
 
+class Steps(Protocol):
+    """A migration's steps, as a :class:`MigrationPlan` or a queue table's migration has them."""
+
+    @property
+    def changes_nothing(self) -> bool: ...
+
+    def describe(self) -> list[str]: ...
+
+
+def answered_offline(steps: Steps, *, dry_run: bool) -> bool:
+    """Print what needs no broker (nothing to migrate, or with ``dry_run`` the steps); true when
+    that was all."""
+    if steps.changes_nothing:
+        print("nothing to migrate: the two plans are the same")
+        return True
+    if dry_run:
+        for line in steps.describe():
+            print(line)
+        return True
+    return False
+
+
 def run_migrate(settings: Settings, arguments: argparse.Namespace) -> int:
     registry = load_handlers(settings)
     old, new = old_settings(settings, arguments), settings
@@ -180,12 +204,7 @@ def run_migrate(settings: Settings, arguments: argparse.Namespace) -> int:
         plan = plan_migration(topology_spec(old, registry), topology_spec(new, registry))
     except MigrationRefused as error:
         fail(str(error), EXIT_CONFIG)
-    if plan.changes_nothing:
-        print("nothing to migrate: the two plans are the same")
-        return 0
-    if arguments.dry_run:
-        for line in plan.describe():
-            print(line)
+    if answered_offline(plan, dry_run=arguments.dry_run):
         return 0
     names = topology_spec(new, registry).names
     if not carry_out(settings, plan, moved_headers(names), arguments.wait):

@@ -13,13 +13,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from consumer.cli.topology.migrate import EXIT_PENDING, carry_out, from_flags, moved_headers
+from consumer.cli.topology.migrate import (
+    EXIT_PENDING,
+    answered_offline,
+    carry_out,
+    from_flags,
+    moved_headers,
+)
 from consumer.config.queue_table import QueueTable, read_queue_table
 from consumer.config.settings import Settings
 from consumer.config.startup import EXIT_CONFIG, fail, load_handlers, load_queue_table
 from consumer.errors import QueueTableError
 from consumer.service.components import topology_spec
 from topology.migration_plan import MigrationRefused
+from topology.names import Names
 from topology.plan import TopologySpec
 from topology.table_migration import TableMigration, plan_table_migration
 
@@ -39,7 +46,8 @@ def _old_table(settings: Settings, path: str) -> QueueTable:
         fail(f"--from-queues-file: {error}", EXIT_CONFIG)
 
 
-def _plan(settings: Settings, arguments: argparse.Namespace) -> TableMigration:
+def _plan(settings: Settings, arguments: argparse.Namespace) -> tuple[TableMigration, list[Names]]:
+    """The migration, and the names of every queue of both tables."""
     flags = from_flags(arguments)
     if flags:
         fail(
@@ -56,30 +64,20 @@ def _plan(settings: Settings, arguments: argparse.Namespace) -> TableMigration:
     registry = load_handlers(settings)
     new = table_specs(load_queue_table(settings, registry))
     old = table_specs(_old_table(settings, arguments.from_queues_file))
+    names = [spec.names for spec in (*old, *new)]
     if arguments.rollback:
         old, new = new, old
     try:
-        return plan_table_migration(old, new)
+        return plan_table_migration(old, new), names
     except MigrationRefused as error:
         fail(str(error), EXIT_CONFIG)
 
 
 def run_table_migrate(settings: Settings, arguments: argparse.Namespace) -> int:
-    migration = _plan(settings, arguments)
-    if migration.changes_nothing:
-        print("nothing to migrate: the two plans are the same")
+    migration, names = _plan(settings, arguments)
+    if answered_offline(migration, dry_run=arguments.dry_run):
         return 0
-    if arguments.dry_run:
-        for line in migration.describe():
-            print(line)
-        return 0
-    registry = load_handlers(settings)
-    tables = [
-        load_queue_table(settings, registry),
-        _old_table(settings, arguments.from_queues_file),
-    ]
     # A copy moved out of any queue's work queue: that queue's redeliver exchange is the service's.
-    names = [spec.names for table in tables for spec in table_specs(table)]
     if not carry_out(settings, migration.plan, moved_headers(*names), arguments.wait):
         return EXIT_PENDING
     for move in migration.moved:

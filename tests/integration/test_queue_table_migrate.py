@@ -20,6 +20,7 @@ from tests.support import (
     fetchval,
     movements_at_least,
     queue_depth,
+    queue_exists,
     restocks,
     run_cli,
     wait_until,
@@ -204,3 +205,55 @@ async def test_the_settings_flags_are_refused_with_a_table(env: TestEnv, tmp_pat
     assert "--from-delivery-limit: with CONSUMER_QUEUES_FILE" in refused.stderr
     assert missing.returncode == 2
     assert "--from-queues-file OLD.toml" in missing.stderr
+
+
+async def test_a_queue_leaving_the_table_has_what_it_holds_moved_then_back(
+    env: TestEnv, tmp_path: Path
+) -> None:
+    # Given queue b holding events no one consumes yet, and a new table where a takes b's types
+    old_table, _ = _tables(env, tmp_path)
+    merged = tmp_path / "merged-queues.toml"
+    merged.write_text(
+        '[queues.a]\ntypes = ["inventory.restock", "inventory.reserve", "test.behave", '
+        '"notification.requested", "test.behave_many", "test.odd"]\nretry_delays = "200ms,1s"\n'
+    )
+    merged_env = env.env(queues_file=str(merged))
+    async with env.producer() as producer:
+        waiting = [
+            await producer.send("test.odd", {"key": f"o{n}", "name": "x"}) for n in range(30)
+        ]
+    await wait_until(lambda: _depth_is(env, "b", 30), what="the events in queue b")
+
+    # When the migration runs
+    migrate = ("consumer", "topology", "migrate", f"--from-queues-file={old_table}")
+    merged_run = run_cli(*migrate, env=merged_env)
+
+    # Then b's work queue and rungs are moved into a and deleted; its dead-letter queue stays
+    assert merged_run.returncode == 0, merged_run.stdout + merged_run.stderr
+    assert (
+        f"move the messages of {env.name}.b.work to exchange {env.name}.a.redeliver: moved 30"
+        in (merged_run.stdout)
+    )
+    assert not await queue_exists(env.amqp_url, _queue(env, "b"))
+    assert not await queue_exists(env.amqp_url, _queue(env, "b", "retry.300ms"))
+    assert await queue_exists(env.amqp_url, _queue(env, "b", "dead"))
+    assert await queue_depth(env.amqp_url, _queue(env, "a")) == 30
+
+    # When it is rolled back: b is declared again, and its types routed to it
+    back = run_cli(*migrate, "--rollback", env=merged_env)
+    assert back.returncode == 0, back.stdout + back.stderr
+    async with env.producer() as producer:
+        later = [await producer.send("test.odd", {"key": f"p{n}", "name": "x"}) for n in range(5)]
+    await wait_until(lambda: _depth_is(env, "b", 5), what="the later events in queue b")
+
+    # Then the service on the old table applies each of them once
+    service = ServiceProcess(env)
+    await service.start().wait_ready()
+
+    async def applied() -> bool:
+        return await _count(env, "receipts") == len(waiting) + len(later)
+
+    await wait_until(applied, timeout=60, what="every event applied")
+    assert await service.stop() == 0
+    for queue in ("a", "b"):
+        assert await queue_depth(env.amqp_url, _queue(env, queue, "dead")) == 0

@@ -83,15 +83,17 @@ async def refund(event: Envelope[Refund], conn: Connection) -> None:
 @register("billing.invoice", payload=Invoice, key=lambda invoice: invoice.order_id)
 async def invoice(event: Envelope[Invoice], conn: Connection) -> None:
     # A team would render and send the invoice here: the slow part, which its queue's time limit
-    # (queues.toml) is for. Recorded in the same transaction as the event's receipt.
+    # (queues.toml) is for. One invoice per order: the unique order_id decides, also between two
+    # replicas at once (the second insert waits for the first's transaction, then does nothing).
     order_id = event.payload.order_id
-    issued = await conn.fetchval("SELECT number FROM invoices WHERE order_id = $1", order_id)
-    if issued is not None:
-        # Another event, not a copy of this one (a copy is a duplicate before it gets here).
-        raise PermanentError(f"order {order_id}: already invoiced as {issued}")
-    await conn.execute(
-        "INSERT INTO invoices (event_id, order_id, number) VALUES ($1, $2, $3)",
+    recorded = await conn.fetchval(
+        "INSERT INTO invoices (event_id, order_id, number) VALUES ($1, $2, $3)"
+        " ON CONFLICT (order_id) DO NOTHING RETURNING number",
         event.event_id,
         order_id,
         event.payload.number,
     )
+    if recorded is None:
+        # Another event than the first invoice (a copy of one is a duplicate before it gets here).
+        issued = await conn.fetchval("SELECT number FROM invoices WHERE order_id = $1", order_id)
+        raise PermanentError(f"order {order_id}: already invoiced as {issued}")

@@ -22,7 +22,15 @@ from consumer.config.queue_table import read_queue_table
 from consumer.config.settings import DEFAULT_HANDLER_MODULES
 from consumer.service.components import names_for
 from tests.conftest import drop_database
-from tests.support import REPO, TestEnv, connect_any, fetch, fetchval, queue_depth, wait_until
+from tests.support import (
+    REPO,
+    TestEnv,
+    fetch,
+    fetchval,
+    queue_consumers,
+    queue_depth,
+    wait_until,
+)
 from tests.wheels import EXAMPLE, EXAMPLE_HANDLERS, Installed, InstalledService
 
 # Another tool's ledger (golang-migrate's) and a table of the team's own with a reference name.
@@ -190,17 +198,6 @@ def test_python_m_consumer_and_python_m_topology_work_from_the_installed_package
     assert f"bind {ingress} -> {env.names.work} with routing key 'billing.charge'" in plan.stdout
 
 
-async def _consumers(amqp_url: str, queue: str) -> int:
-    """How many consumers the broker counts on ``queue`` (a passive declare's answer)."""
-    connection = await connect_any(amqp_url)
-    try:
-        channel = await connection.channel()
-        declared = await channel.declare_queue(queue, passive=True)
-        return int(declared.declaration_result.consumer_count or 0)
-    finally:
-        await connection.close()
-
-
 async def test_a_team_runs_the_example_queue_table_from_the_installed_wheels(
     env: TestEnv,
     installed_product: Installed,
@@ -239,7 +236,7 @@ async def test_a_team_runs_the_example_queue_table_from_the_installed_wheels(
     assert set(body["queues"]) == set(table.names)
     assert [q for q, state in body["queues"].items() if not state["consuming"]] == []
     for queue, work in work_queues.items():
-        assert await _consumers(env.amqp_url, work) == 1, work
+        assert await queue_consumers(env.amqp_url, work) == 1, work
         assert await service.metric("consumer_consuming", queue=queue) == 1
 
     # And when an event of each queue is published (the refund once its charge is in; by the

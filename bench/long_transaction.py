@@ -135,7 +135,9 @@ async def _sample(conn: asyncpg.Connection[Any], holder: int | None, started: fl
     return Sample(round(time.monotonic() - started, 1), locks, xid_age, int(dead), int(size))
 
 
-async def _phase(dsn: str, name: str, seconds: float, rows: int, rate: float, every: float) -> Phase:
+async def _phase(
+    dsn: str, name: str, seconds: float, rows: int, rate: float, every: float
+) -> Phase:
     phase = Phase(name, seconds)
     setup = await asyncpg.connect(dsn)
     await setup.execute(

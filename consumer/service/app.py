@@ -13,6 +13,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from uuid import UUID, uuid4
 
 from prometheus_client import CollectorRegistry
@@ -132,6 +133,7 @@ def build_service(
     message_log: MessageLog | None = None,
     queue: QueueSpec | None = None,
     prune: bool = True,
+    receipts_kept: timedelta | None = None,
 ) -> Service:
     """The service, wired: a delivery passes the dispatcher, a worker, the pipeline (prepare,
     batch engine, handler call) and the settler, in that order; ``tracing`` follows it through
@@ -140,7 +142,9 @@ def build_service(
 
     With ``queue`` (a row of the queue table, ``settings`` its own), the service of that queue:
     its work queue, ladder and dead letters, its channel, prefetch, workers and pool; ``prune``
-    false leaves the receipts' partitions to another queue's service (one table, one pruner)."""
+    false leaves the receipts' partitions to another queue's service (one table, one pruner);
+    ``receipts_kept``: how long the pruner keeps them, the table's longest retention (each
+    queue's own expiry check is its own ``receipt_retention``)."""
     name = queue.name if queue is not None else None
     names = names_for(settings, name)
     topology = (
@@ -238,7 +242,7 @@ def build_service(
         metrics=metrics,
         pruner=PeriodicPruner(
             ReceiptPruner(
-                receipt_window(settings),
+                receipt_window(settings, receipts_kept),
                 max_future_skew=settings.max_future_skew,
                 lock_wait=settings.receipt_prune_lock_wait,
             ),
@@ -343,6 +347,7 @@ async def serve_table(
                 message_log=message_log,
                 queue=queue,
                 prune=index == 0,
+                receipts_kept=table.receipt_retention,
             )
             registries[queue.label] = metrics.registry
 

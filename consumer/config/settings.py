@@ -163,8 +163,9 @@ class Settings(BaseSettings):
     queues_file: Path | None = None
     """The queue table: a TOML file of `[queues.<name>]` tables, each listing the event `types`
     it takes and what of `prefetch`, `workers`, `batch_size`, `batch_wait`, `handler_timeout`,
-    `hard_timeout`, `retry_delays`, `delivery_limit`, `work_queue_version` and `db_pool_size` it
-    sets for itself (see The queue table). Unset: one work queue for every type, as before."""
+    `hard_timeout`, `retry_delays`, `delivery_limit`, `work_queue_version`, `db_pool_size`,
+    `receipt_retention` and `ack_timeout` it sets for itself (see The queue table). Unset: one
+    work queue for every type, as before."""
     handler_timeout: Duration = timedelta(seconds=15)
     """Soft time limit per handler (`register(..., timeout=)` overrides)."""
     hard_timeout: Duration = timedelta(seconds=20)
@@ -172,12 +173,12 @@ class Settings(BaseSettings):
     broker_ack_timeout: Duration = timedelta(minutes=30)
     """RabbitMQ's delivery acknowledgement timeout (`consumer_timeout` in `rabbitmq.conf`; 30
     minutes by default), declared, not set: a queue's time limit must end 5 minutes before it.
-    Raised there, declare it here (see Long work)."""
+    Raised there, declare it here (see The queue table, Long work)."""
     ack_timeout: Duration | None = None
     """The work queue's own delivery acknowledgement timeout, set by `consumer topology apply`
     (queue argument `x-consumer-timeout`, RabbitMQ 3.12 and later; an older broker is refused at
-    start-up), at least the hard time limit plus 5 minutes. Unset: the broker's (see Long
-    work)."""
+    start-up), at least the hard time limit plus 5 minutes. Unset: the broker's (see The queue
+    table, Long work)."""
     shutdown_grace: Duration = timedelta(seconds=30)
     """Time in-flight events get to finish after SIGTERM."""
     publish_timeout: Duration = timedelta(seconds=10)

@@ -72,7 +72,7 @@ async def test_a_crash_in_one_queue_never_quarantines_another_queue_s_deliveries
     service = ServiceProcess(env, "run-0").start()
 
     async def innocents_in_flight() -> bool:
-        return await fetchval(env.database_url, "SELECT count(*) FROM handler_calls") >= 1
+        return int(await fetchval(env.database_url, "SELECT count(*) FROM handler_calls")) >= 1
 
     await wait_until(innocents_in_flight, timeout=30, what="the innocents' queue at work")
     async with env.producer() as producer:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import random
@@ -30,11 +29,12 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import asyncpg
+
+from bench.infra import scratch_database
 
 __all__ = ["Phase", "main", "measure"]
 
@@ -67,28 +67,6 @@ class Phase:
     size_after: int = 0
     size_after_commit_vacuum: int = 0
     not_removable_after_commit: int | None = None
-
-
-def _dsn(admin_dsn: str, database: str) -> str:
-    return admin_dsn.rsplit("/", 1)[0] + "/" + database
-
-
-@contextlib.asynccontextmanager
-async def _scratch(admin_dsn: str) -> AsyncIterator[str]:
-    name = f"bench_longtx_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(admin_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    try:
-        yield _dsn(admin_dsn, name)
-    finally:
-        admin = await asyncpg.connect(admin_dsn)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
 
 
 async def _vacuum(conn: asyncpg.Connection[Any]) -> tuple[int | None, int | None, int | None]:
@@ -209,7 +187,7 @@ async def measure(
     admin_dsn: str, *, minutes: float, rows: int, rate: float, every: float
 ) -> dict[str, Any]:
     seconds = minutes * 60
-    async with _scratch(admin_dsn) as dsn:
+    async with scratch_database(admin_dsn, f"bench_longtx_{uuid.uuid4().hex[:10]}") as dsn:
         conn = await asyncpg.connect(dsn)
         version = await conn.fetchval("SHOW server_version")
         await conn.close()

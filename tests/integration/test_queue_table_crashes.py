@@ -9,7 +9,6 @@ process, exit 17), the service restarted each time as a supervisor would."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from pathlib import Path
@@ -23,6 +22,7 @@ from tests.support import (
     fetch,
     fetchval,
     queue_depth,
+    restarted_while_it_dies,
     run_cli,
     wait_until,
 )
@@ -79,17 +79,7 @@ async def test_a_crash_in_one_queue_never_quarantines_another_queue_s_deliveries
         crasher = await producer.send("test.behave", behave("segfault", crash=True))
 
     # When a supervisor restarts the service each time it dies
-    restarts = 0
-    while True:
-        try:
-            exit_code = await service.wait_exit(timeout=20)
-        except AssertionError:
-            break  # it stayed up: the culprit is being dead-lettered
-        assert exit_code == 17
-        restarts += 1
-        assert restarts <= 1 + CRASH_STRIKES, "crash attribution should have named the culprit"
-        await asyncio.sleep(0.2)
-        service = ServiceProcess(env, f"run-{restarts}").start()
+    restarts, service = await restarted_while_it_dies(env, service, most=1 + CRASH_STRIKES)
 
     async def culprit_dead() -> bool:
         return await queue_depth(env.amqp_url, killer_dead) == 1

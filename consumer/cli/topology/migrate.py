@@ -18,16 +18,23 @@ from aio_pika.abc import AbstractIncomingMessage
 from pydantic import ValidationError
 
 from consumer.amqp import headers as h
-from consumer.amqp.connect import BrokerConfig, connect, describe_amqp_error
+from consumer.amqp.connect import (
+    BrokerConfig,
+    check_broker_supports,
+    connect,
+    describe_amqp_error,
+)
 from consumer.config.settings import Settings
 from consumer.config.startup import EXIT_CONFIG, fail, load_handlers
 from consumer.durations import parse_duration
-from consumer.errors import BrokerUnreachable
+from consumer.errors import BrokerUnreachable, BrokerUnsupported
 from consumer.service.components import broker_config, topology_spec
 from topology.migrate import MigrationConflict, MigrationReport, StepResult, run_migration
 from topology.migration_plan import MigrationPlan, MigrationRefused, plan_migration
+from topology.model import Topology
 from topology.mover import MoveFailed
 from topology.names import Names
+from topology.plan import build_topology
 
 __all__ = ["EXIT_PENDING", "add_migrate_parser", "moved_headers", "run_migrate"]
 
@@ -110,10 +117,11 @@ def _print_step(number: int, result: StepResult) -> None:
 
 
 async def _migrate(
-    broker: BrokerConfig, plan: MigrationPlan, names: Names, wait: float
+    broker: BrokerConfig, plan: MigrationPlan, names: Names, wait: float, target: Topology
 ) -> MigrationReport:
     connection = await connect(broker, "topology")
     try:
+        check_broker_supports(connection, target)
         return await run_migration(
             connection,
             plan,
@@ -142,11 +150,19 @@ def run_migrate(settings: Settings, arguments: argparse.Namespace) -> int:
         for line in plan.describe():
             print(line)
         return 0
-    names = topology_spec(new, registry).names
+    target = topology_spec(new, registry)
     try:
         report = asyncio.run(
-            _migrate(broker_config(settings), plan, names, arguments.wait.total_seconds())
+            _migrate(
+                broker_config(settings),
+                plan,
+                target.names,
+                arguments.wait.total_seconds(),
+                build_topology(target),
+            )
         )
+    except BrokerUnsupported as error:
+        fail(str(error), EXIT_CONFIG)
     except MigrationConflict as error:
         fail(f"{error}: nothing past this step was done")
     except MoveFailed as error:
@@ -160,5 +176,5 @@ def run_migrate(settings: Settings, arguments: argparse.Namespace) -> int:
     if report.pending is not None:
         print(f"pending: {report.pending}", flush=True)
         return EXIT_PENDING
-    print(f"migrated: {names.work} is the work queue")
+    print(f"migrated: {target.names.work} is the work queue")
     return 0

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -54,6 +54,25 @@ def free_port() -> int:
 def dsn_for(admin_dsn: str, database: str) -> str:
     parts = urlsplit(admin_dsn)
     return urlunsplit(parts._replace(path="/" + database))
+
+
+@contextlib.asynccontextmanager
+async def scratch_database(admin_dsn: str, name: str) -> AsyncIterator[str]:
+    """A database of its own, ``name``, made from ``admin_dsn`` and dropped (forced) after; its
+    DSN."""
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    try:
+        yield dsn_for(admin_dsn, name)
+    finally:
+        admin = await asyncpg.connect(admin_dsn)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
 
 
 def find_pgbench() -> str:

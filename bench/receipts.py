@@ -37,7 +37,7 @@ from typing import Any
 
 import asyncpg
 
-from bench.infra import REPO, dsn_for
+from bench.infra import REPO, dsn_for, scratch_database
 from consumer.config.settings import Settings
 from consumer.db.migration_sets import SERVICE_SET, MigrationSet, service_set
 from consumer.db.migrations import migrate
@@ -138,20 +138,8 @@ def _plain(options: ReceiptsOptions) -> dict[str, Any]:
 
 
 async def _in_database(admin_dsn: str, name: str, step: Any, options: ReceiptsOptions) -> Any:
-    admin = await asyncpg.connect(admin_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    dsn = dsn_for(admin_dsn, name)
-    try:
+    async with scratch_database(admin_dsn, name) as dsn:
         return await step(dsn, options)
-    finally:
-        admin = await asyncpg.connect(admin_dsn)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
 
 
 async def repartition(conn: asyncpg.Connection[Any], width: timedelta, back: timedelta) -> int:

@@ -5,6 +5,7 @@
     ConsumerError
     ├── ConfigError            a bad setting or handler module; start-up stops (exit 2)
     │   ├── IncompatibleLibrary  an installed library does not behave as the service relies on
+    │   ├── BrokerUnsupported  the broker's version lacks what the plan sets (x-consumer-timeout)
     │   └── QueueTableError  the queue table (``CONSUMER_QUEUES_FILE``) is unusable
     ├── TopologyError          the broker's queues and exchanges are not what the service needs
     │   ├── TopologyMissing    something is not declared: run ``consumer topology apply``
@@ -47,6 +48,7 @@ __all__ = [
     "BatchResultError",
     "BrokerRejected",
     "BrokerUnreachable",
+    "BrokerUnsupported",
     "ChannelGone",
     "ClockSkewed",
     "ConfigError",
@@ -91,6 +93,11 @@ class ConfigError(ConsumerError):
 class IncompatibleLibrary(ConfigError):
     """An installed library does not behave as the service relies on (a pamqp whose header
     decoders the start-up self-test finds unprotected, :func:`consumer.amqp.wire.self_test`)."""
+
+
+class BrokerUnsupported(ConfigError):
+    """The broker's version lacks what the plan sets (a queue's own acknowledgement timeout on
+    RabbitMQ before 3.12, :mod:`topology.broker_support`)."""
 
 
 class QueueTableError(ConfigError):

@@ -695,6 +695,24 @@ async def assert_applied_once(
     assert not extra, f"{len(extra)} events applied in {table} unexpectedly: {extra[:5]}"
 
 
+async def restarted_while_it_dies(
+    env: TestEnv, service: ServiceProcess, *, most: int, exit_code: int = 17
+) -> tuple[int, ServiceProcess]:
+    """Start the service again each time it dies (exit ``exit_code``), as systemd or Kubernetes
+    would, until one stays up (20s); the deaths (at most ``most``) and the one that stayed up."""
+    deaths = 0
+    while True:
+        try:
+            code = await service.wait_exit(timeout=20)
+        except AssertionError:
+            return deaths, service  # it stayed up
+        assert code == exit_code
+        deaths += 1
+        assert deaths <= most, "crash attribution should have named the culprit"
+        await asyncio.sleep(0.2)
+        service = ServiceProcess(env, f"run-{deaths}").start()
+
+
 def run_cli(
     module: str, *args: str, env: dict[str, str], input_text: str | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:

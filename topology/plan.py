@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from topology.broker_support import CONSUMER_TIMEOUT
 from topology.durations import to_milliseconds
 from topology.model import Binding, Exchange, ExchangeType, Queue, QueueType, Topology
 from topology.names import RETRY_RUNG, Names, rung_label
@@ -46,6 +47,9 @@ class TopologySpec:
     quorum_group_size: int | None = None
     """How many nodes hold each queue's replicas when it is created; ``None``: the broker's
     default. Fixed at creation: RabbitMQ refuses a different value for an existing queue."""
+    ack_timeout: timedelta | None = None
+    """The work queue's delivery acknowledgement timeout (``x-consumer-timeout``, RabbitMQ 3.12
+    and later: :mod:`topology.broker_support`); ``None``: the broker's ``consumer_timeout``."""
 
 
 def build_topology(spec: TopologySpec) -> Topology:
@@ -60,6 +64,9 @@ def build_topology(spec: TopologySpec) -> Topology:
         Exchange(names.retry, ExchangeType.HEADERS),
         Exchange(names.redeliver, ExchangeType.FANOUT),
     )
+    acknowledgement: dict[str, Any] = {}
+    if spec.ack_timeout is not None:
+        acknowledgement[CONSUMER_TIMEOUT] = to_milliseconds(spec.ack_timeout)
     work = Queue(
         names.work,
         QueueType.QUORUM,
@@ -68,6 +75,7 @@ def build_topology(spec: TopologySpec) -> Topology:
             "x-delivery-limit": spec.delivery_limit,
             **_LOSSLESS_DEAD_LETTERING,
             **replicas,
+            **acknowledgement,
         },
     )
     dead = Queue(

@@ -21,10 +21,19 @@ from pydantic import SecretStr
 from consumer.amqp import fast_paths
 from consumer.amqp.wire import TableLimits
 from consumer.config.tls import TlsFiles, amqp_ssl_context, describe_tls_error, find_tls_error
-from consumer.errors import BrokerRejected, BrokerUnreachable
+from consumer.errors import BrokerRejected, BrokerUnreachable, BrokerUnsupported, ConfigError
 from consumer.redact import redact_url, scrub
+from topology.broker_support import asks_version, broker_version, unsupported
+from topology.model import Topology
 
-__all__ = ["CONNECT_TIMEOUT", "BrokerConfig", "connect", "describe_amqp_error"]
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "BrokerConfig",
+    "check_broker_supports",
+    "connect",
+    "describe_amqp_error",
+    "preflight_broker_support",
+]
 
 # aiormq logs each failed connection attempt itself, at ERROR. The service sends library records
 # to its JSON log (consumer.logs.route_library_logs, a root handler, which still gets them); a
@@ -128,3 +137,32 @@ def describe_amqp_error(error: BaseException) -> str:
     if isinstance(error, OSError) and error.strerror:
         return error.strerror
     return scrub(str(error) or type(error).__name__)
+
+
+def check_broker_supports(connection: AbstractConnection, topology: Topology) -> None:
+    """Raise :class:`BrokerUnsupported` (one line) when the broker behind ``connection`` is too
+    old for what ``topology`` sets (:func:`topology.broker_support.unsupported`)."""
+    transport = connection.transport
+    properties = transport.connection.server_properties if transport is not None else {}
+    refusal = unsupported(topology, broker_version(properties))
+    if refusal is not None:
+        raise BrokerUnsupported(refusal)
+
+
+async def preflight_broker_support(config: BrokerConfig, topology: Topology) -> None:
+    """Before the services start (``consumer run``): a plan that asks for a broker version is
+    checked on one connection of its own, so that start-up stops with that one line rather than
+    with whichever queue's service failed first. A broker out of reach is left to the services'
+    own connecting (each session checks again)."""
+    if not asks_version(topology):
+        return
+    try:
+        connection = await connect(config, "preflight")
+    except BrokerRejected as error:
+        raise ConfigError(str(error)) from None
+    except BrokerUnreachable:
+        return
+    try:
+        check_broker_supports(connection, topology)
+    finally:
+        await connection.close()

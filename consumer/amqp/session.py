@@ -23,7 +23,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from aiormq.abc import DeliveredMessage
 
 from consumer.amqp.acker import Acker
-from consumer.amqp.connect import BrokerConfig, connect, describe_amqp_error
+from consumer.amqp.connect import BrokerConfig, check_broker_supports, connect, describe_amqp_error
 from consumer.amqp.delivery import Delivery
 from consumer.amqp.direct_consume import consume_direct
 from consumer.amqp.headers import trusted_headers
@@ -69,6 +69,7 @@ class BrokerSession:
         self._connection = await connect(self._config, "consume")
         try:
             self._connection.close_callbacks.add(self._closed_callback("consume connection"))
+            check_broker_supports(self._connection, self._topology)
             lacking = await missing(self._connection, self._topology)
             if lacking:
                 raise TopologyMissing(

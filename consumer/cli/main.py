@@ -16,6 +16,7 @@ from uuid import UUID, uuid4
 import asyncpg
 
 from consumer.amqp import fast_paths, wire
+from consumer.amqp.connect import preflight_broker_support
 from consumer.cli.pipes import end_by_sigpipe
 from consumer.cli.producer import PublishRequest, payload_problem, publish_event, repeat_command
 from consumer.config.settings import Settings
@@ -37,7 +38,12 @@ from consumer.errors import (
 )
 from consumer.observe.tracing_setup import TracingSetup
 from consumer.service.app import run
-from consumer.service.components import broker_config, database_config, memory_budget
+from consumer.service.components import (
+    broker_config,
+    database_config,
+    memory_budget,
+    table_topology,
+)
 from consumer.service.memory import check_queue_budgets
 from consumer.version import __version__
 
@@ -185,6 +191,7 @@ def _run(settings: Settings, queues: str | None) -> int:
         broker = broker_config(settings)
         fast_paths.install(fast_path=broker.fast_path, header_limits=broker.header_limits)
         wire.self_test(broker.header_limits)
+        asyncio.run(preflight_broker_support(broker, table_topology(table)))
     except ConfigError as error:
         fail(str(error), EXIT_CONFIG)
     return run(settings, registry, table)

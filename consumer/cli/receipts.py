@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
 
 from consumer.cli.common import connect_or_fail
+from consumer.config.queue_table import read_queue_table
 from consumer.config.settings import Settings
-from consumer.config.startup import fail
+from consumer.config.startup import EXIT_CONFIG, fail
 from consumer.db.database import describe_database_error
 from consumer.db.pruning import PruneReport, ReceiptPruner
+from consumer.errors import ConfigError
 from consumer.service.components import receipt_window
 
 __all__ = ["add_receipts_parser", "run_receipts"]
@@ -26,7 +29,8 @@ def add_receipts_parser(commands: Any) -> None:
     """``receipts`` as a subcommand of ``consumer``."""
     receipts = commands.add_parser(
         "receipts",
-        help="drop the receipts older than CONSUMER_RECEIPT_RETENTION, whole partitions at once",
+        help="drop the receipts older than CONSUMER_RECEIPT_RETENTION (with a queue table, the "
+        "longest of its queues'), whole partitions at once",
         description="Make the receipt partitions ahead of time, then drop every partition wholly "
         "older than CONSUMER_RECEIPT_RETENTION. One replica at a time: if another holds the "
         "lock, nothing is done.",
@@ -42,9 +46,20 @@ def run_receipts(settings: Settings, arguments: argparse.Namespace) -> int:
     return asyncio.run(_prune(settings, dry_run=arguments.dry_run))
 
 
+def _kept(settings: Settings) -> timedelta | None:
+    """With a queue table, the longest retention of its queues: a queue's own
+    ``receipt_retention`` may be longer than the setting, and its receipts must stay."""
+    if settings.queues_file is None:
+        return None
+    try:
+        return read_queue_table(settings.queues_file, settings).receipt_retention
+    except ConfigError as error:
+        fail(str(error), EXIT_CONFIG)
+
+
 async def _prune(settings: Settings, *, dry_run: bool) -> int:
     pruner = ReceiptPruner(
-        receipt_window(settings),
+        receipt_window(settings, _kept(settings)),
         max_future_skew=settings.max_future_skew,
         lock_wait=settings.receipt_prune_lock_wait,
     )

@@ -37,7 +37,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from consumer.config.setting_errors import settings_problems
-from consumer.config.settings import Settings
+from consumer.config.setting_values import positive_duration
+from consumer.config.settings import ACK_TIMEOUT_MARGIN, Settings
 from consumer.envelope import EVENT_TYPE_PATTERN
 from consumer.errors import QueueTableError
 from topology.durations import format_duration
@@ -63,17 +64,29 @@ OVERRIDES = (
     "delivery_limit",
     "work_queue_version",
     "db_pool_size",
+    "receipt_retention",
+    "ack_timeout",
 )
 """The keys a queue may set: each the setting of that name (``prefetch`` is
-``CONSUMER_PREFETCH``), for this queue alone."""
+``CONSUMER_PREFETCH``), for this queue alone.
+
+``receipt_retention`` is the queue's own expiry check (an event older than it less
+``CONSUMER_RECEIPT_MARGIN`` is dead-lettered ``expired``); the receipts stay one table, whose
+partitions go once past the longest retention of the table's queues
+(:attr:`QueueTable.receipt_retention`). Not a table per queue: an event is deduplicated by its id
+whichever queue it came through (a type moved between queues, a replay), so every receipt must be
+found by every queue for as long as any queue may apply an event that old; the longest retention
+keeps that true, and a shorter one still refuses older events sooner.
+
+``ack_timeout`` is the queue's delivery acknowledgement timeout, which the topology sets on its
+work queue (RabbitMQ 3.12 and later, :mod:`topology.broker_support`)."""
 
 _KEYS = ("types", *OVERRIDES)
 
 BROKER_ACK_TIMEOUT = timedelta(minutes=30)
 """RabbitMQ's delivery acknowledgement timeout (``consumer_timeout``) by default: a delivery held
-unacknowledged longer closes its channel, and every delivery on it goes back."""
-ACK_TIMEOUT_MARGIN = timedelta(minutes=5)
-"""What a delivery needs besides its handler's time: the batch's wait, its commit, the settle."""
+unacknowledged longer closes its channel, and every delivery on it goes back. The service's
+``broker_ack_timeout`` declares the broker's own."""
 
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,49}$")
 """A queue's name: a part of its broker names (``<CONSUMER_NAME>.<queue>.work``), so no dot
@@ -106,6 +119,8 @@ class QueueTable:
 
     queues: tuple[QueueSpec, ...]
     path: Path | None = None
+    whole_retention: timedelta | None = None
+    """A subset's: the longest receipt retention of the whole table it was taken from."""
 
     @classmethod
     def default(cls, settings: Settings, event_types: Iterable[str]) -> QueueTable:
@@ -115,6 +130,16 @@ class QueueTable:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(queue.label for queue in self.queues)
+
+    @property
+    def receipt_retention(self) -> timedelta:
+        """How long the receipts (one table) are kept: the longest retention of the table's
+        queues, of the whole table for a subset (``--queues``): another deployment's queue may
+        still apply events that old, and must find their receipts."""
+        longest = max(queue.settings.receipt_retention for queue in self.queues)
+        if self.whole_retention is not None:
+            return max(longest, self.whole_retention)
+        return longest
 
     def queue_of(self, event_type: str) -> QueueSpec:
         """The queue an event type is routed to (``KeyError`` for a type in none)."""
@@ -136,7 +161,9 @@ class QueueTable:
                 f"{self._where()} (it has {', '.join(known)})"
             )
         wanted = set(names)
-        return QueueTable(tuple(q for q in self.queues if q.label in wanted), self.path)
+        return QueueTable(
+            tuple(q for q in self.queues if q.label in wanted), self.path, self.receipt_retention
+        )
 
     def check_handlers(self, event_types: Iterable[str]) -> None:
         """Every type in the table has a handler, and every handler's type is in a queue."""
@@ -236,27 +263,58 @@ def _queue(path: Path | None, name: str, row: object, settings: Settings) -> Que
         # pydantic would read true as 1: no setting here is a switch.
         if isinstance(value, bool):
             raise _error(path, name, key, f"is not a switch (got {str(value).lower()})")
+    _check_retention(path, name, settings, overrides.get("receipt_retention"))
     own = _settings(path, name, settings, overrides)
     _check_ack_timeout(path, name, own)
     return QueueSpec(name, types, own, tuple(overrides))
 
 
+def _check_retention(
+    path: Path | None, queue: str, settings: Settings, value: object | None
+) -> None:
+    """A queue's ``receipt_retention`` against the service's margin and partition, named as the
+    key the row sets (the settings' own checks would name the margin and the partition)."""
+    if value is None:
+        return
+    try:
+        retention = positive_duration(value)
+    except ValueError:
+        return  # the setting's own check describes it
+    margin, partition = settings.receipt_margin, settings.receipt_partition
+    if retention <= margin or retention < partition:
+        raise _error(
+            path,
+            queue,
+            "receipt_retention",
+            f"{format_duration(retention)} must be longer than CONSUMER_RECEIPT_MARGIN "
+            f"({format_duration(margin)}) and at least CONSUMER_RECEIPT_PARTITION "
+            f"({format_duration(partition)})",
+        )
+
+
 def _check_ack_timeout(path: Path | None, queue: str, settings: Settings) -> None:
     """A time limit that lets a delivery be held near the broker's acknowledgement timeout would
-    have the broker close the queue's channel under its long work, over and over."""
-    limit = BROKER_ACK_TIMEOUT - ACK_TIMEOUT_MARGIN
+    have the broker close the queue's channel under its long work, over and over. The queue's own
+    ``ack_timeout`` is checked against its limits by the settings."""
+    if settings.ack_timeout is not None:
+        return
+    broker = settings.broker_ack_timeout
+    limit = broker - ACK_TIMEOUT_MARGIN
     for key in ("handler_timeout", "hard_timeout"):
         value: timedelta = getattr(settings, key)
         if value > limit:
+            default = broker == BROKER_ACK_TIMEOUT
             raise _error(
                 path,
                 queue,
                 key,
                 f"{format_duration(value)} comes near RabbitMQ's delivery acknowledgement timeout "
-                f"(consumer_timeout, {format_duration(BROKER_ACK_TIMEOUT)} by default), which "
+                f"(consumer_timeout, {format_duration(broker)}"
+                f"{' by default' if default else ', CONSUMER_BROKER_ACK_TIMEOUT'}), which "
                 f"closes the channel of a delivery held longer: keep it at most "
-                f"{format_duration(limit)}, and take longer work in a short handler that "
-                "publishes its completion later",
+                f"{format_duration(limit)}, or give the queue an ack_timeout (RabbitMQ 3.12 and "
+                "later), or take longer work in a short handler that publishes its completion "
+                "later",
             )
 
 

@@ -55,6 +55,7 @@ from consumer.redact import redact_url
 from topology.durations import format_duration
 
 __all__ = [
+    "ACK_TIMEOUT_MARGIN",
     "DEFAULT_HANDLER_MODULES",
     "ENV_PREFIX",
     "VERIFYING_SSLMODES",
@@ -65,6 +66,10 @@ __all__ = [
     "SslMode",
     "split_urls",
 ]
+
+ACK_TIMEOUT_MARGIN = timedelta(minutes=5)
+"""What a delivery needs besides its handler's time before it is acknowledged: the batch's wait,
+its commit, the settle. A time limit ends this long before the acknowledgement timeout."""
 
 DEFAULT_HANDLER_MODULES = (
     "consumer.handlers.inventory",
@@ -158,12 +163,22 @@ class Settings(BaseSettings):
     queues_file: Path | None = None
     """The queue table: a TOML file of `[queues.<name>]` tables, each listing the event `types`
     it takes and what of `prefetch`, `workers`, `batch_size`, `batch_wait`, `handler_timeout`,
-    `hard_timeout`, `retry_delays`, `delivery_limit`, `work_queue_version` and `db_pool_size` it
-    sets for itself (see The queue table). Unset: one work queue for every type, as before."""
+    `hard_timeout`, `retry_delays`, `delivery_limit`, `work_queue_version`, `db_pool_size`,
+    `receipt_retention` and `ack_timeout` it sets for itself (see The queue table). Unset: one
+    work queue for every type, as before."""
     handler_timeout: Duration = timedelta(seconds=15)
     """Soft time limit per handler (`register(..., timeout=)` overrides)."""
     hard_timeout: Duration = timedelta(seconds=20)
     """Event loop blocked this long: the process exits (code 3)."""
+    broker_ack_timeout: Duration = timedelta(minutes=30)
+    """RabbitMQ's delivery acknowledgement timeout (`consumer_timeout` in `rabbitmq.conf`; 30
+    minutes by default), declared, not set: a queue's time limit must end 5 minutes before it.
+    Raised there, declare it here (see The queue table, Long work)."""
+    ack_timeout: Duration | None = None
+    """The work queue's own delivery acknowledgement timeout, set by `consumer topology apply`
+    (queue argument `x-consumer-timeout`, RabbitMQ 3.12 and later; an older broker is refused at
+    start-up), at least the hard time limit plus 5 minutes. Unset: the broker's (see The queue
+    table, Long work)."""
     shutdown_grace: Duration = timedelta(seconds=30)
     """Time in-flight events get to finish after SIGTERM."""
     publish_timeout: Duration = timedelta(seconds=10)
@@ -424,6 +439,21 @@ class Settings(BaseSettings):
     def _check_handlers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         if not value:
             raise ValueError("name at least one handler module")
+        return value
+
+    @field_validator("ack_timeout")
+    @classmethod
+    def _check_ack_timeout(cls, value: timedelta | None, info: ValidationInfo) -> timedelta | None:
+        # The broker's timer counts from the delivery: the batch's wait, the commit and the
+        # settle come on top of the handler's time.
+        hard = info.data.get("hard_timeout")
+        if value is not None and hard is not None and value < hard + ACK_TIMEOUT_MARGIN:
+            raise ValueError(
+                f"must be at least CONSUMER_HARD_TIMEOUT ({format_duration(hard)}) plus "
+                f"{format_duration(ACK_TIMEOUT_MARGIN)}"
+            )
+        if value is not None and value.total_seconds() * 1000 % 1:
+            raise ValueError("must be whole milliseconds")
         return value
 
     @field_validator("hard_timeout")

@@ -15,6 +15,13 @@ The watchdog, which knows exactly which handler blocked the loop, writes a verdi
 (``hard_time_limit``) from its own thread before the process exits: that event is dead-lettered at
 its next delivery, without running again.
 
+With a queue table, a mark records the queue its delivery came through (the conviction names it,
+and the dead letter goes to that queue's dead-letter queue), and "nothing else in flight" holds
+for the whole process: the queues share one isolation gate
+(:class:`consumer.service.isolated.IsolationGate`), so a crash while one queue's event is applied
+isolated is never counted against another queue's delivery. Each queue's service has an owner of
+its own; a process's death ends them all.
+
 A mark counts as a death only if its owner is dead. Each process holds a session advisory lock on
 its owner id for as long as it lives (:class:`Liveness`), so a mark left by a live process (its
 connection broke, or another replica got the same event redelivered meanwhile) counts for
@@ -50,7 +57,8 @@ _KEY_OF_OWNER = "('x' || left(replace(mark.owner::text, '-', ''), 16))::bit(64):
 # has not restarted since the mark was taken (then the restart broke the owner's work, and may
 # have kept it from removing its mark as it stopped).
 _BEGIN = f"""
-INSERT INTO consumer_in_progress AS mark (consumer, event_id, owner) VALUES ($1, $2, $3)
+INSERT INTO consumer_in_progress AS mark (consumer, event_id, owner, queue)
+VALUES ($1, $2, $3, $4)
 ON CONFLICT (consumer, event_id) DO UPDATE
 SET crashes = mark.crashes + (
         mark.owner <> EXCLUDED.owner
@@ -58,8 +66,9 @@ SET crashes = mark.crashes + (
         AND pg_try_advisory_xact_lock({_KEY_OF_OWNER})
     )::integer,
     owner = EXCLUDED.owner,
+    queue = EXCLUDED.queue,
     updated_at = now()
-RETURNING crashes, verdict, detail
+RETURNING crashes, verdict, detail, queue
 """
 
 _CLEAR = "DELETE FROM consumer_in_progress WHERE consumer = $1 AND event_id = $2"
@@ -71,10 +80,11 @@ DELETE FROM consumer_in_progress WHERE consumer = $1 AND owner = $2 AND verdict 
 _HOLD = "SELECT pg_advisory_lock($1)"
 
 _CONVICT = """
-INSERT INTO consumer_in_progress AS mark (consumer, event_id, owner, verdict, detail)
-VALUES ($1, $2, $3, $4, $5)
+INSERT INTO consumer_in_progress AS mark (consumer, event_id, owner, verdict, detail, queue)
+VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (consumer, event_id) DO UPDATE
-SET verdict = EXCLUDED.verdict, detail = EXCLUDED.detail, updated_at = now()
+SET verdict = EXCLUDED.verdict, detail = EXCLUDED.detail,
+    queue = coalesce(EXCLUDED.queue, mark.queue), updated_at = now()
 """
 
 Connector = Callable[..., Awaitable[Any]]
@@ -87,14 +97,18 @@ class Mark:
     crashes: int
     verdict: str | None
     detail: str | None
+    queue: str | None = None
+    """The queue of the queue table the delivery came through (``None``: no table)."""
 
     def conviction(self) -> PermanentError | None:
-        """The error to dead-letter the event with, if it is known to kill processes."""
+        """The error to dead-letter the event with, if it is known to kill processes; it names
+        the queue (the dead letter goes to that queue's dead-letter queue)."""
         if self.verdict == HARD_TIME_LIMIT:
             return HardTimeLimitExceeded(self.detail or "it blocked the event loop before")
         if self.crashes >= CRASH_STRIKES:
+            where = f" (queue {self.queue})" if self.queue is not None else ""
             return CrashedRepeatedly(
-                f"{self.crashes} processes died while applying this event alone"
+                f"{self.crashes} processes died while applying this event alone{where}"
             )
         return None
 
@@ -105,20 +119,24 @@ def owner_key(owner: UUID) -> int:
 
 
 class CrashLedger:
-    """The marks in ``consumer_in_progress`` of one service and one process (``owner``)."""
+    """The marks in ``consumer_in_progress`` of one service and one process (``owner``); with a
+    queue table, of one ``queue`` (its marks record it)."""
 
-    def __init__(self, *, consumer: str, owner: UUID) -> None:
+    def __init__(self, *, consumer: str, owner: UUID, queue: str | None = None) -> None:
         self._consumer = consumer
         self.owner = owner
+        self.queue = queue
 
     def begin(self, conn: asyncpg.Connection[Any], event_id: UUID) -> Awaitable[Any]:
         """Mark ``event_id`` as being applied by this process (run outside a transaction, so it
         is committed before the handler runs); resolves to the row for :meth:`mark_of`."""
-        return conn.fetchrow(_BEGIN, self._consumer, event_id, self.owner)
+        return conn.fetchrow(_BEGIN, self._consumer, event_id, self.owner, self.queue)
 
     @staticmethod
     def mark_of(row: Any) -> Mark:
-        return Mark(crashes=row["crashes"], verdict=row["verdict"], detail=row["detail"])
+        return Mark(
+            crashes=row["crashes"], verdict=row["verdict"], detail=row["detail"], queue=row["queue"]
+        )
 
     def clear(self, conn: asyncpg.Connection[Any], event_id: UUID) -> Awaitable[str]:
         """Remove the mark; inside the event's transaction it commits with the event's fate."""
@@ -150,7 +168,13 @@ class CrashLedger:
             conn = await connect(dsn, timeout=timeout)
             try:
                 await conn.execute(
-                    _CONVICT, self._consumer, event_id, self.owner, HARD_TIME_LIMIT, detail
+                    _CONVICT,
+                    self._consumer,
+                    event_id,
+                    self.owner,
+                    HARD_TIME_LIMIT,
+                    detail,
+                    self.queue,
                 )
             finally:
                 conn.terminate()

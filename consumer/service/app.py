@@ -13,6 +13,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from uuid import UUID, uuid4
 
 from prometheus_client import CollectorRegistry
@@ -67,6 +68,7 @@ from consumer.service.components import (
 )
 from consumer.service.concurrency import Concurrency
 from consumer.service.dispatch import Dispatcher
+from consumer.service.isolated import IsolationGate
 from consumer.service.memory import worst_case, worst_case_of_queues
 from consumer.service.pruner import PeriodicPruner
 from consumer.service.supervisor import Service, ServiceConfig
@@ -132,6 +134,8 @@ def build_service(
     message_log: MessageLog | None = None,
     queue: QueueSpec | None = None,
     prune: bool = True,
+    receipts_kept: timedelta | None = None,
+    isolation: IsolationGate | None = None,
 ) -> Service:
     """The service, wired: a delivery passes the dispatcher, a worker, the pipeline (prepare,
     batch engine, handler call) and the settler, in that order; ``tracing`` follows it through
@@ -140,7 +144,11 @@ def build_service(
 
     With ``queue`` (a row of the queue table, ``settings`` its own), the service of that queue:
     its work queue, ladder and dead letters, its channel, prefetch, workers and pool; ``prune``
-    false leaves the receipts' partitions to another queue's service (one table, one pruner)."""
+    false leaves the receipts' partitions to another queue's service (one table, one pruner);
+    ``receipts_kept``: how long the pruner keeps them, the table's longest retention (each
+    queue's own expiry check is its own ``receipt_retention``); ``isolation``: the gate the
+    queues of the process share, so that a delivery applied isolated has nothing of any queue
+    in flight beside it (crash attribution, :mod:`consumer.db.crashes`)."""
     name = queue.name if queue is not None else None
     names = names_for(settings, name)
     topology = (
@@ -171,6 +179,7 @@ def build_service(
         preparer=preparer,
         settler=settler,
         window_full=window.full,
+        isolation=isolation,
     )
     concurrency = Concurrency(
         limits=concurrency_limits(
@@ -238,7 +247,7 @@ def build_service(
         metrics=metrics,
         pruner=PeriodicPruner(
             ReceiptPruner(
-                receipt_window(settings),
+                receipt_window(settings, receipts_kept),
                 max_future_skew=settings.max_future_skew,
                 lock_wait=settings.receipt_prune_lock_wait,
             ),
@@ -324,6 +333,8 @@ async def serve_table(
     one pruner keeps the receipts (one table for every queue). A queue that stops the process
     (a bug, its topology missing) stops the others gracefully first."""
     owners = {queue.label: uuid4() for queue in table.queues}
+    # One gate for every queue: a delivery applied isolated has nothing of any queue beside it.
+    isolation = IsolationGate()
 
     def build(calls: HandlerCalls, tracer: Tracing) -> _Built:
         services: dict[str, Service] = {}
@@ -343,6 +354,8 @@ async def serve_table(
                 message_log=message_log,
                 queue=queue,
                 prune=index == 0,
+                receipts_kept=table.receipt_retention,
+                isolation=isolation,
             )
             registries[queue.label] = metrics.registry
 
@@ -359,7 +372,7 @@ async def serve_table(
         settings,
         logger,
         build,
-        convict=_convicting(longest.settings, owners[longest.label]),
+        convict=_convicting(longest.settings, owners[longest.label], table),
         hard_limit=longest.settings.hard_timeout.total_seconds(),
         before_exit=before_exit,
         handlers=list(registry),
@@ -492,15 +505,20 @@ def _on_signals(stop: asyncio.Event, logger: Logger, before_exit: Callable[[], N
         loop.add_signal_handler(sig, on_signal, sig)
 
 
-def _convicting(settings: Settings, owner: UUID) -> Callable[[RunningCall, float], bool]:
-    """What the watchdog calls, from its own thread, to record the event that blocked the loop."""
-    ledger = CrashLedger(consumer=settings.name, owner=owner)
+def _convicting(
+    settings: Settings, owner: UUID, table: QueueTable | None = None
+) -> Callable[[RunningCall, float], bool]:
+    """What the watchdog calls, from its own thread, to record the event that blocked the loop;
+    with a queue ``table``, the verdict names the queue of the event's type."""
     limit = settings.hard_timeout.total_seconds()
 
     def convict(call: RunningCall, blocked: float) -> bool:
+        queue = _queue_of(table, call.describe().get("type"))
+        ledger = CrashLedger(consumer=settings.name, owner=owner, queue=queue)
+        where = f" (queue {queue})" if queue is not None else ""
         detail = (
             f"{call.handler} blocked the event loop for {blocked:.1f}s, past the hard time limit "
-            f"of {limit:g}s (CONSUMER_HARD_TIMEOUT); the process exited"
+            f"of {limit:g}s (CONSUMER_HARD_TIMEOUT){where}; the process exited"
         )
         database = database_config(settings)
         return ledger.convict_blocking(
@@ -508,6 +526,15 @@ def _convicting(settings: Settings, owner: UUID) -> Callable[[RunningCall, float
         )
 
     return convict
+
+
+def _queue_of(table: QueueTable | None, event_type: object) -> str | None:
+    if table is None or not isinstance(event_type, str):
+        return None
+    try:
+        return table.queue_of(event_type).name
+    except KeyError:
+        return None
 
 
 def _fatal(logger: Logger, message: str, code: int) -> int:

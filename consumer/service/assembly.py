@@ -75,7 +75,7 @@ def build_pipeline(
         calls=calls,
         handler_time=handler_time,
     )
-    ledger = CrashLedger(consumer=settings.name, owner=owner)
+    ledger = CrashLedger(consumer=settings.name, owner=owner, queue=queue)
     isolated = Isolated(
         database=database,
         guard=guard,

@@ -9,6 +9,7 @@ can build one without the environment.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import timedelta
 
 from pydantic import SecretStr
 
@@ -112,6 +113,7 @@ def topology_spec(
         delivery_limit=settings.delivery_limit,
         event_types=tuple(event_types),
         quorum_group_size=settings.quorum_initial_group_size,
+        ack_timeout=settings.ack_timeout,
     )
 
 
@@ -206,9 +208,11 @@ def memory_budget(settings: Settings) -> MemoryBudget:
     )
 
 
-def receipt_window(settings: Settings) -> ReceiptWindow:
+def receipt_window(settings: Settings, retention: timedelta | None = None) -> ReceiptWindow:
+    """The receipts' window at ``settings``; ``retention``: a queue table's longest instead of
+    the setting (what the pruner keeps: :attr:`QueueTable.receipt_retention`)."""
     return ReceiptWindow(
-        retention=settings.receipt_retention,
+        retention=retention if retention is not None else settings.receipt_retention,
         margin=settings.receipt_margin,
         partition=settings.receipt_partition,
         prune_interval=settings.receipt_prune_interval,

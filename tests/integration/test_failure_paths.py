@@ -25,6 +25,7 @@ from tests.support import (
     fetch,
     fetchval,
     queue_depth,
+    restarted_while_it_dies,
     run_cli,
     wait_until,
 )
@@ -340,17 +341,7 @@ async def test_a_handler_that_kills_its_process_is_named_and_dead_lettered_alone
         await producer.send_many(("test.behave", behave(f"a{n}"), i) for n, i in enumerate(after))
 
     # When a supervisor restarts the service each time it dies, as systemd or Kubernetes would
-    restarts = 0
-    while await queue_depth(env.amqp_url, env.names.dead) == 0:
-        assert restarts < 6, "crash attribution should have named the culprit"
-        service = ServiceProcess(env, f"run-{restarts}").start()
-        try:
-            exit_code = await service.wait_exit(timeout=20)
-        except AssertionError:
-            break  # it stayed up: the culprit is being dead-lettered
-        assert exit_code == 17
-        restarts += 1
-        await asyncio.sleep(0.2)
+    restarts, _ = await restarted_while_it_dies(env, ServiceProcess(env, "run-0").start(), most=6)
 
     # Then the culprit alone is dead-lettered, after the deaths it caused applied alone (the
     # first in company, then CRASH_STRIKES alone), and every innocent event is applied once

@@ -31,6 +31,8 @@ work_queue_version = 2
 batch_size = 1
 batch_wait = "0s"
 db_pool_size = 2
+receipt_retention = "720h"
+ack_timeout = "20m"
 """
 
 
@@ -73,6 +75,9 @@ def test_each_queue_takes_its_types_and_its_own_settings(tmp_path: Path) -> None
     assert report.settings.retry_delays == (timedelta(seconds=30), timedelta(minutes=5))
     assert report.settings.delivery_limit == 5
     assert report.settings.work_queue_version == 2
+    assert report.settings.receipt_retention == timedelta(days=30)
+    assert report.settings.ack_timeout == timedelta(minutes=20)
+    assert sms.settings.ack_timeout is None
     assert report.settings.name == base.name
     # every key a row may set, in the order the table's reference lists them
     assert report.overrides == OVERRIDES
@@ -156,6 +161,20 @@ def test_retry_delays_may_be_the_settings_text(tmp_path: Path) -> None:
             '[queues.sms]\ntypes = ["notification.sms"]\nhard_timeout = "40m"\n',
             "queue sms: hard_timeout: 40m comes near",
         ),
+        (
+            '[queues.sms]\ntypes = ["notification.sms"]\nhard_timeout = "40m"\n'
+            'handler_timeout = "30m"\nack_timeout = "40m"\n',
+            "queue sms: ack_timeout: must be at least CONSUMER_HARD_TIMEOUT (40m) plus 5m",
+        ),
+        # a retention the service's margin or partition does not fit in
+        (
+            '[queues.sms]\ntypes = ["notification.sms"]\nreceipt_retention = "30m"\n',
+            "queue sms: receipt_retention: 30m must be longer than CONSUMER_RECEIPT_MARGIN (1h)",
+        ),
+        (
+            '[queues.sms]\ntypes = ["notification.sms"]\nreceipt_retention = "soon"\n',
+            "queue sms: receipt_retention: is not a duration",
+        ),
         # a type in two queues
         (
             '[queues.a]\ntypes = ["notification.sms"]\n[queues.b]\ntypes = ["notification.sms"]\n',
@@ -192,6 +211,9 @@ def test_retry_delays_may_be_the_settings_text(tmp_path: Path) -> None:
         "bool",
         "soft-near-ack-timeout",
         "hard-near-ack-timeout",
+        "ack-timeout-under-hard",
+        "retention-under-margin",
+        "retention-not-a-duration",
         "type-in-two-queues",
         "type-without-handler",
         "handler-in-no-queue",
@@ -232,3 +254,49 @@ def test_the_example_project_s_table_covers_its_handlers() -> None:
 
     table.check_handlers(HandlerRegistry.from_modules(["billing.handlers"]))
     assert table.names == ("charges", "refunds", "invoices")
+
+
+def test_a_queue_s_ack_timeout_allows_a_time_limit_past_the_broker_s(tmp_path: Path) -> None:
+    # Given a queue whose handlers take up to 50 minutes, and its own acknowledgement timeout
+    text = (
+        '[queues.report]\ntypes = ["report.build"]\nhandler_timeout = "50m"\n'
+        'hard_timeout = "55m"\nack_timeout = "1h"\n[queues.sms]\ntypes = ["notification.sms"]\n'
+    )
+
+    report, sms = read_queue_table(write(tmp_path, text), Settings()).queues
+
+    # Then the table is taken: the limit is checked against the queue's own timeout
+    assert report.settings.ack_timeout == timedelta(hours=1)
+    assert sms.settings.ack_timeout is None
+
+
+def test_a_raised_broker_timeout_is_declared_service_wide(tmp_path: Path) -> None:
+    # Given rabbitmq.conf's consumer_timeout raised to 2 hours, and declared
+    text = '[queues.report]\ntypes = ["report.build"]\nhandler_timeout = "90m"\n'
+    text += 'hard_timeout = "95m"\n'
+
+    # Then a 95-minute limit is taken under it, and refused under the default
+    (report,) = read_queue_table(write(tmp_path, text), Settings(broker_ack_timeout="2h")).queues
+    assert report.settings.hard_timeout == timedelta(minutes=95)
+    with pytest.raises(QueueTableError, match="hard_timeout: 95m comes near"):
+        read_queue_table(write(tmp_path, text.replace("handler_timeout", "batch_wait")), Settings())
+
+
+def test_receipts_are_kept_for_the_longest_retention_of_the_table(tmp_path: Path) -> None:
+    # Given a queue keeping its receipts a day, another a month, a third the service's week
+    text = (
+        '[queues.sms]\ntypes = ["notification.sms"]\nreceipt_retention = "24h"\n'
+        '[queues.report]\ntypes = ["report.build"]\nreceipt_retention = "720h"\n'
+        '[queues.mail]\ntypes = ["notification.email"]\n'
+    )
+    table = read_queue_table(write(tmp_path, text), Settings())
+    sms, report, mail = table.queues
+
+    # Then each queue's expiry check has its own retention
+    assert sms.settings.receipt_retention == timedelta(days=1)
+    assert report.settings.receipt_retention == timedelta(days=30)
+    assert mail.settings.receipt_retention == timedelta(days=7)
+    # And the one table is kept for the longest, by every deployment of a subset too
+    assert table.receipt_retention == timedelta(days=30)
+    assert table.subset(["sms"]).receipt_retention == timedelta(days=30)
+    assert table.subset(["sms", "mail"]).subset(["sms"]).receipt_retention == timedelta(days=30)

@@ -9,12 +9,23 @@ from typing import Any
 
 import aiormq
 
-from consumer.amqp.connect import BrokerConfig, connect, describe_amqp_error
+from consumer.amqp.connect import (
+    BrokerConfig,
+    check_broker_supports,
+    connect,
+    describe_amqp_error,
+)
 from consumer.cli.topology.migrate import add_migrate_parser, run_migrate
 from consumer.cli.topology.migrate_table import run_table_migrate
 from consumer.config.settings import Settings
 from consumer.config.startup import EXIT_CONFIG, fail, load_handlers, load_queue_table
-from consumer.errors import BrokerUnreachable, TopologyConflict, TopologyError, TopologyMissing
+from consumer.errors import (
+    BrokerUnreachable,
+    BrokerUnsupported,
+    TopologyConflict,
+    TopologyError,
+    TopologyMissing,
+)
 from consumer.service.components import broker_config, table_topology
 from topology.apply import apply_topology, find_conflicts, missing
 from topology.bindings import ManagementError, compare_bindings, read_bindings
@@ -46,6 +57,7 @@ def _add_actions(parser: argparse.ArgumentParser) -> None:
 async def _apply(broker: BrokerConfig, topology: Topology) -> int:
     connection = await connect(broker, "topology")
     try:
+        check_broker_supports(connection, topology)
         report = await apply_topology(connection, topology)
     finally:
         await connection.close()
@@ -74,6 +86,7 @@ class _Management:
 async def _check(broker: BrokerConfig, topology: Topology, management: _Management | None) -> int:
     connection = await connect(broker, "topology")
     try:
+        check_broker_supports(connection, topology)
         lacking = await missing(connection, topology)
         if lacking:
             raise TopologyMissing(
@@ -128,6 +141,8 @@ def run_topology(settings: Settings, arguments: argparse.Namespace) -> int:
         if arguments.topology_command == "apply":
             return asyncio.run(_apply(broker, topology))
         return asyncio.run(_check(broker, topology, management))
+    except BrokerUnsupported as error:
+        fail(str(error), EXIT_CONFIG)
     except (TopologyError, BrokerUnreachable) as error:
         fail(str(error))
     except aiormq.exceptions.ChannelAccessRefused as error:

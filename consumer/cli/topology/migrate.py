@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -20,16 +21,23 @@ from aio_pika.abc import AbstractIncomingMessage
 from pydantic import ValidationError
 
 from consumer.amqp import headers as h
-from consumer.amqp.connect import BrokerConfig, connect, describe_amqp_error
+from consumer.amqp.connect import (
+    BrokerConfig,
+    check_broker_supports,
+    connect,
+    describe_amqp_error,
+)
 from consumer.config.settings import Settings
 from consumer.config.startup import EXIT_CONFIG, fail, load_handlers
 from consumer.durations import parse_duration
-from consumer.errors import BrokerUnreachable
+from consumer.errors import BrokerUnreachable, BrokerUnsupported
 from consumer.service.components import broker_config, topology_spec
 from topology.migrate import MigrationConflict, MigrationReport, StepResult, run_migration
 from topology.migration_plan import MigrationPlan, MigrationRefused, plan_migration
+from topology.model import Topology
 from topology.mover import HeaderRewrite, MoveFailed
 from topology.names import Names
+from topology.plan import build_topology
 
 __all__ = [
     "EXIT_PENDING",
@@ -134,10 +142,16 @@ def _print_step(number: int, result: StepResult) -> None:
 
 
 async def _migrate(
-    broker: BrokerConfig, plan: MigrationPlan, rewrite: HeaderRewrite, wait: float
+    broker: BrokerConfig,
+    plan: MigrationPlan,
+    rewrite: HeaderRewrite,
+    wait: float,
+    targets: Sequence[Topology],
 ) -> MigrationReport:
     connection = await connect(broker, "topology")
     try:
+        for target in targets:
+            check_broker_supports(connection, target)
         return await run_migration(
             connection,
             plan,
@@ -151,12 +165,22 @@ async def _migrate(
 
 
 def carry_out(
-    settings: Settings, plan: MigrationPlan, rewrite: HeaderRewrite, wait: timedelta
+    settings: Settings,
+    plan: MigrationPlan,
+    rewrite: HeaderRewrite,
+    wait: timedelta,
+    targets: Sequence[Topology],
 ) -> bool:
     """Run ``plan``'s steps on the broker, printing each; false when one must wait (it printed
-    why: the caller exits :data:`EXIT_PENDING`). A failure exits with its one line."""
+    why: the caller exits :data:`EXIT_PENDING`). ``targets``, the plans migrated to, are first
+    checked against the broker's version (a refusal exits with its one line, nothing done). A
+    failure exits with its one line."""
     try:
-        report = asyncio.run(_migrate(broker_config(settings), plan, rewrite, wait.total_seconds()))
+        report = asyncio.run(
+            _migrate(broker_config(settings), plan, rewrite, wait.total_seconds(), targets)
+        )
+    except BrokerUnsupported as error:
+        fail(str(error), EXIT_CONFIG)
     except MigrationConflict as error:
         fail(f"{error}: nothing past this step was done")
     except MoveFailed as error:
@@ -206,8 +230,11 @@ def run_migrate(settings: Settings, arguments: argparse.Namespace) -> int:
         fail(str(error), EXIT_CONFIG)
     if answered_offline(plan, dry_run=arguments.dry_run):
         return 0
-    names = topology_spec(new, registry).names
-    if not carry_out(settings, plan, moved_headers(names), arguments.wait):
+    target = topology_spec(new, registry)
+    names = target.names
+    if not carry_out(
+        settings, plan, moved_headers(names), arguments.wait, [build_topology(target)]
+    ):
         return EXIT_PENDING
     print(f"migrated: {names.work} is the work queue")
     return 0

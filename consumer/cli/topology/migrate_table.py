@@ -26,8 +26,9 @@ from consumer.config.startup import EXIT_CONFIG, fail, load_handlers, load_queue
 from consumer.errors import QueueTableError
 from consumer.service.components import topology_spec
 from topology.migration_plan import MigrationRefused
+from topology.model import Topology
 from topology.names import Names
-from topology.plan import TopologySpec
+from topology.plan import TopologySpec, build_topology
 from topology.table_migration import TableMigration, plan_table_migration
 
 __all__ = ["run_table_migrate", "table_specs"]
@@ -46,8 +47,10 @@ def _old_table(settings: Settings, path: str) -> QueueTable:
         fail(f"--from-queues-file: {error}", EXIT_CONFIG)
 
 
-def _plan(settings: Settings, arguments: argparse.Namespace) -> tuple[TableMigration, list[Names]]:
-    """The migration, and the names of every queue of both tables."""
+def _plan(
+    settings: Settings, arguments: argparse.Namespace
+) -> tuple[TableMigration, list[Names], list[Topology]]:
+    """The migration, the names of every queue of both tables, and the plans migrated to."""
     flags = from_flags(arguments)
     if flags:
         fail(
@@ -68,17 +71,17 @@ def _plan(settings: Settings, arguments: argparse.Namespace) -> tuple[TableMigra
     if arguments.rollback:
         old, new = new, old
     try:
-        return plan_table_migration(old, new), names
+        return plan_table_migration(old, new), names, [build_topology(spec) for spec in new]
     except MigrationRefused as error:
         fail(str(error), EXIT_CONFIG)
 
 
 def run_table_migrate(settings: Settings, arguments: argparse.Namespace) -> int:
-    migration, names = _plan(settings, arguments)
+    migration, names, targets = _plan(settings, arguments)
     if answered_offline(migration, dry_run=arguments.dry_run):
         return 0
     # A copy moved out of any queue's work queue: that queue's redeliver exchange is the service's.
-    if not carry_out(settings, migration.plan, moved_headers(*names), arguments.wait):
+    if not carry_out(settings, migration.plan, moved_headers(*names), arguments.wait, targets):
         return EXIT_PENDING
     for move in migration.moved:
         print(f"moved {move.describe()}", flush=True)

@@ -67,6 +67,7 @@ from consumer.service.components import (
 )
 from consumer.service.concurrency import Concurrency
 from consumer.service.dispatch import Dispatcher
+from consumer.service.isolated import IsolationGate
 from consumer.service.memory import worst_case, worst_case_of_queues
 from consumer.service.pruner import PeriodicPruner
 from consumer.service.supervisor import Service, ServiceConfig
@@ -132,6 +133,7 @@ def build_service(
     message_log: MessageLog | None = None,
     queue: QueueSpec | None = None,
     prune: bool = True,
+    isolation: IsolationGate | None = None,
 ) -> Service:
     """The service, wired: a delivery passes the dispatcher, a worker, the pipeline (prepare,
     batch engine, handler call) and the settler, in that order; ``tracing`` follows it through
@@ -140,7 +142,9 @@ def build_service(
 
     With ``queue`` (a row of the queue table, ``settings`` its own), the service of that queue:
     its work queue, ladder and dead letters, its channel, prefetch, workers and pool; ``prune``
-    false leaves the receipts' partitions to another queue's service (one table, one pruner)."""
+    false leaves the receipts' partitions to another queue's service (one table, one pruner);
+    ``isolation`` is the gate the process's services share (crash attribution: an event applied
+    isolated has nothing of any queue beside it)."""
     name = queue.name if queue is not None else None
     names = names_for(settings, name)
     topology = (
@@ -171,6 +175,7 @@ def build_service(
         preparer=preparer,
         settler=settler,
         window_full=window.full,
+        isolation=isolation,
     )
     concurrency = Concurrency(
         limits=concurrency_limits(
@@ -326,6 +331,9 @@ async def serve_table(
     owners = {queue.label: uuid4() for queue in table.queues}
 
     def build(calls: HandlerCalls, tracer: Tracing) -> _Built:
+        # One gate for every queue: a delivery applied isolated (after a death) has nothing of
+        # another queue in flight beside it, so a death is never counted against a neighbour.
+        isolation = IsolationGate()
         services: dict[str, Service] = {}
         registries: dict[str, CollectorRegistry] = {}
         for index, queue in enumerate(table.queues):
@@ -343,6 +351,7 @@ async def serve_table(
                 message_log=message_log,
                 queue=queue,
                 prune=index == 0,
+                isolation=isolation,
             )
             registries[queue.label] = metrics.registry
 

@@ -20,7 +20,7 @@ from consumer.pipeline.outcome import Failed, Outcome
 from consumer.pipeline.prepare import Preparer
 from consumer.pipeline.ready import Prepared
 from consumer.service.inbox import Inbox
-from consumer.service.isolated import IsolatedQueue
+from consumer.service.isolated import IsolatedQueue, IsolationGate
 from consumer.service.memory import BATCH_BYTES, KEEP_PARSED_BYTES
 from consumer.service.settle import Settler
 
@@ -60,11 +60,13 @@ class Dispatcher:
         preparer: Preparer,
         settler: Settler,
         window_full: Callable[[], bool] = lambda: False,
+        isolation: IsolationGate | None = None,
     ) -> None:
         """``workers``: the most workers (an inbox each); :meth:`resize` says how many take new
         deliveries. ``batch_wait``: the most a refill is waited for (None: as measured).
         ``window_full``: the deliveries in hand fill the prefetch window, so the broker sends no
-        more until one is settled and no batch should wait for another."""
+        more until one is settled and no batch should wait for another. ``isolation``: the
+        process's gate, where the services of a queue table share one (else its own)."""
         self.state = State()
         self._active = workers
         self.database_down = asyncio.Event()
@@ -79,7 +81,7 @@ class Dispatcher:
             )
             for _ in range(workers)
         ]
-        self.isolated: IsolatedQueue[Delivery] = IsolatedQueue()
+        self.isolated: IsolatedQueue[Delivery] = IsolatedQueue(isolation)
         self._held: list[Delivery] = []
         # What earlier verdicts taught of a delivery in hand: it goes isolated from now on, with
         # its connection's breaks in a row so far (forgotten with the delivery).

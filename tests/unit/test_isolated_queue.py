@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from consumer.service.isolated import IsolatedQueue
+from consumer.service.isolated import IsolatedQueue, IsolationGate
 
 
 async def test_an_isolated_turn_waits_for_batches_in_flight_and_keeps_new_ones_out() -> None:
@@ -50,3 +50,58 @@ async def test_draining_takes_everything_queued() -> None:
     assert len(isolation) == 3
     assert isolation.take_all() == [0, 1, 2]
     assert isolation.take() is None
+
+
+async def test_queues_sharing_the_process_gate_are_isolated_from_each_other() -> None:
+    # Given two queues of a queue table sharing the process's gate, queue b with a batch in flight
+    gate = IsolationGate()
+    a: IsolatedQueue[str] = IsolatedQueue(gate)
+    b: IsolatedQueue[str] = IsolatedQueue(gate)
+    log: list[str] = []
+    release = asyncio.Event()
+
+    async def batch_of_b(name: str, hold: bool) -> None:
+        async with b.batch():
+            log.append(f"{name} starts")
+            if hold:
+                await release.wait()
+            log.append(f"{name} ends")
+
+    async def isolated(queue: IsolatedQueue[str]) -> None:
+        await queue.wait_for_work()
+        async with queue.turn():
+            while (item := queue.take()) is not None:
+                log.append(f"alone {item} starts")
+                await asyncio.sleep(0.01)
+                log.append(f"alone {item} ends")
+
+    first = asyncio.create_task(batch_of_b("b's batch", hold=True))
+    await asyncio.sleep(0)
+    # When a delivery of queue a must be applied isolated, and then one of queue b too
+    runners = [asyncio.create_task(isolated(a)), asyncio.create_task(isolated(b))]
+    a.put("a1")
+    await asyncio.sleep(0)
+    b.put("b1")
+    later = asyncio.create_task(batch_of_b("b's next batch", hold=False))
+    await asyncio.sleep(0.02)
+
+    # Then a's turn waits for b's batch in flight (a death now could be the batch's), and b's
+    # next batch waits too
+    assert log == ["b's batch starts"]
+    release.set()
+    await asyncio.wait_for(later, 1)
+
+    # and no two isolated deliveries of the two queues are ever in flight together
+    assert log == [
+        "b's batch starts",
+        "b's batch ends",
+        "alone a1 starts",
+        "alone a1 ends",
+        "alone b1 starts",
+        "alone b1 ends",
+        "b's next batch starts",
+        "b's next batch ends",
+    ]
+    await first
+    for runner in runners:
+        runner.cancel()

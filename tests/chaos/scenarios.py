@@ -507,17 +507,22 @@ THREE_QUEUES = """
 # The handler faults' types: a crash loop, stalls and a dead-lettering storm land here.
 [queues.faulty]
 types = ["test.behave", "test.odd"]
+prefetch = 50
 handler_timeout = "5s"
 hard_timeout = "10s"
 
 [queues.batch]
 types = ["test.behave_many"]
+prefetch = 50
 
 [queues.stock]
 types = ["inventory.restock", "inventory.reserve", "notification.requested"]
+prefetch = 50
 """
 """``queue-table``'s table: the workload's types over three queues; poison under
-``test.behave``'s key and the unknown type (bound by the runner) go to ``faulty`` too."""
+``test.behave``'s key and the unknown type (bound by the runner) go to ``faulty`` too. A prefetch
+of 50 each: every delivery a process held comes back after its death and is applied isolated, one
+at a time for the whole process (crash attribution), so a death costs what the queues held."""
 FAULTY = "faulty"
 TABLE_RATE = 150.0
 """``queue-table``'s publications a second in the short profile: its 2,000 events over about

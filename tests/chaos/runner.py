@@ -482,7 +482,9 @@ async def run_scenario(
             )
         log = merged(*block_logs, log)
         workload = combine(*blocks, workload)
-        waited = await _settle(world, workload, log, timeout=profile.settle_timeout)
+        waited = await _settle(
+            world, workload, log, timeout=scenario.settle_timeout or profile.settle_timeout
+        )
         if waited is not None:
             world.notes.append(waited)
         stranding = Stranding()
@@ -492,7 +494,9 @@ async def run_scenario(
                 _say(f"  stranded in dead-lettering: {held}; applying the runbook's step")
                 stranding = await recover(on_cluster, held)
                 world.notes += stranding.notes()
-                waited = await _settle(world, workload, log, timeout=profile.settle_timeout)
+                waited = await _settle(
+                    world, workload, log, timeout=scenario.settle_timeout or profile.settle_timeout
+                )
                 if waited is not None:
                     world.notes.append(f"after the runbook's step: {waited}")
         if supervisor is not None:

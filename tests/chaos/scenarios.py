@@ -322,6 +322,8 @@ class Scenario:
     trouble: tuple[float, float] | None = None
     """Where the ``mix_in`` events go in the stream (shares of its publications), instead of
     anywhere: the stream before that stretch is clean of them."""
+    settle_timeout: float | None = None
+    """After publishing, how long the consumers get to finish, where not the profile's."""
     shares: tuple[float, ...] = ()
     """The share of the effects at which each fault strikes, where not spread evenly."""
     loses_commit_replies: bool = False
@@ -507,26 +509,29 @@ THREE_QUEUES = """
 # The handler faults' types: a crash loop, stalls and a dead-lettering storm land here.
 [queues.faulty]
 types = ["test.behave", "test.odd"]
-prefetch = 50
+prefetch = 20
 handler_timeout = "5s"
 hard_timeout = "10s"
 
 [queues.batch]
 types = ["test.behave_many"]
-prefetch = 50
+prefetch = 20
 
 [queues.stock]
 types = ["inventory.restock", "inventory.reserve", "notification.requested"]
-prefetch = 50
+prefetch = 20
 """
 """``queue-table``'s table: the workload's types over three queues; poison under
 ``test.behave``'s key and the unknown type (bound by the runner) go to ``faulty`` too. A prefetch
-of 50 each: every delivery a process held comes back after its death and is applied isolated, one
+of 20 each: every delivery a process held comes back after its death and is applied isolated, one
 at a time for the whole process (crash attribution), so a death costs what the queues held."""
 FAULTY = "faulty"
-TABLE_RATE = 150.0
-"""``queue-table``'s publications a second in the short profile: its 2,000 events over about
-13s, so that the faulty queue's trouble lasts a few seconds of a steady stream."""
+TABLE_EVENTS = 800
+TABLE_RATE = 60.0
+"""``queue-table``'s publications in the short profile, and a second: over about 13s, so that
+the faulty queue's trouble lasts a few seconds of a steady stream, few enough that the isolated
+re-runs after each death (one at a time) end within :data:`TABLE_SETTLE` on a loaded machine."""
+TABLE_SETTLE = 120.0
 
 
 def queue_table(profile: Profile) -> Scenario:
@@ -547,6 +552,8 @@ def queue_table(profile: Profile) -> Scenario:
         faulty_queue=FAULTY,
         trouble=(0.25, 0.55),
         rate=TABLE_RATE if p.name == "short" else None,
+        events=TABLE_EVENTS if p.name == "short" else None,
+        settle_timeout=TABLE_SETTLE if p.name == "short" else None,
     )
 
 

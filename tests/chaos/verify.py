@@ -721,15 +721,15 @@ def by_queue(
     for copy in state.dead:
         if copy.queue in figures:
             figures[copy.queue].dead_lettered += 1
-        event = workload.by_key.get(_key_of(copy.message_id or ""))
-        if event is None:
+        found = workload.by_key.get(_key_of(copy.message_id or ""))
+        if found is None:
             continue
-        home = queue_of(event)
-        if event.kind.applies:
+        home = queue_of(found)
+        if found.kind.applies:
             figures[home].innocent_dead += 1
         if copy.queue != home:
             figures[home].strayed += 1
-            strays.append(f"{copy.message_id} ({event.kind.value}) of {home} in {copy.queue}")
+            strays.append(f"{copy.message_id} ({found.kind.value}) of {home} in {copy.queue}")
     _report(verdict, "dead copies in another queue's dead-letter queue", strays)
     for label, queue in figures.items():
         verdict.notes.append(queue.describe(label))

@@ -996,8 +996,8 @@ def test_a_queue_table_run_is_checked_queue_by_queue() -> None:
     clean = check(workload, log, state, extra_dead_allowed=True)
     figures = by_queue(workload, state, clean, table_queue, labels)
     assert clean.ok, clean.violations
-    assert sum(queue.to_apply for queue in figures.values()) == workload.to_apply
-    assert all(queue.applied == queue.to_apply for queue in figures.values())
+    assert sum(queue["to_apply"] for queue in figures.values()) == workload.to_apply
+    assert all(queue["applied"] == queue["to_apply"] for queue in figures.values())
 
     # When an event of queue batch loses its effect and is dead-lettered in batch's DLQ (a
     # crash of the faulty queue's counted against it), and a faulty dead copy is in stock's DLQ
@@ -1012,9 +1012,9 @@ def test_a_queue_table_run_is_checked_queue_by_queue() -> None:
     figures = by_queue(workload, state, verdict, table_queue, labels)
 
     # Then the counts land on queue batch alone, and the stray copy is a violation
-    assert (figures["batch"].lost, figures["batch"].innocent_dead) == (1, 1)
-    assert figures["faulty"].lost == figures["stock"].lost == 0
-    assert figures["faulty"].strayed == 1
+    assert (figures["batch"]["lost"], figures["batch"]["innocent_dead"]) == (1, 1)
+    assert figures["faulty"]["lost"] == figures["stock"]["lost"] == 0
+    assert figures["faulty"]["strayed"] == 1
     assert any(v.startswith("not exactly once in queue batch") for v in verdict.violations)
     assert any("another queue's dead-letter queue" in v for v in verdict.violations)
     assert not any("queue stock:" in v for v in verdict.violations)

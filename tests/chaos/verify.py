@@ -663,26 +663,28 @@ def dead_by_reason(state: EndState) -> dict[str, int]:
     return dict(Counter(str(row.get("reason")) for row in state.listed))
 
 
-@dataclass
-class QueueFigures:
-    """One queue of a queue table's share of the figures (see :func:`by_queue`)."""
+QUEUE_FIGURES = (
+    "to_apply",
+    "applied",
+    "dead_lettered",
+    "lost",
+    "duplicated",
+    "innocent_dead",
+    "strayed",
+)
+"""One queue of a queue table's share of the figures (see :func:`by_queue`): its events that
+must apply and those applied, the copies in its dead-letter queue, then :class:`Figures`'s lost,
+duplicated and innocent dead letters of its events, and ``strayed``: its events' dead copies in
+another queue's dead-letter queue."""
 
-    to_apply: int = 0
-    applied: int = 0
-    dead_lettered: int = 0
-    """Copies in this queue's dead-letter queue."""
-    lost: int = 0
-    duplicated: int = 0
-    innocent_dead: int = 0
-    strayed: int = 0
-    """Dead copies in another queue's dead-letter queue than their event's."""
 
-    def describe(self, label: str) -> str:
-        return (
-            f"queue {label}: applied {self.applied} of {self.to_apply}, dead-lettered "
-            f"{self.dead_lettered}, lost {self.lost}, duplicated {self.duplicated}, innocent dead "
-            f"letters {self.innocent_dead}, in another queue's DLQ {self.strayed}"
-        )
+def describe_queue(label: str, queue: Counter[str]) -> str:
+    return (
+        f"queue {label}: applied {queue['applied']} of {queue['to_apply']}, dead-lettered "
+        f"{queue['dead_lettered']}, lost {queue['lost']}, duplicated {queue['duplicated']}, "
+        f"innocent dead letters {queue['innocent_dead']}, in another queue's DLQ "
+        f"{queue['strayed']}"
+    )
 
 
 def _key_of(message_id: str) -> str:
@@ -695,16 +697,16 @@ def by_queue(
     verdict: Verdict,
     queue_of: Callable[[PlannedEvent], str],
     labels: Sequence[str],
-) -> dict[str, QueueFigures]:
+) -> dict[str, Counter[str]]:
     """The verdict's lost, duplicated and innocent dead letters queue by queue (``queue_of``
     says which queue an event goes through); a dead copy in another queue's dead-letter queue
     than its event's is a violation. A note per queue, and one violation per queue where any
     count is not 0."""
-    figures = {label: QueueFigures() for label in labels}
+    figures: dict[str, Counter[str]] = {label: Counter() for label in labels}
     for event in workload.events:
         if event.kind.applies:
-            figures[queue_of(event)].to_apply += 1
-            figures[queue_of(event)].applied += bool(_effects(state, event))
+            figures[queue_of(event)]["to_apply"] += 1
+            figures[queue_of(event)]["applied"] += bool(_effects(state, event))
     lost = list(verdict.details.get("LOST: events that must apply with no effect", []))
     lost += [
         _key_of(attempt)
@@ -713,26 +715,26 @@ def by_queue(
         )
     ]
     for key in lost:
-        figures[queue_of(workload.by_key[key])].lost += 1
+        figures[queue_of(workload.by_key[key])]["lost"] += 1
     for doubled in verdict.details.get("DUPLICATED effects", []):
         key, times = doubled.rsplit("x", 1)
-        figures[queue_of(workload.by_key[key])].duplicated += int(times) - 1
+        figures[queue_of(workload.by_key[key])]["duplicated"] += int(times) - 1
     strays: list[str] = []
     for copy in state.dead:
         if copy.queue in figures:
-            figures[copy.queue].dead_lettered += 1
+            figures[copy.queue]["dead_lettered"] += 1
         found = workload.by_key.get(_key_of(copy.message_id or ""))
         if found is None:
             continue
         home = queue_of(found)
         if found.kind.applies:
-            figures[home].innocent_dead += 1
+            figures[home]["innocent_dead"] += 1
         if copy.queue != home:
-            figures[home].strayed += 1
+            figures[home]["strayed"] += 1
             strays.append(f"{copy.message_id} ({found.kind.value}) of {home} in {copy.queue}")
     _report(verdict, "dead copies in another queue's dead-letter queue", strays)
     for label, queue in figures.items():
-        verdict.notes.append(queue.describe(label))
-        if queue.lost or queue.duplicated or queue.innocent_dead or queue.strayed:
-            verdict.violations.append(f"not exactly once in {queue.describe(label)}")
+        verdict.notes.append(describe_queue(label, queue))
+        if queue["lost"] or queue["duplicated"] or queue["innocent_dead"] or queue["strayed"]:
+            verdict.violations.append(f"not exactly once in {describe_queue(label, queue)}")
     return figures

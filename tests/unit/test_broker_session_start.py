@@ -28,7 +28,16 @@ class ClosingConnection:
         self.is_closed = True
 
 
-def _session() -> BrokerSession:
+def _starting(monkeypatch: pytest.MonkeyPatch, missing: Any) -> BrokerSession:
+    """A session whose connection is a :class:`ClosingConnection` and whose topology check is
+    ``missing``."""
+    connection = ClosingConnection()
+
+    async def connect(*_: Any) -> ClosingConnection:
+        return connection
+
+    monkeypatch.setattr(session_module, "connect", connect)
+    monkeypatch.setattr(session_module, "missing", missing)
     config = cast(Any, type("Config", (), {"prefetch": 1, "publish_timeout": 1.0})())
     return BrokerSession(
         config, cast(Any, None), "svc.work", "svc.redeliver", lambda _: None, lambda _: None
@@ -39,38 +48,23 @@ async def test_a_connection_closed_while_the_session_starts_is_a_lost_connection
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Given a broker that closes the connection while the session checks the topology
-    connection = ClosingConnection()
-
-    async def connect(*_: Any) -> ClosingConnection:
-        return connection
-
     async def missing(conn: ClosingConnection, _: Any) -> list[str]:
         await conn.channel()
         return []
 
-    monkeypatch.setattr(session_module, "connect", connect)
-    monkeypatch.setattr(session_module, "missing", missing)
-
     # When the session starts, then it reports a lost connection (the supervisor reconnects),
     # not aiormq's RuntimeError (which ended the process with exit code 1)
     with pytest.raises(ConnectionLost, match="connection closed while starting"):
-        async with _session():
+        async with _starting(monkeypatch, missing):
             pass
 
 
 async def test_another_runtime_error_while_starting_is_not_taken_for_a_lost_connection(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    connection = ClosingConnection()
-
-    async def connect(*_: Any) -> ClosingConnection:
-        return connection
-
     async def missing(*_: Any) -> list[str]:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(session_module, "connect", connect)
-    monkeypatch.setattr(session_module, "missing", missing)
     with pytest.raises(RuntimeError, match="a bug"):
-        async with _session():
+        async with _starting(monkeypatch, missing):
             pass

@@ -18,7 +18,7 @@ from tests.chaos.scenarios import PROFILES
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(840)  # past the profile's own budget (720s), which ends it cleanly
+@pytest.mark.timeout(960)  # past the profile's own budget (840s), which ends it cleanly
 async def test_short_profile_applies_every_event_once_and_dead_letters_the_rest(
     tmp_path: Path,
 ) -> None:

@@ -602,16 +602,26 @@ async def connect_any(urls: str, timeout: float = 10) -> AbstractConnection:
     return await aio_pika.connect(last, timeout=timeout)
 
 
-async def queue_depth(url: str, queue: str) -> int:
-    """Ready messages in ``queue`` (passive declare; unacked ones are not counted); ``url`` may
-    list a cluster's nodes."""
+async def _declared(url: str, queue: str) -> aiormq.spec.Queue.DeclareOk:
+    """What a passive declare of ``queue`` answers; ``url`` may list a cluster's nodes."""
     connection = await connect_any(url)
     try:
         channel = await connection.channel()
         declared = await channel.declare_queue(queue, passive=True)
-        return int(declared.declaration_result.message_count or 0)
+        return declared.declaration_result
     finally:
         await connection.close()
+
+
+async def queue_depth(url: str, queue: str) -> int:
+    """Ready messages in ``queue`` (passive declare; unacked ones are not counted); ``url`` may
+    list a cluster's nodes."""
+    return int((await _declared(url, queue)).message_count or 0)
+
+
+async def queue_consumers(url: str, queue: str) -> int:
+    """How many consumers the broker counts on ``queue`` (passive declare)."""
+    return int((await _declared(url, queue)).consumer_count or 0)
 
 
 async def drain_queue(

@@ -16,10 +16,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from aio_pika.abc import ExchangeType as AmqpExchangeType
 
 from topology.apply import find_conflicts, missing
-from topology.migration_plan import Bind, Declare, Delete, MigrationPlan, Move, Step, Unbind
-from topology.model import Queue, Topology
+from topology.migration_plan import (
+    Bind,
+    Declare,
+    DeclareExchange,
+    Delete,
+    MigrationPlan,
+    Move,
+    Step,
+    Unbind,
+)
+from topology.model import Exchange, Queue, Topology
 from topology.mover import HeaderRewrite, move_messages, queue_state
 
 __all__ = ["MigrationConflict", "MigrationReport", "StepResult", "run_migration"]
@@ -75,14 +85,19 @@ class _Runner:
     async def run(self, step: Step) -> StepResult:
         if isinstance(step, Declare):
             return await self._declare(step.queue, step)
+        if isinstance(step, DeclareExchange):
+            return await self._declare(step.exchange, step)
         if isinstance(step, Bind | Unbind):
             return await self._bind(step)
         if isinstance(step, Move):
             return StepResult(step, await self._move(step))
         return await self._delete(step)
 
-    async def _declare(self, queue: Queue, step: Step) -> StepResult:
-        alone = Topology(exchanges=(), queues=(queue,), bindings=())
+    async def _declare(self, item: Queue | Exchange, step: Step) -> StepResult:
+        if isinstance(item, Queue):
+            alone = Topology(exchanges=(), queues=(item,), bindings=())
+        else:
+            alone = Topology(exchanges=(item,), queues=(), bindings=())
         if not await missing(self._connection, alone):
             conflicts = await find_conflicts(self._connection, alone)
             if conflicts:
@@ -90,8 +105,13 @@ class _Runner:
             return StepResult(step, "exists")
         channel = await self._channel()
         try:
-            arguments = queue.declare_arguments
-            await channel.declare_queue(queue.name, durable=queue.durable, arguments=arguments)
+            if isinstance(item, Queue):
+                arguments = item.declare_arguments
+                await channel.declare_queue(item.name, durable=item.durable, arguments=arguments)
+            else:
+                await channel.declare_exchange(
+                    item.name, AmqpExchangeType(item.type.value), durable=item.durable
+                )
         finally:
             await channel.close()
         return StepResult(step, "created")

@@ -24,25 +24,38 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from topology.model import Binding, Queue
+from topology.model import Binding, Exchange, Queue
 from topology.names import RETRY_RUNG, rung_label
 from topology.plan import TopologySpec, build_topology
 
 __all__ = [
     "Bind",
     "Declare",
+    "DeclareExchange",
     "Delete",
     "MigrationPlan",
     "MigrationRefused",
     "Move",
     "Step",
     "Unbind",
+    "nearest_rung",
     "plan_migration",
+    "rung_binding",
 ]
 
 
 class MigrationRefused(ValueError):
     """The two plans cannot be migrated between (the message says which setting to change)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeclareExchange:
+    """An exchange of a queue new to a queue table (:mod:`topology.table_migration`)."""
+
+    exchange: Exchange
+
+    def describe(self) -> str:
+        return f"declare {self.exchange.describe()}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +118,7 @@ class Delete:
         return f"delete queue {self.queue} once {when}"
 
 
-Step = Declare | Bind | Unbind | Move | Delete
+Step = DeclareExchange | Declare | Bind | Unbind | Move | Delete
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +134,9 @@ class MigrationPlan:
         return [f"{number:>2}. {step.describe()}" for number, step in enumerate(self.steps, 1)]
 
 
-def _rung_binding(retry: str, queue: str, delay: timedelta) -> Binding:
+def rung_binding(retry: str, queue: str, delay: timedelta) -> Binding:
+    """The binding that routes the retry exchange's rung ``delay`` to ``queue`` (a rung, or an
+    exchange)."""
     return Binding(retry, queue, arguments={"x-match": "all", RETRY_RUNG: rung_label(delay)})
 
 
@@ -131,7 +146,7 @@ def _key(binding: Binding) -> tuple[object, ...]:
     return (binding.exchange, binding.queue, binding.routing_key, arguments)
 
 
-def _nearest(delay: timedelta, ladder: Iterable[timedelta]) -> timedelta | None:
+def nearest_rung(delay: timedelta, ladder: Iterable[timedelta]) -> timedelta | None:
     """The longest delay of ``ladder`` not above ``delay``, else its shortest; None if empty."""
     delays = sorted(ladder)
     if not delays:
@@ -177,20 +192,20 @@ def plan_migration(old: TopologySpec, new: TopologySpec) -> MigrationPlan:
     # A migration back leaves the redirects of the one it undoes: an entering rung's label
     # must route to its own queue only.
     for delay in entering:
-        target = _nearest(delay, old.retry_delays)
+        target = nearest_rung(delay, old.retry_delays)
         if target is None:
-            steps.append(Unbind(_rung_binding(names.retry, names.redeliver, delay), True))
+            steps.append(Unbind(rung_binding(names.retry, names.redeliver, delay), True))
         else:
-            steps.append(Unbind(_rung_binding(names.retry, names.rung(target), delay)))
+            steps.append(Unbind(rung_binding(names.retry, names.rung(target), delay)))
     moves: list[Step] = []
     for delay in leaving:
-        target = _nearest(delay, new.retry_delays)
+        target = nearest_rung(delay, new.retry_delays)
         if target is None:
             # No ladder left: an old replica's retry, and a waiting one, go straight back.
-            steps.append(Bind(_rung_binding(names.retry, names.redeliver, delay), True))
+            steps.append(Bind(rung_binding(names.retry, names.redeliver, delay), True))
             moves.append(Move(names.rung(delay), names.redeliver, None, from_work=False))
         else:
-            steps.append(Bind(_rung_binding(names.retry, names.rung(target), delay)))
+            steps.append(Bind(rung_binding(names.retry, names.rung(target), delay)))
             moves.append(Move(names.rung(delay), names.retry, rung_label(target), from_work=False))
     steps += [Unbind(b) for b in old_plan.bindings if _key(b) not in new_bindings]
     steps += moves

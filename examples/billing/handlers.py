@@ -1,4 +1,5 @@
-"""``billing.charge`` records what an order was charged; ``billing.refund`` gives part of it back.
+"""``billing.charge`` records what an order was charged; ``billing.refund`` gives part of it back;
+``billing.invoice`` records the invoice an order was issued.
 
 A team's own handler module: name it in ``CONSUMER_HANDLERS`` (``billing.handlers``). Its tables
 are in ``billing/sql/``, declared by ``MIGRATIONS`` below: ``consumer migrate`` applies them after
@@ -29,6 +30,13 @@ class Refund(BaseModel):
 
     order_id: str = OrderId
     cents: int = Field(gt=0)
+
+
+class Invoice(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    order_id: str = OrderId
+    number: str = Field(pattern=r"^[A-Z0-9-]{1,32}$")
 
 
 @register("billing.charge", payload=Charge, key=lambda charge: charge.order_id)
@@ -70,3 +78,22 @@ async def refund(event: Envelope[Refund], conn: Connection) -> None:
         order_id,
         event.payload.cents,
     )
+
+
+@register("billing.invoice", payload=Invoice, key=lambda invoice: invoice.order_id)
+async def invoice(event: Envelope[Invoice], conn: Connection) -> None:
+    # A team would render and send the invoice here: the slow part, which its queue's time limit
+    # (queues.toml) is for. One invoice per order: the unique order_id decides, also between two
+    # replicas at once (the second insert waits for the first's transaction, then does nothing).
+    order_id = event.payload.order_id
+    recorded = await conn.fetchval(
+        "INSERT INTO invoices (event_id, order_id, number) VALUES ($1, $2, $3)"
+        " ON CONFLICT (order_id) DO NOTHING RETURNING number",
+        event.event_id,
+        order_id,
+        event.payload.number,
+    )
+    if recorded is None:
+        # Another event than the first invoice (a copy of one is a duplicate before it gets here).
+        issued = await conn.fetchval("SELECT number FROM invoices WHERE order_id = $1", order_id)
+        raise PermanentError(f"order {order_id}: already invoiced as {issued}")

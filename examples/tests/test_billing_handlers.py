@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncpg
 import pytest
-from billing.handlers import Charge, Refund
+from billing.handlers import Charge, Invoice, Refund
 
 from consumer.testing import Harness, Message, Unroutable, event
 
@@ -94,6 +94,23 @@ async def test_a_refund_larger_than_the_charge_is_dead_lettered_at_once(
     assert outcome.reason == "permanent_failure"
     assert outcome.error == "order o-2: refund of 9999 > 800"
     assert await rows(consumer_harness, "SELECT count(*) FROM refunds") == [(0,)]
+
+
+async def test_an_invoice_is_recorded_once_per_order(consumer_harness: Harness) -> None:
+    [issued] = await consumer_harness.send(
+        event("billing.invoice", Invoice(order_id="o-5", number="INV-0001"))
+    )
+    [again] = await consumer_harness.send(
+        event("billing.invoice", Invoice(order_id="o-5", number="INV-0002"))
+    )
+
+    assert issued.processed, issued
+    assert again.dead_lettered, again
+    assert again.reason == "permanent_failure"
+    assert again.error == "order o-5: already invoiced as INV-0001"
+    assert await rows(consumer_harness, "SELECT order_id, number FROM invoices") == [
+        ("o-5", "INV-0001")
+    ]
 
 
 async def test_a_payload_the_model_refuses_is_poison(consumer_harness: Harness) -> None:

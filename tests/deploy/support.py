@@ -292,10 +292,13 @@ def queue_patterns(expression: str) -> list[str]:
     return [promql_string(value) for value in _QUEUE_MATCHER.findall(expression)]
 
 
-def service_queues(service: str, work_version: int) -> tuple[str, list[str]]:
-    """The work queue of a service's plan at one ``CONSUMER_WORK_QUEUE_VERSION``, and its other
-    queues (the dead-letter queue and every rung), as ``consumer topology apply`` declares them."""
-    names = Names(service, "events", work_version=work_version)
+def service_queues(
+    service: str, work_version: int, queue: str | None = None
+) -> tuple[str, list[str]]:
+    """The work queue of a service's plan at one ``CONSUMER_WORK_QUEUE_VERSION`` (of one ``queue``
+    of its queue table), and its other queues (the dead-letter queue and every rung), as
+    ``consumer topology apply`` declares them."""
+    names = Names(service, "events", work_version=work_version, queue=queue)
     ladder = [timedelta(milliseconds=ms) for ms in (500, 5_000, 120_000, 3_600_000)]
     plan = build_topology(TopologySpec(names, ladder, delivery_limit=20, event_types=["a.b"]))
     queues = [queue.name for queue in plan.queues]

@@ -7,6 +7,7 @@ Prometheus in test_prometheus_scrape.py, which also sees each return data.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import pytest
 
@@ -20,6 +21,7 @@ from tests.deploy.support import (
     referenced_metrics,
     service_queues,
 )
+from topology.names import Names
 
 # What the issue asks the dashboard to show, each by the metric that shows it.
 REQUIRED = {
@@ -133,7 +135,7 @@ def test_the_work_queue_panel_shows_every_generation_and_no_other_queue(version:
     work, others = service_queues("billing.eu", version)
     (panel,) = [panel for panel in dashboard_panels() if panel["title"] == "Work queue"]
     patterns = [
-        pattern.replace("$name", "billing.eu")
+        pattern.replace("$name", "billing.eu").replace("$queue", GRAFANA_SUBSTITUTIONS["$queue"])
         for target in panel["targets"]
         for pattern in queue_patterns(target["expr"])
     ]
@@ -142,3 +144,58 @@ def test_the_work_queue_panel_shows_every_generation_and_no_other_queue(version:
     assert len(patterns) == len(panel["targets"])
     assert [pattern for pattern in patterns if not re.fullmatch(pattern, work)] == []
     assert [queue for queue in others for p in patterns if re.fullmatch(p, queue)] == []
+
+
+# The broker panels (by the start of their title), and the kinds of a plan's queues each shows.
+BROKER_PANELS = {
+    "Work queue": ("work",),
+    "Dead-letter queues": ("dead",),
+    "Retry rungs": ("rung",),
+    "Held for RabbitMQ's dead-lettering": ("work", "rung"),
+}
+TABLE = ("charges", "refunds", "invoices")
+# The Queue variable as Grafana's Prometheus data source writes it into a regex matcher: All is its
+# allValue; one value as it is; several as an alternation. None stands for the service's queues
+# without a table (<name>.work ...), which only All shows.
+SELECTIONS: dict[str, tuple[str, Sequence[str | None]]] = {
+    "All": (GRAFANA_SUBSTITUTIONS["$queue"], (None, *TABLE)),
+    "one queue": ("refunds", ("refunds",)),
+    "two queues": ("(charges|refunds)", ("charges", "refunds")),
+}
+
+
+def _plan_by_kind(service: str, version: int, queue: str | None) -> dict[str, set[str]]:
+    work, others = service_queues(service, version, queue)
+    dead = Names(service, "events", work_version=version, queue=queue).dead
+    return {"work": {work}, "dead": {dead}, "rung": set(others) - {dead}}
+
+
+@pytest.mark.parametrize("selection", sorted(SELECTIONS))
+@pytest.mark.parametrize("version", [1, 2])
+def test_the_broker_panels_show_the_picked_queues_of_a_table_and_no_other(
+    selection: str, version: int
+) -> None:
+    # Given a service's queues with a table of three queues, and those it had without one
+    service = "billing.eu"
+    plans = {queue: _plan_by_kind(service, version, queue) for queue in (None, *TABLE)}
+    every_queue = {name for plan in plans.values() for names in plan.values() for name in names}
+    value, picked = SELECTIONS[selection]
+    panels = {
+        prefix: [p for p in dashboard_panels() if p["title"].startswith(prefix)]
+        for prefix in BROKER_PANELS
+    }
+
+    for prefix, kinds in BROKER_PANELS.items():
+        (panel,) = panels[prefix]
+        patterns = [
+            pattern.replace("$name", service).replace("$queue", value)
+            for target in panel["targets"]
+            for pattern in queue_patterns(target["expr"])
+        ]
+        wanted = {name for queue in picked for kind in kinds for name in plans[queue][kind]}
+
+        # Then each of its queries takes exactly the picked queues' queues of its kinds
+        assert patterns, prefix
+        for pattern in patterns:
+            taken = {name for name in every_queue if re.fullmatch(pattern, name)}
+            assert taken == wanted, (prefix, pattern, sorted(taken ^ wanted))

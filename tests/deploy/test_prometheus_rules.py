@@ -91,6 +91,21 @@ def test_every_runbook_is_an_alerts() -> None:
     assert pages == {rule["alert"] for rule in alert_rules()}
 
 
+def test_every_runbooks_dead_letter_step_gives_a_queue_tables_form_too() -> None:
+    pages = {path.stem: path.read_text() for path in (DEPLOY / "runbooks").glob("*.md")}
+    readme = pages.pop("README")
+
+    # A page that sends the operator to `consumer dlq` also gives `consumer dlq --queue <queue>`
+    sends = [name for name, text in pages.items() if "`consumer dlq " in text]
+    assert sends
+    assert [name for name in sends if "`consumer dlq --queue <queue> " not in pages[name]] == []
+    # and the README says how an alert names a table's queue, on each kind of series
+    (section,) = re.findall(r"^## With a queue table\n(.*?)(?=^## |\Z)", readme, re.M | re.S)
+    assert '`queue="refunds"`' in section  # the service's series: the table's queue
+    assert "`consumer.refunds.dead`" in section  # RabbitMQ's: the broker's queue
+    assert "`consumer dlq --queue refunds list`" in section
+
+
 def test_the_operators_prometheusrule_holds_the_same_rules() -> None:
     rule = yaml_file(DEPLOY / "k8s" / "monitoring" / "prometheusrule.yaml")
 

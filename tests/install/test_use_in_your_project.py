@@ -2,7 +2,8 @@
 example project's (examples/) installed into a fresh virtualenv outside the source tree, then
 ``consumer`` migrates, applies the topology, runs the example's handlers, publishes and lists the
 dead letters, and the example's rows appear. Once on a new database, once on one that already has
-another tool's ``schema_migrations`` and a ``stock`` table of its own."""
+another tool's ``schema_migrations`` and a ``stock`` table of its own; and once with the example's
+queue table (examples/queues.toml), every queue of it consuming and applying its events."""
 
 from __future__ import annotations
 
@@ -17,9 +18,19 @@ import asyncpg
 import pytest
 
 import consumer
+from consumer.config.queue_table import read_queue_table
 from consumer.config.settings import DEFAULT_HANDLER_MODULES
+from consumer.service.components import names_for
 from tests.conftest import drop_database
-from tests.support import REPO, TestEnv, fetch, fetchval, queue_depth, wait_until
+from tests.support import (
+    REPO,
+    TestEnv,
+    fetch,
+    fetchval,
+    queue_consumers,
+    queue_depth,
+    wait_until,
+)
 from tests.wheels import EXAMPLE, EXAMPLE_HANDLERS, Installed, InstalledService
 
 # Another tool's ledger (golang-migrate's) and a table of the team's own with a reference name.
@@ -29,6 +40,14 @@ INSERT INTO schema_migrations VALUES (20250101120000, false);
 CREATE TABLE stock (id serial PRIMARY KEY, warehouse text NOT NULL);
 INSERT INTO stock (warehouse) VALUES ('north');
 """
+
+
+APPLIED = [
+    *(f"applied consumer.sql/{p.name}" for p in sorted((REPO / "sql").glob("*.sql"))),
+    "applied billing.sql/001_charges_and_refunds.sql",
+    "applied billing.sql/002_invoices.sql",
+]
+"""What ``consumer migrate`` applies on a new database: the service's set, then the example's."""
 
 
 def _wheel_files(wheel: Path) -> set[str]:
@@ -106,10 +125,7 @@ async def test_a_team_runs_its_own_handlers_from_the_installed_wheels(
 
     # When the team migrates, declares the topology and runs its handlers
     migrated = consumer_command("migrate", "--create-database").splitlines()
-    assert [line for line in migrated if line.startswith("applied ")] == [
-        *(f"applied consumer.sql/{p.name}" for p in sorted((REPO / "sql").glob("*.sql"))),
-        "applied billing.sql/001_charges_and_refunds.sql",
-    ]
+    assert [line for line in migrated if line.startswith("applied ")] == APPLIED
     assert consumer_command("topology", "apply").endswith(" bindings\n")
     # (the queues and exchanges do not depend on the handlers: cleaned up with the env's)
     env.topologies.append(env.topology(handlers=",".join(DEFAULT_HANDLER_MODULES)))
@@ -180,3 +196,89 @@ def test_python_m_consumer_and_python_m_topology_work_from_the_installed_package
     assert plan.returncode == 0, plan.stderr
     ingress = env.settings().exchange
     assert f"bind {ingress} -> {env.names.work} with routing key 'billing.charge'" in plan.stdout
+
+
+async def test_a_team_runs_the_example_queue_table_from_the_installed_wheels(
+    env: TestEnv,
+    installed_product: Installed,
+    admin_dsn: str,
+    team_database: str,
+    tmp_path: Path,
+) -> None:
+    # Given the installed commands and the example's queue table, as the team keeps it beside
+    # its deployment (the table is not in the wheel); the table's names are the test's own and
+    # are removed with its topology
+    product = installed_product
+    dsn = admin_dsn.rsplit("/", 1)[0] + "/" + team_database
+    table_file = env.use_queue_table((EXAMPLE / "queues.toml").read_text(), tmp_path)
+    environment = env.env(database_url=dsn, handlers=EXAMPLE_HANDLERS)
+    assert environment["CONSUMER_QUEUES_FILE"] == str(table_file)
+    table = read_queue_table(table_file, env.settings())
+    assert len(table.names) >= 3
+    work_queues = {queue: names_for(env.settings(), queue).work for queue in table.names}
+
+    def consumer_command(*argv: str) -> str:
+        result = product.run("consumer", *argv, env=environment)
+        assert result.returncode == 0, f"consumer {' '.join(argv)}: {result.stderr}"
+        assert "Traceback" not in result.stderr
+        return result.stdout
+
+    # When the team migrates, declares every queue's part and runs the whole table in one process
+    migrated = consumer_command("migrate", "--create-database").splitlines()
+    assert [line for line in migrated if line.startswith("applied ")] == APPLIED
+    consumer_command("topology", "apply")
+    service = InstalledService(env, product, database_url=dsn, handlers=EXAMPLE_HANDLERS)
+    await service.start().wait_ready()
+
+    # Then every queue of the table is consuming: in /readyz, and on the broker
+    status, body = await service.readyz()
+    assert status == 200, body
+    assert set(body["queues"]) == set(table.names)
+    assert [q for q, state in body["queues"].items() if not state["consuming"]] == []
+    for queue, work in work_queues.items():
+        assert await queue_consumers(env.amqp_url, work) == 1, work
+        assert await service.metric("consumer_consuming", queue=queue) == 1
+
+    # And when an event of each queue is published (the refund once its charge is in; by the
+    # test's producer: the test above publishes with the installed command), each is applied
+    # through its own queue, and a refund too large is a dead letter of the refunds'
+    async with env.producer() as producer:
+        await producer.send("billing.charge", {"order_id": "o-1", "cents": 1250})
+        await producer.send("billing.invoice", {"order_id": "o-1", "number": "INV-0001"})
+
+        async def charged() -> bool:
+            return bool(await fetchval(dsn, "SELECT count(*) FROM charges") == 1)
+
+        await wait_until(charged, what="the charge")
+        await producer.send("billing.refund", {"order_id": "o-1", "cents": 250})
+        too_much = await producer.send("billing.refund", {"order_id": "o-1", "cents": 9999})
+    refunds_dead = names_for(env.settings(), "refunds").dead
+
+    async def applied() -> bool:
+        return (
+            await fetchval(dsn, "SELECT count(*) FROM refunds") == 1
+            and await fetchval(dsn, "SELECT count(*) FROM invoices") == 1
+            and await queue_depth(env.amqp_url, refunds_dead) == 1
+        )
+
+    await wait_until(applied, what="the refund, the invoice and the refunds' dead letter")
+    processed = {
+        queue: await service.metric(
+            "consumer_messages_total", queue=queue, type=event_type, outcome="processed"
+        )
+        for queue, event_type in [
+            ("charges", "billing.charge"),
+            ("refunds", "billing.refund"),
+            ("invoices", "billing.invoice"),
+        ]
+    }
+    assert processed == {"charges": 1, "refunds": 1, "invoices": 1}
+    (dead,) = [
+        json.loads(line)
+        for line in consumer_command("dlq", "--queue", "refunds", "list", "--json").splitlines()
+    ]
+    assert dead["id"] == str(too_much)
+    assert dead["reason"] == "permanent_failure"
+    for queue in set(table.names) - {"refunds"}:
+        assert await queue_depth(env.amqp_url, names_for(env.settings(), queue).dead) == 0
+    assert await service.stop() == 0

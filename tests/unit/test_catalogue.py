@@ -115,7 +115,7 @@ def test_the_envelope_schema_takes_a_valid_event_and_refuses_a_bad_one(
 def test_json_schema_format_gives_each_payload_schema_alone() -> None:
     schemas = payload_schemas(HandlerRegistry.from_modules(HANDLERS))
 
-    assert sorted(schemas) == ["billing.charge", "billing.refund"]
+    assert sorted(schemas) == ["billing.charge", "billing.invoice", "billing.refund"]
     refund = jsonschema.Draft202012Validator(schemas["billing.refund"])
     assert refund.is_valid({"order_id": "o-1", "cents": 1})
     assert not refund.is_valid({"order_id": "", "cents": 1})
@@ -135,7 +135,11 @@ def test_the_command_prints_both_formats() -> None:
     )
 
     assert asyncapi_validator().is_valid(json.loads(document.stdout))
-    assert sorted(json.loads(schemas.stdout)) == ["billing.charge", "billing.refund"]
+    assert sorted(json.loads(schemas.stdout)) == [
+        "billing.charge",
+        "billing.invoice",
+        "billing.refund",
+    ]
 
 
 class _Opaque:

@@ -231,4 +231,4 @@ def test_the_example_project_s_table_covers_its_handlers() -> None:
     table = read_queue_table(REPO / "examples" / "queues.toml", Settings())
 
     table.check_handlers(HandlerRegistry.from_modules(["billing.handlers"]))
-    assert table.names == ("charges", "refunds")
+    assert table.names == ("charges", "refunds", "invoices")

@@ -11,6 +11,7 @@ import aiormq
 
 from consumer.amqp.connect import BrokerConfig, connect, describe_amqp_error
 from consumer.cli.topology.migrate import add_migrate_parser, run_migrate
+from consumer.cli.topology.migrate_table import run_table_migrate
 from consumer.config.settings import Settings
 from consumer.config.startup import EXIT_CONFIG, fail, load_handlers, load_queue_table
 from consumer.errors import BrokerUnreachable, TopologyConflict, TopologyError, TopologyMissing
@@ -105,9 +106,11 @@ async def _check(broker: BrokerConfig, topology: Topology, management: _Manageme
 def run_topology(settings: Settings, arguments: argparse.Namespace) -> int:
     if arguments.topology_command == "migrate":
         if settings.queues_file is not None:
+            return run_table_migrate(settings, arguments)
+        if arguments.from_queues_file is not None:
             fail(
-                "CONSUMER_QUEUES_FILE: `consumer topology migrate` does not migrate a queue "
-                "table yet: unset it to migrate a service without one",
+                "--from-queues-file: set CONSUMER_QUEUES_FILE to the new table (a migration "
+                "goes from one queue table to another)",
                 EXIT_CONFIG,
             )
         return run_migrate(settings, arguments)

@@ -4,14 +4,16 @@ the environment's settings give, while the consumers keep running.
 The environment holds the new settings (as the new replicas will get them); ``--from-*`` say what
 the old ones were, for the settings a migration may change: the retry ladder, the delivery limit
 and the work queue's generation. ``--rollback`` migrates back, from the new plan to the old.
+With a queue table (``CONSUMER_QUEUES_FILE``), ``--from-queues-file`` names the old table instead
+(:mod:`consumer.cli.topology.migrate_table`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import Callable
-from typing import Any
+from datetime import timedelta
+from typing import Any, Protocol
 
 import aiormq
 from aio_pika.abc import AbstractIncomingMessage
@@ -26,10 +28,19 @@ from consumer.errors import BrokerUnreachable
 from consumer.service.components import broker_config, topology_spec
 from topology.migrate import MigrationConflict, MigrationReport, StepResult, run_migration
 from topology.migration_plan import MigrationPlan, MigrationRefused, plan_migration
-from topology.mover import MoveFailed
+from topology.mover import HeaderRewrite, MoveFailed
 from topology.names import Names
 
-__all__ = ["EXIT_PENDING", "add_migrate_parser", "moved_headers", "run_migrate"]
+__all__ = [
+    "EXIT_PENDING",
+    "Steps",
+    "add_migrate_parser",
+    "answered_offline",
+    "carry_out",
+    "from_flags",
+    "moved_headers",
+    "run_migrate",
+]
 
 EXIT_PENDING = 75
 """EX_TEMPFAIL: the migration went as far as it can for now; run it again later."""
@@ -56,6 +67,12 @@ def add_migrate_parser(actions: Any) -> None:
         "--from-work-queue-version", metavar="N", help="the old CONSUMER_WORK_QUEUE_VERSION"
     )
     migrate.add_argument(
+        "--from-queues-file",
+        metavar="PATH",
+        help="the old queue table (with CONSUMER_QUEUES_FILE, the new one): moves event types "
+        "between queues, adds and removes queues, and changes each queue's own settings",
+    )
+    migrate.add_argument(
         "--dry-run", action="store_true", help="print the steps; do not connect to the broker"
     )
     migrate.add_argument(
@@ -68,6 +85,11 @@ def add_migrate_parser(actions: Any) -> None:
         metavar="DURATION",
         help="how long to wait for the old work queue's last consumers to go (default 0s)",
     )
+
+
+def from_flags(arguments: argparse.Namespace) -> list[str]:
+    """The ``--from-*`` settings flags given (not ``--from-queues-file``)."""
+    return ["--" + flag.replace("_", "-") for flag in _FROM if getattr(arguments, flag) is not None]
 
 
 def old_settings(settings: Settings, arguments: argparse.Namespace) -> Settings:
@@ -88,14 +110,16 @@ def old_settings(settings: Settings, arguments: argparse.Namespace) -> Settings:
         fail("invalid " + "; ".join(problems), EXIT_CONFIG)
 
 
-def moved_headers(names: Names) -> Callable[[AbstractIncomingMessage], dict[str, Any]]:
+def moved_headers(*names: Names) -> HeaderRewrite:
     """The headers of a copy moved out of a work queue: it goes through the service's own
     redeliver exchange, which the service trusts, so it keeps only what the service would have
-    trusted in the original (its own headers if the original came back from the ladder, none of
-    a producer's), and the exchange and routing key it was first published to."""
+    trusted in the original (its own headers if the original came back from the ladder of one
+    of ``names``, none of a producer's), and the exchange and routing key it was first published
+    to."""
+    redelivers = {each.redeliver for each in names}
 
     def rewrite(message: AbstractIncomingMessage) -> dict[str, Any]:
-        own = message.exchange == names.redeliver
+        own = message.exchange in redelivers
         copy = h.trusted_headers(dict(message.headers or {}), trusted=own)
         if not own:
             copy.setdefault(h.ORIGINAL_EXCHANGE, message.exchange or "")
@@ -110,14 +134,14 @@ def _print_step(number: int, result: StepResult) -> None:
 
 
 async def _migrate(
-    broker: BrokerConfig, plan: MigrationPlan, names: Names, wait: float
+    broker: BrokerConfig, plan: MigrationPlan, rewrite: HeaderRewrite, wait: float
 ) -> MigrationReport:
     connection = await connect(broker, "topology")
     try:
         return await run_migration(
             connection,
             plan,
-            rewrite_work_headers=moved_headers(names),
+            rewrite_work_headers=rewrite,
             confirm_timeout=broker.publish_timeout,
             wait=wait,
             on_step=_print_step,
@@ -126,27 +150,13 @@ async def _migrate(
         await connection.close()
 
 
-def run_migrate(settings: Settings, arguments: argparse.Namespace) -> int:
-    registry = load_handlers(settings)
-    old, new = old_settings(settings, arguments), settings
-    if arguments.rollback:
-        old, new = new, old
+def carry_out(
+    settings: Settings, plan: MigrationPlan, rewrite: HeaderRewrite, wait: timedelta
+) -> bool:
+    """Run ``plan``'s steps on the broker, printing each; false when one must wait (it printed
+    why: the caller exits :data:`EXIT_PENDING`). A failure exits with its one line."""
     try:
-        plan = plan_migration(topology_spec(old, registry), topology_spec(new, registry))
-    except MigrationRefused as error:
-        fail(str(error), EXIT_CONFIG)
-    if plan.changes_nothing:
-        print("nothing to migrate: the two plans are the same")
-        return 0
-    if arguments.dry_run:
-        for line in plan.describe():
-            print(line)
-        return 0
-    names = topology_spec(new, registry).names
-    try:
-        report = asyncio.run(
-            _migrate(broker_config(settings), plan, names, arguments.wait.total_seconds())
-        )
+        report = asyncio.run(_migrate(broker_config(settings), plan, rewrite, wait.total_seconds()))
     except MigrationConflict as error:
         fail(f"{error}: nothing past this step was done")
     except MoveFailed as error:
@@ -159,6 +169,45 @@ def run_migrate(settings: Settings, arguments: argparse.Namespace) -> int:
         fail(f"lost RabbitMQ: {describe_amqp_error(error)}: run the migration again to resume it")
     if report.pending is not None:
         print(f"pending: {report.pending}", flush=True)
+        return False
+    return True
+
+
+class Steps(Protocol):
+    """A migration's steps, as a :class:`MigrationPlan` or a queue table's migration has them."""
+
+    @property
+    def changes_nothing(self) -> bool: ...
+
+    def describe(self) -> list[str]: ...
+
+
+def answered_offline(steps: Steps, *, dry_run: bool) -> bool:
+    """Print what needs no broker (nothing to migrate, or with ``dry_run`` the steps); true when
+    that was all."""
+    if steps.changes_nothing:
+        print("nothing to migrate: the two plans are the same")
+        return True
+    if dry_run:
+        for line in steps.describe():
+            print(line)
+        return True
+    return False
+
+
+def run_migrate(settings: Settings, arguments: argparse.Namespace) -> int:
+    registry = load_handlers(settings)
+    old, new = old_settings(settings, arguments), settings
+    if arguments.rollback:
+        old, new = new, old
+    try:
+        plan = plan_migration(topology_spec(old, registry), topology_spec(new, registry))
+    except MigrationRefused as error:
+        fail(str(error), EXIT_CONFIG)
+    if answered_offline(plan, dry_run=arguments.dry_run):
+        return 0
+    names = topology_spec(new, registry).names
+    if not carry_out(settings, plan, moved_headers(names), arguments.wait):
         return EXIT_PENDING
     print(f"migrated: {names.work} is the work queue")
     return 0

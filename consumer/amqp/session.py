@@ -28,7 +28,7 @@ from consumer.amqp.delivery import Delivery
 from consumer.amqp.direct_consume import consume_direct
 from consumer.amqp.headers import trusted_headers
 from consumer.amqp.publisher import Publisher
-from consumer.errors import TopologyMissing
+from consumer.errors import ConnectionLost, TopologyMissing
 
 __all__ = ["BrokerSession"]
 from topology.apply import missing
@@ -97,10 +97,25 @@ class BrokerSession:
             self.publisher = await Publisher.on(
                 publish_channel, confirm_within=timedelta(seconds=self._config.publish_timeout)
             )
+        except RuntimeError as error:
+            # aiormq refuses a channel on a connection that closed meanwhile (the broker closing
+            # connections while the session starts) with a bare RuntimeError: a lost connection,
+            # to reconnect from, not a fault that ends the process (and, in a queue table, every
+            # other queue's work with it).
+            lost = self._lost()
+            await self._close()
+            if lost:
+                raise ConnectionLost(f"connection closed while starting: {error}") from error
+            raise
         except BaseException:
             await self._close()
             raise
         return self
+
+    def _lost(self) -> bool:
+        """A connection of the session's has closed (or the broker closed one we watch)."""
+        connections = (self._connection, self._publish_connection)
+        return self.closed.done() or any(c is not None and c.is_closed for c in connections)
 
     async def __aexit__(
         self,

@@ -59,6 +59,8 @@ class DeadCopy:
     header_names: frozenset[str] = frozenset()
     dead_lettered_at: str | None = None
     """``consumer-dead-lettered-at``: the service's clock when it dead-lettered the copy."""
+    queue: str = ""
+    """The queue table's queue whose dead-letter queue held it (``""``: the service's one)."""
 
 
 def _deaths(headers: dict[str, Any]) -> str:
@@ -132,13 +134,17 @@ async def read_database(dsn: str, consumer: str, state: EndState) -> None:
         await conn.close()
 
 
-async def list_dead_letters(environment: dict[str, str], state: EndState) -> None:
-    """``python -m consumer dlq list --json`` with the scenario's settings."""
+async def list_dead_letters(
+    environment: dict[str, str], state: EndState, queue: str | None = None
+) -> None:
+    """``python -m consumer dlq list --json`` with the scenario's settings (``--queue``: a queue
+    table's queue), added to what earlier calls listed."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "consumer",
         "dlq",
+        *(["--queue", queue] if queue else []),
         "list",
         "--json",
         env=environment,
@@ -156,11 +162,12 @@ async def list_dead_letters(environment: dict[str, str], state: EndState) -> Non
     if process.returncode != 0:
         state.list_error = f"dlq list exited {process.returncode}: {err.decode()[-500:]}"
         return
-    state.listed = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
+    state.listed += [json.loads(line) for line in out.decode().splitlines() if line.strip()]
 
 
-async def take_dead_letters(url: str, queue: str, state: EndState) -> None:
-    """Every message in the dead-letter queue, removed (the queue is deleted afterwards)."""
+async def take_dead_letters(url: str, queue: str, state: EndState, label: str = "") -> None:
+    """Every message in the dead-letter queue, removed (the queue is deleted afterwards);
+    ``label``: the queue table's queue it belongs to."""
     wire.install()
     connection = await connect_any(url)
     try:
@@ -179,6 +186,7 @@ async def take_dead_letters(url: str, queue: str, state: EndState) -> None:
                     attempt=headers.get(ATTEMPT),
                     header_names=frozenset(headers),
                     dead_lettered_at=_text(headers.get(DEAD_LETTERED_AT)),
+                    queue=label,
                 )
             )
         state.dead_read_at = datetime.now(UTC)

@@ -31,6 +31,7 @@ from typing import Any
 import asyncpg
 
 from consumer.db.migrations import migrate
+from tests.chaos import table
 from tests.chaos.faults import Fault
 from tests.chaos.netfaults import flow_findings, partition_findings
 from tests.chaos.netsite import NetSite, from_tester, net_site
@@ -50,6 +51,7 @@ from tests.chaos.stranded import Stranding, held_back, recover
 from tests.chaos.verify import (
     Resources,
     Throughput,
+    Verdict,
     check,
     check_resources,
     dead_by_reason,
@@ -63,6 +65,7 @@ from tests.chaos.workload import (
     Kind,
     Workload,
     combine,
+    gathered,
     plan_block,
     plan_workload,
 )
@@ -352,6 +355,8 @@ async def run_scenario(
         log_dir=log_dir,
         overrides={"exchange": f"{name}.events", **overrides},
     )
+    if scenario.queue_table:  # before the consumers are made: their environment names it
+        env.use_queue_table(scenario.queue_table, log_dir)
     world = World(
         env=env,
         rabbit=rabbit,
@@ -389,8 +394,11 @@ async def run_scenario(
         await _admin(server.admin_dsn, f'CREATE DATABASE "{database}" TEMPLATE "{template}"')
         if scenario.database_setup:
             await _admin(env.database_url, scenario.database_setup)
-        await env.apply_topology()
-        await env.bind_type(UNKNOWN)
+        if scenario.queue_table:
+            await table.set_up(env, scenario.faulty_queue)
+        else:
+            await env.apply_topology()
+            await env.bind_type(UNKNOWN)
         await world.start(*range(scenario.consumers))
         # Planned once the consumers are up: the events' occurred_at is now, not a start-up ago.
         attack = {k: n for k, n in scenario.mix_in.items() if scenario.measures and k in ATTACK}
@@ -400,6 +408,8 @@ async def run_scenario(
             faults={k: n for k, n in scenario.mix_in.items() if k not in attack},
             oversized=profile.oversized_bytes,
         )
+        if scenario.trouble is not None:
+            workload = gathered(workload, scenario.mix_in.keys(), *scenario.trouble)
         if scenario.self_exits or scenario.supervised:
             supervisor = asyncio.create_task(world.supervise(), name="supervisor")
         blocks: list[Workload] = []
@@ -472,7 +482,9 @@ async def run_scenario(
             )
         log = merged(*block_logs, log)
         workload = combine(*blocks, workload)
-        waited = await _settle(world, workload, log, timeout=profile.settle_timeout)
+        waited = await _settle(
+            world, workload, log, timeout=scenario.settle_timeout or profile.settle_timeout
+        )
         if waited is not None:
             world.notes.append(waited)
         stranding = Stranding()
@@ -482,7 +494,9 @@ async def run_scenario(
                 _say(f"  stranded in dead-lettering: {held}; applying the runbook's step")
                 stranding = await recover(on_cluster, held)
                 world.notes += stranding.notes()
-                waited = await _settle(world, workload, log, timeout=profile.settle_timeout)
+                waited = await _settle(
+                    world, workload, log, timeout=scenario.settle_timeout or profile.settle_timeout
+                )
                 if waited is not None:
                     world.notes.append(f"after the runbook's step: {waited}")
         if supervisor is not None:
@@ -499,8 +513,9 @@ async def run_scenario(
         await _count_leftovers(env, state)
         if on_cluster is not None:
             await _stranded(on_cluster, env, world)
-        await list_dead_letters(env.env(), state)
-        await take_dead_letters(env.amqp_url, env.names.dead, state)
+        for label, dead in table.broker_queues(env).dead.items():
+            await list_dead_letters(env.env(), state, label or None)
+            await take_dead_letters(env.amqp_url, dead, state, label)
         await read_database(env.database_url, name, state)
         verdict = check(
             workload,
@@ -516,6 +531,8 @@ async def run_scenario(
             lost_commit_replies=scenario.loses_commit_replies,
         )
         verdict.violations += failures
+        if scenario.queue_table:
+            verdict.notes += await _queue_by_queue(env, scenario, workload, state, verdict)
         if scenario.losses_reported:
             excuse_losses(verdict, "reported, not a violation: asynchronous replication")
         verdict.violations += world.unexpected_exits + world.violations
@@ -673,8 +690,8 @@ async def _settle(
     has moved for :data:`QUIET_FOR` seconds with the queues empty; or ``timeout``. None when
     settled. (The consumers' ``consumer_in_flight`` only tells when to stop waiting: the checks
     afterwards count what is left in the queues once the consumers have stopped.)"""
-    names = world.env.names
-    busy_queues = _busy_queues(world.env)
+    queues = table.broker_queues(world.env)
+    busy_queues = queues.busy
     dead_bound = {p.message_id for p in workload.publications if not p.event.kind.applies}
     expected_dead = sum(
         1
@@ -689,12 +706,14 @@ async def _settle(
     try:
         while time.monotonic() < deadline:
             await world.revive_crashed()
-            depths = [await probe.ready(queue) for queue in [*busy_queues, names.dead]]
+            dead_queues = list(queues.dead.values())
+            depths = [await probe.ready(queue) for queue in [*busy_queues, *dead_queues]]
             if any(depth is None for depth in depths):
                 await asyncio.sleep(0.5)
                 continue
-            busy = sum(depth or 0 for depth in depths[:-1]) + await world.in_flight()
-            dead = depths[-1] or 0
+            busy = sum(depth or 0 for depth in depths[: len(busy_queues)])
+            busy += await world.in_flight()
+            dead = sum(depth or 0 for depth in depths[len(busy_queues) :])
             applied = world.progress.applied
             if busy == 0 and applied >= workload.to_apply and dead >= expected_dead:
                 settled_polls += 1
@@ -717,8 +736,22 @@ async def _settle(
 
 
 def _busy_queues(env: TestEnv) -> list[str]:
-    names = env.names
-    return [names.work, *(names.rung(delay) for delay in env.settings().retry_delays)]
+    return table.broker_queues(env).busy
+
+
+async def _queue_by_queue(
+    env: TestEnv, scenario: Scenario, workload: Workload, state: EndState, verdict: Verdict
+) -> list[str]:
+    """The checks queue by queue (violations into ``verdict``), and each queue's commits a
+    second before, during and after the faulty queue's trouble (notes, not invariants)."""
+    queues = table.read_table(env)
+    assert queues is not None
+    table.by_queue_checked(workload, state, verdict, queues, scenario.faulty_queue)
+    stretch = await table.trouble_of(env.database_url, workload, set(scenario.mix_in))
+    if stretch is None:
+        return ["the faulty queue's events were never called: no throughput around them"]
+    rates = await table.throughput_around(env.database_url, env.name, queues, stretch)
+    return table.describe_throughput(rates, stretch, scenario.faulty_queue)
 
 
 async def _count_leftovers(env: TestEnv, state: EndState) -> None:

@@ -169,6 +169,11 @@ class Profile:
     """Publications of ``receipt-pruning`` (None: :attr:`events`): no more than the consumers
     settle well inside its 20s window, else late copies expire by design (dead-lettered
     ``expired``, not applied), which the scenario does not test."""
+    stalls: int = 5
+    """``queue-table``: events whose handler awaits :data:`~tests.chaos.workload.STALL_S` in
+    the faulty queue."""
+    storm: int = 150
+    """``queue-table``: ``odd_poison`` events dead-lettered in a burst from the faulty queue."""
     settle_timeout: float = 60.0
     """After publishing, how long the consumers get to finish."""
     budget: float = 220.0
@@ -222,8 +227,9 @@ PROFILES = {
         # About 250s on a quiet machine; 350s was overrun at a load average of 10 (other work on
         # both cores), before hostile-producers had started. The budget is there for a hang; 720s
         # since the network lab (its start and four scenarios: about 2 minutes; the whole profile
-        # took 516s under other sessions' load with it).
-        budget=720,
+        # took 516s under other sessions' load with it). 840s since queue-table (228s at a load
+        # average of 15-18 on the shared cores).
+        budget=840,
     ),
     "long": Profile(
         name="long",
@@ -250,6 +256,8 @@ PROFILES = {
         probe=2_000,
         named_only=frozenset({"handler-faults"}),
         pruning_events=5_000,
+        stalls=20,
+        storm=2_000,
         settle_timeout=300,
         budget=3 * 3600,
     ),
@@ -306,6 +314,19 @@ class Scenario:
     (:mod:`.proxy`) on its own host; the runner reaches them directly."""
     rate: float | None = None
     """Publications a second, where not the profile's."""
+    queue_table: str = ""
+    """A queue table (``CONSUMER_QUEUES_FILE``'s TOML) the consumers run: the checks are made
+    queue by queue too (:func:`~tests.chaos.verify.by_queue`)."""
+    faulty_queue: str = ""
+    """The table's queue whose handlers misbehave: the others' throughput is measured before,
+    during and after its trouble (the ``mix_in`` events, gathered in :attr:`trouble`)."""
+    trouble: tuple[float, float] | None = None
+    """Where the ``mix_in`` events go in the stream (shares of its publications), instead of
+    anywhere: the stream before that stretch is clean of them."""
+    settle_timeout: float | None = None
+    """After publishing, how long the consumers get to finish, where not the profile's."""
+    shares: tuple[float, ...] = ()
+    """The share of the effects at which each fault strikes, where not spread evenly."""
     loses_commit_replies: bool = False
     """PostgreSQL's answers to the service may be lost while its statements arrive: a COMMIT
     that committed unknown to the service is counted a ``duplicate`` when its event's re-run
@@ -320,6 +341,8 @@ class Scenario:
     def schedule(self) -> list[tuple[float, Fault]]:
         """Each fault with the share of the effects that must be applied before it strikes:
         spread between 10% and 85%, so every one lands while events flow."""
+        if self.shares:
+            return list(zip(self.shares, self.faults, strict=True))
         count = len(self.faults)
         if count == 1:
             return [(0.4, self.faults[0])]
@@ -476,10 +499,63 @@ def scenarios_for(profile: Profile) -> list[Scenario]:
                 BrokerAlarm(p.alarm_s, "memory" if n % 2 == 0 else "disk") for n in range(p.alarms)
             ],
         ),
+        queue_table(profile),
         *beyond_one_machine(profile),
         *in_the_lab(profile),
         *skewed_clocks(profile),
     ]
+
+
+THREE_QUEUES = """
+# The handler faults' types: a crash loop, stalls and a dead-lettering storm land here.
+[queues.faulty]
+types = ["test.behave", "test.odd"]
+prefetch = 20
+handler_timeout = "5s"
+hard_timeout = "10s"
+
+[queues.batch]
+types = ["test.behave_many"]
+prefetch = 20
+
+[queues.stock]
+types = ["inventory.restock", "inventory.reserve", "notification.requested"]
+prefetch = 20
+"""
+"""``queue-table``'s table: the workload's types over three queues; poison under
+``test.behave``'s key and the unknown type (bound by the runner) go to ``faulty`` too. A prefetch
+of 20 each: every delivery a process held comes back after its death and is applied isolated, one
+at a time for the whole process (crash attribution), so a death costs what the queues held."""
+FAULTY = "faulty"
+TABLE_EVENTS = 800
+TABLE_RATE = 60.0
+"""``queue-table``'s publications in the short profile, and a second: over about 13s, so that
+the faulty queue's trouble lasts a few seconds of a steady stream, few enough that the isolated
+re-runs after each death (one at a time) end within :data:`TABLE_SETTLE` on a loaded machine."""
+TABLE_SETTLE = 120.0
+
+
+def queue_table(profile: Profile) -> Scenario:
+    """Three queues of one process, one of them in trouble (a crash loop, stalled handlers, a
+    dead-lettering storm, gathered between 25% and 55% of the stream), then a SIGKILL and a
+    broker connection drop."""
+    p = profile
+    return Scenario(
+        "queue-table",
+        f"queue table of 3 queues, 1 consumer: in queue {FAULTY}, {p.crashes} crash loops, "
+        f"{p.stalls} stalled handlers, a storm of {p.storm} dead letters; then SIGKILL, "
+        "broker closes all connections",
+        faults=[Kill(), CloseConnections()],
+        shares=(0.65, 0.8),
+        mix_in={Kind.CRASH: p.crashes, Kind.STALL: p.stalls, Kind.ODD_POISON: p.storm},
+        self_exits=frozenset({EXIT_CRASH}),
+        queue_table=THREE_QUEUES,
+        faulty_queue=FAULTY,
+        trouble=(0.25, 0.55),
+        rate=TABLE_RATE if p.name == "short" else None,
+        events=TABLE_EVENTS if p.name == "short" else None,
+        settle_timeout=TABLE_SETTLE if p.name == "short" else None,
+    )
 
 
 CLOCK_SETTINGS = {"receipt_prune_interval": "1s"}

@@ -3,6 +3,8 @@ its documentation says."""
 
 from __future__ import annotations
 
+import tomllib
+
 from consumer.durations import parse_duration
 from tests.chaos.scenarios import (
     BEYOND_ONE,
@@ -21,6 +23,7 @@ from tests.chaos.workload import (
     MIX,
     SEED_STOCK,
     SLOW_S,
+    STALL_S,
     Kind,
     check_faults,
 )
@@ -52,12 +55,19 @@ def test_the_short_profile_runs_the_handler_faults_together_and_the_long_one_eac
 
     assert short == every - PROFILES["short"].named_only
     assert long == every - {"handler-faults"}
-    assert {"handler-faults", "slow-duplicate", "broker-alarm", "hostile-producers"} <= short
+    assert {
+        "handler-faults",
+        "slow-duplicate",
+        "broker-alarm",
+        "hostile-producers",
+        "queue-table",
+    } <= short
     together = next(s for s in scenarios_for(PROFILES["short"]) if s.slug == "handler-faults")
     alone = set().union(*(set(s.mix_in) for s in scenarios_for(PROFILES["short"])))
-    alone = alone & HANDLER_FAULTS - {Kind.SLOW_DUPLICATE}
+    # A slow duplicate and a stalled handler (queue-table's, in its own queue) run on their own.
+    alone = alone & HANDLER_FAULTS - {Kind.SLOW_DUPLICATE, Kind.STALL}
     assert set(together.mix_in) == alone
-    assert alone | {Kind.SLOW_DUPLICATE} == HANDLER_FAULTS
+    assert alone | {Kind.SLOW_DUPLICATE, Kind.STALL} == HANDLER_FAULTS
 
 
 def test_hostile_producers_mix_in_every_hostile_kind_under_a_supervisor() -> None:
@@ -119,3 +129,17 @@ def test_the_network_lab_scenarios_run_all_in_the_long_profile_and_one_of_each_k
     assert {s.slug for s in short} == set(NET) - set(NET_NAMED_ONLY)
     for scenario in long:
         assert scenario.mix_in, scenario.slug  # under the handler-fault workload
+
+
+def test_the_queue_table_scenario_puts_every_fault_in_its_faulty_queue() -> None:
+    for profile in PROFILES.values():
+        scenario = next(s for s in scenarios_for(profile) if s.slug == "queue-table")
+        table = tomllib.loads(scenario.queue_table)["queues"]
+        assert len(table) == 3
+        faulty = table[scenario.faulty_queue]
+        # The crash loop, the stalls and the storm are test.behave and test.odd events
+        assert {"test.behave", "test.odd"} <= set(faulty["types"])
+        assert {Kind.CRASH, Kind.STALL, Kind.ODD_POISON} == set(scenario.mix_in)
+        assert _seconds(faulty["handler_timeout"]) > STALL_S
+        assert 17 in scenario.self_exits
+        assert len(scenario.shares) == len(scenario.faults)

@@ -35,6 +35,7 @@ from tests.chaos.verify import (
     Resources,
     Throughput,
     Verdict,
+    by_queue,
     check,
     check_resources,
     excuse_losses,
@@ -49,6 +50,7 @@ from tests.chaos.workload import (
     PlannedEvent,
     Workload,
     combine,
+    gathered,
     plan_block,
     plan_workload,
 )
@@ -961,3 +963,71 @@ def test_the_oversized_bodies_block_is_reported_beside_without_a_floor() -> None
         "500/CPU-s; among header floods / clean: 0.80 wall-clock, 0.80 CPU (floor); among "
         "oversized bodies / clean: 0.10 wall-clock, 0.40 CPU (reported, no floor)"
     )
+
+
+QUEUES = {"test.behave": "faulty", "test.odd": "faulty", "chaos.unknown": "faulty"}
+
+
+def table_queue(event: PlannedEvent) -> str:
+    """``queue-table``'s routing: the handler faults' types to ``faulty``, batches to ``batch``,
+    the reference handlers' to ``stock``."""
+    if event.routing_key == "test.behave_many":
+        return "batch"
+    return QUEUES.get(event.routing_key, "stock")
+
+
+def by_queue_state(workload: Workload) -> tuple[PublishLog, EndState]:
+    """A perfect end state whose dead copies each came from their own queue's DLQ."""
+    log, state = perfect(workload)
+    state.dead = [
+        dataclasses.replace(copy, queue=table_queue(workload.by_key[copy.message_id.split(".")[0]]))
+        for copy in state.dead
+        if copy.message_id is not None
+    ]
+    return log, state
+
+
+def test_a_queue_table_run_is_checked_queue_by_queue() -> None:
+    # Given a table run's workload, with a crash loop, stalls and a storm in one queue
+    faults = {Kind.CRASH: 2, Kind.STALL: 5, Kind.ODD_POISON: 50}
+    workload = gathered(plan_workload(2_000, seed=5, faults=faults), faults.keys(), 0.25, 0.55)
+    log, state = by_queue_state(workload)
+    labels = ["faulty", "batch", "stock"]
+    clean = check(workload, log, state, extra_dead_allowed=True)
+    figures = by_queue(workload, state, clean, table_queue, labels)
+    assert clean.ok, clean.violations
+    assert sum(queue["to_apply"] for queue in figures.values()) == workload.to_apply
+    assert all(queue["applied"] == queue["to_apply"] for queue in figures.values())
+
+    # When an event of queue batch loses its effect and is dead-lettered in batch's DLQ (a
+    # crash of the faulty queue's counted against it), and a faulty dead copy is in stock's DLQ
+    victim = next(e for e in workload.of_kind(Kind.APPLIED) if e.routing_key == "test.behave_many")
+    assert victim.event_id is not None
+    del state.effects[victim.event_id]
+    del state.receipts[victim.event_id]
+    state.dead.append(DeadCopy(f"{victim.key}.0", "crashed", None, queue="batch"))
+    stray = next(i for i, c in enumerate(state.dead) if c.queue == "faulty")
+    state.dead[stray] = dataclasses.replace(state.dead[stray], queue="stock")
+    verdict = check(workload, log, state, extra_dead_allowed=True)
+    figures = by_queue(workload, state, verdict, table_queue, labels)
+
+    # Then the counts land on queue batch alone, and the stray copy is a violation
+    assert (figures["batch"]["lost"], figures["batch"]["innocent_dead"]) == (1, 1)
+    assert figures["faulty"]["lost"] == figures["stock"]["lost"] == 0
+    assert figures["faulty"]["strayed"] == 1
+    assert any(v.startswith("not exactly once in queue batch") for v in verdict.violations)
+    assert any("another queue's dead-letter queue" in v for v in verdict.violations)
+    assert not any("queue stock:" in v for v in verdict.violations)
+
+
+def test_gathered_moves_a_queues_trouble_into_its_stretch() -> None:
+    faults = {Kind.CRASH: 2, Kind.STALL: 5, Kind.ODD_POISON: 50}
+    planned = plan_workload(2_000, seed=5, faults=faults)
+    workload = gathered(planned, faults.keys(), 0.25, 0.55)
+    assert sorted(p.message_id for p in workload.publications) == sorted(
+        p.message_id for p in planned.publications
+    )
+    places = [n for n, p in enumerate(workload.publications) if p.event.kind in faults]
+    total = len(workload.publications)
+    assert 0.2 * total < places[0]
+    assert places[-1] < 0.6 * total

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -660,3 +661,80 @@ def excuse_losses(verdict: Verdict, why: str) -> None:
 def dead_by_reason(state: EndState) -> dict[str, int]:
     """The dead-letter queue's copies by ``dlq list`` reason."""
     return dict(Counter(str(row.get("reason")) for row in state.listed))
+
+
+QUEUE_FIGURES = (
+    "to_apply",
+    "applied",
+    "dead_lettered",
+    "lost",
+    "duplicated",
+    "innocent_dead",
+    "strayed",
+)
+"""One queue of a queue table's share of the figures (see :func:`by_queue`): its events that
+must apply and those applied, the copies in its dead-letter queue, then :class:`Figures`'s lost,
+duplicated and innocent dead letters of its events, and ``strayed``: its events' dead copies in
+another queue's dead-letter queue."""
+
+
+def describe_queue(label: str, queue: Counter[str]) -> str:
+    return (
+        f"queue {label}: applied {queue['applied']} of {queue['to_apply']}, dead-lettered "
+        f"{queue['dead_lettered']}, lost {queue['lost']}, duplicated {queue['duplicated']}, "
+        f"innocent dead letters {queue['innocent_dead']}, in another queue's DLQ "
+        f"{queue['strayed']}"
+    )
+
+
+def _key_of(message_id: str) -> str:
+    return publication_of(message_id).rsplit(".", 1)[0]
+
+
+def by_queue(
+    workload: Workload,
+    state: EndState,
+    verdict: Verdict,
+    queue_of: Callable[[PlannedEvent], str],
+    labels: Sequence[str],
+) -> dict[str, Counter[str]]:
+    """The verdict's lost, duplicated and innocent dead letters queue by queue (``queue_of``
+    says which queue an event goes through); a dead copy in another queue's dead-letter queue
+    than its event's is a violation. A note per queue, and one violation per queue where any
+    count is not 0."""
+    figures: dict[str, Counter[str]] = {label: Counter() for label in labels}
+    for event in workload.events:
+        if event.kind.applies:
+            figures[queue_of(event)]["to_apply"] += 1
+            figures[queue_of(event)]["applied"] += bool(_effects(state, event))
+    lost = list(verdict.details.get("LOST: events that must apply with no effect", []))
+    lost += [
+        _key_of(attempt)
+        for attempt in verdict.details.get(
+            "LOST: confirmed dead-bound publications not in the DLQ", []
+        )
+    ]
+    for key in lost:
+        figures[queue_of(workload.by_key[key])]["lost"] += 1
+    for doubled in verdict.details.get("DUPLICATED effects", []):
+        key, times = doubled.rsplit("x", 1)
+        figures[queue_of(workload.by_key[key])]["duplicated"] += int(times) - 1
+    strays: list[str] = []
+    for copy in state.dead:
+        if copy.queue in figures:
+            figures[copy.queue]["dead_lettered"] += 1
+        found = workload.by_key.get(_key_of(copy.message_id or ""))
+        if found is None:
+            continue
+        home = queue_of(found)
+        if found.kind.applies:
+            figures[home]["innocent_dead"] += 1
+        if copy.queue != home:
+            figures[home]["strayed"] += 1
+            strays.append(f"{copy.message_id} ({found.kind.value}) of {home} in {copy.queue}")
+    _report(verdict, "dead copies in another queue's dead-letter queue", strays)
+    for label, queue in figures.items():
+        verdict.notes.append(describe_queue(label, queue))
+        if queue["lost"] or queue["duplicated"] or queue["innocent_dead"] or queue["strayed"]:
+            verdict.violations.append(f"not exactly once in {describe_queue(label, queue)}")
+    return figures

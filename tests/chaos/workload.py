@@ -43,6 +43,8 @@ odd_poison        ``test.odd`` with ``name: 5`` (its validator        dead: inva
                   raises AttributeError)                              AttributeError, with headers
 slow_duplicate    ``test.behave``, ``sleep_s`` near the handler       one receipt, one effect
                   timeout, published twice back to back
+stall             ``test.behave``, ``sleep_s`` 3s on its first call   one receipt, one effect
+                  (a stalled handler; ``queue-table``: 5s timeout)
 ================  ==================================================  =============================
 
 A hostile producer's messages, mixed in the same way (:mod:`.hostile` puts them on the wire):
@@ -87,7 +89,7 @@ import json
 import random
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -115,6 +117,9 @@ BLOCK_S = 5.0
 """How long a ``block`` event blocks the event loop: past any hard time limit a scenario sets."""
 SLOW_S = 0.8
 """How long a ``slow_duplicate`` event sleeps: near the 1s handler timeout, inside it."""
+STALL_S = 3.0
+"""How long a ``stall`` event awaits on its first call: within the handler timeout of the queue
+that takes it (``queue-table``'s faulty queue: 5s), far past every other queue's work."""
 RETRY_RUNGS = 3
 """Rungs of the test environment's retry ladder (``200ms,400ms,800ms``): no event is retried
 more often, so no dead copy's ``consumer-attempt`` is higher."""
@@ -140,6 +145,7 @@ class Kind(enum.Enum):
     ODD = "odd"
     ODD_POISON = "odd_poison"
     SLOW_DUPLICATE = "slow_duplicate"
+    STALL = "stall"
     # Hostile producers: only where a scenario mixes them in.
     HEADERS_TOO_DEEP = "headers_too_deep"
     TOO_COMPLEX = "too_complex"
@@ -233,6 +239,7 @@ _APPLIES = frozenset(
         Kind.FLAKY,
         Kind.ODD,
         Kind.SLOW_DUPLICATE,
+        Kind.STALL,
         Kind.HOSTILE_HEADERS,
     }
 )
@@ -276,6 +283,7 @@ HANDLER_FAULTS = frozenset(
         Kind.ODD,
         Kind.ODD_POISON,
         Kind.SLOW_DUPLICATE,
+        Kind.STALL,
     }
 )
 """The handler faults a scenario mixes in by number (:func:`plan_workload`'s ``faults``)."""
@@ -538,6 +546,10 @@ def _event(
         payload["kill_connection"] = True
     elif kind is Kind.SLOW_DUPLICATE:
         payload["sleep_s"] = SLOW_S
+    elif kind is Kind.STALL:
+        # Its first call only: it holds its queue's worker, then is applied.
+        payload["sleep_s"] = STALL_S
+        payload["sleep_calls"] = 1
     elif kind is Kind.HOSTILE_HEADERS:
         # Once through the retry ladder: the service's own attempt count must be the one that
         # counts, and the headers, made safe, must travel to the delay queue and back.
@@ -694,3 +706,21 @@ def plan_workload(
         order.append((n + rng.randint(1, 200) + 0.5, Publication(events[n], 1)))
     order.sort(key=lambda item: item[0])
     return Workload(tuple(events), tuple(publication for _, publication in order))
+
+
+def gathered(workload: Workload, kinds: Collection[Kind], start: float, end: float) -> Workload:
+    """The same publications, those of ``kinds`` (first copies and duplicates, in their order)
+    moved evenly into the stretch between the shares ``start`` and ``end`` of the stream: one
+    queue's trouble in a stretch of its own, the stream before it clean of it."""
+    moved = [p for p in workload.publications if p.event.kind in kinds]
+    rest = [p for p in workload.publications if p.event.kind not in kinds]
+    if not moved:
+        return workload
+    first, last = start * len(rest), end * len(rest)
+    order = [(float(n), publication) for n, publication in enumerate(rest)]
+    order += [
+        (first + (n + 0.5) * (last - first) / len(moved), publication)
+        for n, publication in enumerate(moved)
+    ]
+    order.sort(key=lambda item: item[0])
+    return Workload(workload.events, tuple(publication for _, publication in order))

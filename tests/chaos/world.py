@@ -347,15 +347,20 @@ class World:
         return sum(self.self_exits.values())
 
     async def in_flight(self) -> int:
-        """Deliveries the running consumers hold (their ``consumer_in_flight``); a consumer that
-        does not answer counts as holding one."""
+        """Deliveries the running consumers hold (their ``consumer_in_flight``, every queue's of
+        a queue table); a consumer that does not answer counts as holding one."""
         held = 0
         for index, service in enumerate(self.services):
             if not self.alive(index):
                 continue
             try:
+                samples = await asyncio.wait_for(service.metrics(), SCRAPE_TIMEOUT)
                 held += int(
-                    await asyncio.wait_for(service.metric("consumer_in_flight"), SCRAPE_TIMEOUT)
+                    sum(
+                        value
+                        for (name, _), value in samples.items()
+                        if name == "consumer_in_flight"
+                    )
                 )
             except Exception:
                 held += 1

@@ -108,11 +108,14 @@ the one leading the work queue (consumer-0 connected to it too: :attr:`NodeParti
 class NodePartition:
     """One node of the lab's cluster cut off from the other two (nftables drops, both ways,
     between its address and each peer's) for ``seconds``, past Erlang's net tick time, its link
-    to the service and the runner left up; then healed, and the runner waits until the cluster
-    has its three running members again and the consumers are ready. ``target``: the node
-    consumer-0 is connected to, or the work queue's leader; ``on_leader``: they must be the
-    same node (the scenario starts consumer-0's node list at the leader), else the scenario's
-    premise did not hold and that is a violation."""
+    to the service and the runner left up; then healed, and the fault waits until the cluster
+    has its three running members again and the consumers are ready. As with :class:`Degrade`,
+    :meth:`inject` returns once the cut is in place and the stream flows on through it (the
+    runner awaits the heal before the queues settle): the service must move to the majority and
+    commit there while the cut holds. ``target``: the node consumer-0 is connected to, or the
+    work queue's leader; ``on_leader``: they must be the same node (the scenario starts
+    consumer-0's node list at the leader), else the scenario's premise did not hold and that is
+    a violation."""
 
     seconds: float
     target: NodeChoice = "connected"
@@ -147,17 +150,79 @@ class NodePartition:
         partition = Partition(self.label, datetime.now(UTC), server_log_from=_size(net.log))
         world.partitions.append(partition)
         node_log_from = _size(_node_log(cluster.nodes[index]))
-        for peer in peers:
-            net.lab.cut(cut_off, peer, "both")
         try:
-            await asyncio.sleep(self.seconds)
-        finally:
+            for peer in peers:
+                net.lab.cut(cut_off, peer, "both")
+        except BaseException:
             net.lab.heal()
-            partition.healed_at = datetime.now(UTC)
-        await asyncio.to_thread(cluster.await_members, len(cluster.nodes))
-        rejoined = datetime.now(UTC)
-        await world.wait_ready()
-        world.notes.append(_node_findings(cluster.nodes[index], node_log_from, partition, rejoined))
+            raise
+
+        async def heal_later() -> None:
+            try:
+                await asyncio.sleep(self.seconds)
+            finally:
+                net.lab.heal()
+                partition.healed_at = datetime.now(UTC)
+            await asyncio.to_thread(cluster.await_members, len(cluster.nodes))
+            rejoined = datetime.now(UTC)
+            await world.wait_ready()
+            world.notes.append(
+                _node_findings(cluster.nodes[index], node_log_from, partition, rejoined)
+            )
+            world.notes.append(_moved_findings(world, partition))
+
+        world.background.append(asyncio.create_task(heal_later(), name="partitioned"))
+
+
+def _stamp(line: dict[str, object]) -> datetime:
+    return datetime.fromisoformat(str(line["timestamp"]).replace("Z", "+00:00"))
+
+
+def _moved_findings(world: World, partition: Partition) -> str:
+    """From consumer-0's log: when it lost its node (after the cut), when it committed again
+    after that (on the majority, while the cut held, or only after the heal), and how many fresh
+    commits the consumers made while the cut held."""
+    healed = partition.healed_at or datetime.now(UTC)
+    lines = [line for line in world.services[0].log_lines() if "timestamp" in line]
+    lost = next(
+        (
+            _stamp(line)
+            for line in lines
+            if line.get("event") == "lost RabbitMQ" and _stamp(line) >= partition.cut_at
+        ),
+        None,
+    )
+    during = sum(
+        1
+        for service in world.services
+        for line in service.log_lines()
+        if line.get("event") == "message settled"
+        and line.get("outcome") == "processed"
+        and "timestamp" in line
+        and partition.cut_at <= _stamp(line) <= healed
+    )
+    if lost is None:
+        return f"consumer-0 kept its connection through the cut; {during} fresh commits during it"
+    again = next(
+        (
+            _stamp(line)
+            for line in lines
+            if line.get("event") == "message settled"
+            and line.get("outcome") == "processed"
+            and _stamp(line) > lost
+        ),
+        None,
+    )
+    where = (
+        "never"
+        if again is None
+        else f"{(again - lost).total_seconds():.1f}s later"
+        + (" (during the cut)" if again <= healed else " (after the heal)")
+    )
+    return (
+        f"consumer-0 lost its node {(lost - partition.cut_at).total_seconds():.1f}s after the "
+        f"cut, committed again {where}; {during} fresh commits by the consumers during the cut"
+    )
 
 
 def _node_log(node: ThrowawayRabbit) -> Path:

@@ -121,6 +121,9 @@ under, not a backlog."""
 NET_CLUSTER = ("net-node-partition", "net-node-partition-leader")
 """The lab cluster's scenarios: named only in the short profile (the cluster takes 30-60s to start
 in the lab here, each scenario about a minute more: past what `make test` can spend)."""
+PARTITION_RATE = 25.0
+"""Publications a second of the short profile's partition scenarios: a stream that spans the cut
+(2.5 times its length), for the service to carry on the majority while it holds."""
 NET_NAMED_ONLY = ("net-broker-cut", "net-pg-request-lost", "clock-behind", "net-clean")
 """Run in the short profile only when named: one scenario of each kind runs in `make test`."""
 
@@ -620,6 +623,9 @@ def partitioned(profile: Profile) -> list[Scenario]:
     at the first node, the leader)."""
     p = profile
     seconds = p.node_partition_s
+    # The stream flows through the cut (the fault does not hold it at its gate): in the short
+    # profile at PARTITION_RATE, long enough to span the cut, the fault at 40% of it.
+    short = p.name == "short"
 
     def cut_off(slug: str, title: str, fault: NodePartition, first_node: int) -> Scenario:
         return Scenario(
@@ -630,7 +636,8 @@ def partitioned(profile: Profile) -> list[Scenario]:
             mix_in=lab_handler_faults(p),
             site="net-cluster",
             settings=CLUSTER_SETTINGS,
-            events=p.net_events,
+            events=round(PARTITION_RATE * seconds * 2.5) if short else p.net_events,
+            rate=PARTITION_RATE if short else None,
             first_node=first_node,
         )
 

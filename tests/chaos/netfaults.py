@@ -167,7 +167,7 @@ class NodePartition:
             rejoined = datetime.now(UTC)
             await world.wait_ready()
             world.notes.append(
-                _node_findings(cluster.nodes[index], node_log_from, partition, rejoined)
+                node_findings(cluster.nodes[index], node_log_from, partition, rejoined)
             )
             world.notes.append(_moved_findings(world, partition))
 
@@ -238,7 +238,7 @@ NODE_SAYS = {
 parts (the time it saw a peer down, paused itself, saw a peer's broker come back)."""
 
 
-def _node_findings(
+def node_findings(
     node: ThrowawayRabbit, log_from: int, partition: Partition, rejoined: datetime
 ) -> str:
     """When the cut node saw its peers down and paused (from its log, against the cut), and when

@@ -63,10 +63,18 @@ class ThrowawayRabbit:
         cookie: str | None = None,
         netns: str | None = None,
         address: str = "127.0.0.1",
+        long_name: bool = False,
+        erl_args: str = "",
     ) -> None:
         """``netns``: run in that network namespace (every command too), listening on
-        ``address`` there (its epmd on the namespace's own loopback)."""
-        self.node = f"{name or 't' + uuid.uuid4().hex[:8]}@localhost"
+        ``address`` there (its epmd on the namespace's own loopback). ``long_name``: the node is
+        ``<name>@<address>`` (Erlang long names), its epmd listening on ``address`` too, so nodes
+        in other namespaces reach it there: a cluster whose nodes each have a host of their own.
+        ``erl_args``: extra arguments to the node's Erlang VM (``-kernel net_ticktime 10``)."""
+        host = address if long_name else "localhost"
+        self.node = f"{name or 't' + uuid.uuid4().hex[:8]}@{host}"
+        self.long_name = long_name
+        self.erl_args = erl_args
         self.port = free_port()
         self.dist_port = free_port()
         self.netns = netns
@@ -98,7 +106,11 @@ class ThrowawayRabbit:
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
             "RABBITMQ_CONF_ENV_FILE": str(base / "rabbitmq-env.conf"),
             "RABBITMQ_PID_FILE": str(base / "pid"),
-            "ERL_EPMD_ADDRESS": "127.0.0.1",
+            # Long names: the other nodes ask this epmd from their own hosts (loopback is
+            # implied).
+            "ERL_EPMD_ADDRESS": self.address if self.long_name else "127.0.0.1",
+            **({"RABBITMQ_USE_LONGNAME": "true"} if self.long_name else {}),
+            **({"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": self.erl_args} if self.erl_args else {}),
         }
 
     def _ctl(
@@ -230,10 +242,33 @@ class ThrowawayRabbitCluster:
     takes for a cluster.
     """
 
-    def __init__(self, size: int = 3) -> None:
+    def __init__(
+        self,
+        size: int = 3,
+        *,
+        hosts: Sequence[tuple[str, str]] = (),
+        config: Sequence[str] = (),
+        erl_args: str = "",
+    ) -> None:
+        """``hosts``: a ``(network namespace, address)`` per node, each node then on a host of
+        its own and named by its address (long names: see :class:`ThrowawayRabbit`), as in the
+        network-fault lab (:mod:`tests.chaos.network`); ``size`` is then their count.
+        ``config``: every node's ``rabbitmq.conf`` lines; ``erl_args``: every node's VM's."""
         tag = f"rc{uuid.uuid4().hex[:6]}"
         cookie = uuid.uuid4().hex.upper()
-        self.nodes = [ThrowawayRabbit(name=f"{tag}-{n + 1}", cookie=cookie) for n in range(size)]
+        where: list[tuple[str | None, str]] = list(hosts) or [(None, "127.0.0.1")] * size
+        self.nodes = [
+            ThrowawayRabbit(
+                config,
+                name=f"{tag}-{n + 1}",
+                cookie=cookie,
+                netns=netns,
+                address=address,
+                long_name=bool(hosts),
+                erl_args=erl_args,
+            )
+            for n, (netns, address) in enumerate(where)
+        ]
         self.start_seconds: float | None = None
         """How long :meth:`start` took (all nodes up and joined)."""
 

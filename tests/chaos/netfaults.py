@@ -4,6 +4,7 @@ how long the service took to notice a cut, and to commit again once it healed.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -14,6 +15,7 @@ import asyncpg
 
 from tests.chaos.network import Direction
 from tests.chaos.world import Partition, World
+from tests.servers import ThrowawayRabbit
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,176 @@ class Degrade:
         # Returns at once, the links still degraded: the stream flows on through them (a cut
         # holds the stream at its gate; here the flow under the fault is what is measured).
         world.background.append(asyncio.create_task(heal_later(), name="degraded"))
+
+
+NodeChoice = Literal["connected", "leader"]
+"""Which node of the lab's cluster a partition cuts off: the one consumer-0 is connected to, or
+the one leading the work queue (consumer-0 connected to it too: :attr:`NodePartition.on_leader`)."""
+
+
+@dataclass(frozen=True)
+class NodePartition:
+    """One node of the lab's cluster cut off from the other two (nftables drops, both ways,
+    between its address and each peer's) for ``seconds``, past Erlang's net tick time, its link
+    to the service and the runner left up; then healed, and the fault waits until the cluster
+    has its three running members again and the consumers are ready. As with :class:`Degrade`,
+    :meth:`inject` returns once the cut is in place and the stream flows on through it (the
+    runner awaits the heal before the queues settle): the service must move to the majority and
+    commit there while the cut holds. ``target``: the node consumer-0 is connected to, or the
+    work queue's leader; ``on_leader``: they must be the same node (the scenario starts
+    consumer-0's node list at the leader), else the scenario's premise did not hold and that is
+    a violation."""
+
+    seconds: float
+    target: NodeChoice = "connected"
+    on_leader: bool = False
+
+    @property
+    def label(self) -> str:
+        which = "the leader node" if self.on_leader else f"the {self.target} node"
+        return f"partition: {which} cut off from its 2 peers {self.seconds:g}s"
+
+    @property
+    def cuts_broker_links(self) -> bool:
+        return True  # pause_minority closes the cut node's client connections
+
+    async def inject(self, world: World) -> None:
+        net = world.need_net()
+        cluster = world.need_cluster()
+        connected = await world.node_of("connected")
+        leader = await world.node_of("leader")
+        index = connected if self.target == "connected" else leader
+        world.notes.append(
+            f"{self.label}: node {index + 1} cut off; consumer-0 connected to node "
+            f"{connected + 1}, the work queue led by node {leader + 1}"
+        )
+        if self.on_leader and connected != leader:
+            world.violations.append(
+                f"the partition was to cut consumer-0's node off while it leads the work queue, "
+                f"but consumer-0 is on node {connected + 1} and node {leader + 1} leads"
+            )
+        cut_off = f"rabbit-{index + 1}"
+        peers = [f"rabbit-{n + 1}" for n in range(len(cluster.nodes)) if n != index]
+        partition = Partition(self.label, datetime.now(UTC), server_log_from=_size(net.log))
+        world.partitions.append(partition)
+        node_log_from = _size(_node_log(cluster.nodes[index]))
+        try:
+            for peer in peers:
+                net.lab.cut(cut_off, peer, "both")
+        except BaseException:
+            net.lab.heal()
+            raise
+
+        async def heal_later() -> None:
+            try:
+                await asyncio.sleep(self.seconds)
+            finally:
+                net.lab.heal()
+                partition.healed_at = datetime.now(UTC)
+            await asyncio.to_thread(cluster.await_members, len(cluster.nodes))
+            rejoined = datetime.now(UTC)
+            await world.wait_ready()
+            world.notes.append(
+                node_findings(cluster.nodes[index], node_log_from, partition, rejoined)
+            )
+            world.notes.append(_moved_findings(world, partition))
+
+        world.background.append(asyncio.create_task(heal_later(), name="partitioned"))
+
+
+def _stamp(line: dict[str, object]) -> datetime:
+    return datetime.fromisoformat(str(line["timestamp"]).replace("Z", "+00:00"))
+
+
+def _moved_findings(world: World, partition: Partition) -> str:
+    """From consumer-0's log: when it lost its node (after the cut), when it committed again
+    after that (on the majority, while the cut held, or only after the heal), and how many fresh
+    commits the consumers made while the cut held."""
+    healed = partition.healed_at or datetime.now(UTC)
+    lines = [line for line in world.services[0].log_lines() if "timestamp" in line]
+    lost = next(
+        (
+            _stamp(line)
+            for line in lines
+            if line.get("event") == "lost RabbitMQ" and _stamp(line) >= partition.cut_at
+        ),
+        None,
+    )
+    during = sum(
+        1
+        for service in world.services
+        for line in service.log_lines()
+        if line.get("event") == "message settled"
+        and line.get("outcome") == "processed"
+        and "timestamp" in line
+        and partition.cut_at <= _stamp(line) <= healed
+    )
+    if lost is None:
+        return f"consumer-0 kept its connection through the cut; {during} fresh commits during it"
+    again = next(
+        (
+            _stamp(line)
+            for line in lines
+            if line.get("event") == "message settled"
+            and line.get("outcome") == "processed"
+            and _stamp(line) > lost
+        ),
+        None,
+    )
+    where = (
+        "never"
+        if again is None
+        else f"{(again - lost).total_seconds():.1f}s later"
+        + (" (during the cut)" if again <= healed else " (after the heal)")
+    )
+    return (
+        f"consumer-0 lost its node {(lost - partition.cut_at).total_seconds():.1f}s after the "
+        f"cut, committed again {where}; {during} fresh commits by the consumers during the cut"
+    )
+
+
+def _node_log(node: ThrowawayRabbit) -> Path:
+    return node.base / "log" / f"{node.node}.log"
+
+
+NODE_SAYS = {
+    "peers down": ("node '", "' down"),
+    "paused (pause_minority)": ("minority", ""),
+    "back": ("rabbit on node '", "' up"),
+}
+"""What the cut node's log says after the cut, and how to say it: the first line with both
+parts (the time it saw a peer down, paused itself, saw a peer's broker come back)."""
+
+
+def node_findings(
+    node: ThrowawayRabbit, log_from: int, partition: Partition, rejoined: datetime
+) -> str:
+    """When the cut node saw its peers down and paused (from its log, against the cut), and when
+    the cluster had all its members back (against the heal)."""
+    try:
+        with _node_log(node).open("rb") as log:
+            log.seek(log_from)
+            lines = log.read().decode(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    said: list[str] = []
+    for meaning, (first, second) in NODE_SAYS.items():
+        for line in lines:
+            if first in line and second in line:
+                with contextlib.suppress(ValueError):
+                    stamp = datetime.fromisoformat(line[:32])
+                    origin = partition.cut_at
+                    if meaning == "back" and partition.healed_at is not None:
+                        origin = partition.healed_at
+                    elapsed = (stamp - origin).total_seconds()
+                    since = "the heal" if meaning == "back" else "the cut"
+                    said.append(f"{meaning} {elapsed:.1f}s after {since}")
+                    break
+    healed = partition.healed_at or rejoined
+    return (
+        f"node {node.node}: {', '.join(said) or 'its log says nothing of the cut'}; "
+        f"3 running members {(rejoined - healed).total_seconds():.1f}s after the heal"
+    )
 
 
 TRIGGER_WAIT = 10.0

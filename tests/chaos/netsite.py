@@ -13,7 +13,14 @@ itself, each in a namespace of its own on its own ``10.77.0.<n>`` address.
   the service and a server leaves the runner's view alone;
 - ``proxy``: where a scenario's latency proxy runs, between the service and the servers.
 
-Leaving :func:`net_site`, however it ends, stops both servers, then the lab kills whatever is
+``net_site(cluster=True)`` puts a three-node RabbitMQ cluster there instead of the one node, each
+node on a host of its own (``rabbit-1``..``rabbit-3``): named by its lab address (Erlang long
+names), its epmd listening there, partitions handled by ``pause_minority``, and Erlang's
+``net_ticktime`` at :data:`NET_TICKTIME` so a node cut off from its peers learns of it in seconds
+(the default 60s would outlast a scenario). A cut between one node and the other two, leaving the
+service's link to it up, is a partition (``net-node-partition``).
+
+Leaving :func:`net_site`, however it ends, stops the servers, then the lab kills whatever is
 left in its namespaces (epmd, a backend) and deletes them.
 """
 
@@ -29,12 +36,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.chaos.network import Lab
-from tests.servers import ThrowawayPostgres, ThrowawayRabbit
+from tests.servers import ThrowawayPostgres, ThrowawayRabbit, ThrowawayRabbitCluster
 from tests.support import REPO
 
-__all__ = ["HOSTS", "NetSite", "from_tester", "net_site"]
+__all__ = ["CLUSTER_HOSTS", "HOSTS", "NET_TICKTIME", "NetSite", "from_tester", "net_site"]
 
 HOSTS = ("tester", "service", "postgres", "rabbit", "proxy")
+NODES = ("rabbit-1", "rabbit-2", "rabbit-3")
+CLUSTER_HOSTS = ("tester", "service", "postgres", *NODES)
+NET_TICKTIME = 10
+"""Seconds: Erlang's ``net_ticktime`` on the lab cluster's nodes. A peer silent for between 1 and
+1.25 times this is taken for down (the default, 60, would outlast the scenario's cut)."""
+CLUSTER_CONFIG = ("loopback_users.guest = false", "cluster_partition_handling = pause_minority")
+"""The lab cluster's ``rabbitmq.conf``: a node in the minority stops serving (closes its client
+connections, stops its listeners) until it sees the majority again, the usual choice beside quorum
+queues. The other cluster scenarios keep RabbitMQ's default (``ignore``)."""
 PROXY_AMQP_PORT = 5672
 PROXY_PG_PORT = 5432
 """The proxy's ports, on its own host (a namespace: nothing else listens there)."""
@@ -46,7 +62,11 @@ OPEN_HBA = "local all all trust\nhost all all 0.0.0.0/0 trust\n"
 class NetSite:
     lab: Lab
     rabbit: ThrowawayRabbit
+    """The RabbitMQ node (with a cluster: its first)."""
     postgres: ThrowawayPostgres
+    cluster: ThrowawayRabbitCluster | None = None
+    """The three nodes, where the site has a cluster; node ``n`` (from 0) is host
+    ``rabbit-<n + 1>``."""
 
     def launcher(self, host: str = "service") -> list[str]:
         """argv to put in front of a command that must run on ``host``."""
@@ -88,15 +108,25 @@ def _start_postgres(postgres: ThrowawayPostgres) -> None:
 
 
 @contextlib.asynccontextmanager
-async def net_site() -> AsyncIterator[NetSite]:
-    """The lab with its servers up; everything stopped and deleted on the way out."""
-    async with Lab(HOSTS) as lab:
-        rabbit = ThrowawayRabbit(
-            # guest may log in from other hosts than the node's: only the lab's reach it
-            ["loopback_users.guest = false"],
-            netns=lab.host("rabbit").namespace,
-            address=lab.host("rabbit").address,
-        )
+async def net_site(*, cluster: bool = False) -> AsyncIterator[NetSite]:
+    """The lab with its servers up (``cluster``: three RabbitMQ nodes, one host each, instead of
+    one); everything stopped and deleted on the way out."""
+    async with Lab(CLUSTER_HOSTS if cluster else HOSTS) as lab:
+        nodes: ThrowawayRabbitCluster | None = None
+        if cluster:
+            nodes = ThrowawayRabbitCluster(
+                hosts=[(lab.host(n).namespace, lab.host(n).address) for n in NODES],
+                config=CLUSTER_CONFIG,
+                erl_args=f"-kernel net_ticktime {NET_TICKTIME}",
+            )
+            rabbit = nodes.nodes[0]
+        else:
+            rabbit = ThrowawayRabbit(
+                # guest may log in from other hosts than the node's: only the lab's reach it
+                ["loopback_users.guest = false"],
+                netns=lab.host("rabbit").namespace,
+                address=lab.host("rabbit").address,
+            )
         postgres = ThrowawayPostgres(
             netns=lab.host("postgres").namespace,
             address=lab.host("postgres").address,
@@ -104,12 +134,13 @@ async def net_site() -> AsyncIterator[NetSite]:
         )
         try:
             await asyncio.gather(
-                asyncio.to_thread(rabbit.start), asyncio.to_thread(_start_postgres, postgres)
+                asyncio.to_thread(rabbit.start if nodes is None else nodes.start),
+                asyncio.to_thread(_start_postgres, postgres),
             )
-            yield NetSite(lab, rabbit, postgres)
+            yield NetSite(lab, rabbit, postgres, nodes)
         finally:
             await asyncio.gather(
-                asyncio.to_thread(rabbit.destroy),
+                asyncio.to_thread(rabbit.destroy if nodes is None else nodes.destroy),
                 asyncio.to_thread(postgres.destroy),
                 return_exceptions=True,
             )

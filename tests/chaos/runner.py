@@ -223,6 +223,7 @@ async def run(
     cluster = ThrowawayRabbitCluster() if any(s.site == "cluster" for s in scenarios) else None
     lab = contextlib.AsyncExitStack()
     net: NetSite | None = None
+    net_cluster: NetSite | None = None
     report = RunReport(
         profile=profile.name,
         command=command,
@@ -250,7 +251,16 @@ async def run(
             net = await lab.enter_async_context(net_site())
             async with from_tester(net):
                 await _make_template(net.postgres, f"chaos_{run_id}_template")
-        report.environment = _versions(rabbit, postgres)
+        if any(s.site == "net-cluster" for s in scenarios):
+            _say("and a network-fault lab with a three-node RabbitMQ cluster, a node per namespace")
+            net_cluster = await lab.enter_async_context(net_site(cluster=True))
+            if net_cluster.cluster is not None and net_cluster.cluster.start_seconds is not None:
+                report.environment["lab cluster start"] = (
+                    f"{net_cluster.cluster.start_seconds:.1f}s"
+                )
+            async with from_tester(net_cluster):
+                await _make_template(net_cluster.postgres, f"chaos_{run_id}_template")
+        report.environment = {**_versions(rabbit, postgres), **report.environment}
         if cluster is not None and cluster.start_seconds is not None:
             report.environment["cluster start"] = f"{cluster.start_seconds:.1f}s"
         template = f"chaos_{run_id}_template"
@@ -263,7 +273,7 @@ async def run(
                 result.skipped = f"the run's {profile.budget:.0f}s budget was spent"
                 continue
             _say(f"scenario {scenario.slug}: {scenario.title}")
-            in_lab = net if scenario.site == "net" else None
+            in_lab = {"net": net, "net-cluster": net_cluster}.get(scenario.site)
             try:
                 async with from_tester(in_lab):
                     await asyncio.wait_for(
@@ -273,7 +283,7 @@ async def run(
                             profile,
                             rabbit=rabbit if in_lab is None else in_lab.rabbit,
                             postgres=postgres if in_lab is None else in_lab.postgres,
-                            cluster=cluster,
+                            cluster=cluster if in_lab is None else in_lab.cluster,
                             net=in_lab,
                             template=template,
                             name=f"chaos{run_id}-{number}-{scenario.slug}",
@@ -342,7 +352,7 @@ async def run_scenario(
     started = time.monotonic()
     database = name.replace("-", "_")
     log_dir.mkdir(parents=True, exist_ok=True)
-    on_cluster = cluster if scenario.site == "cluster" else None
+    on_cluster = cluster if scenario.site in ("cluster", "net-cluster") else None
     pair = None
     if scenario.site in ("pg-sync", "pg-async"):
         pair = ThrowawayPostgresPair(synchronous=scenario.site == "pg-sync")
@@ -378,6 +388,7 @@ async def run_scenario(
             net.proxied_dsn(database) if net is not None and scenario.via_proxy else None
         ),
         proxy_control=log_dir / "proxy-control" if scenario.via_proxy else None,
+        first_node=scenario.first_node,
     )
     events = scenario.events or profile.events
     progress = asyncio.create_task(world.progress.run(), name="progress")

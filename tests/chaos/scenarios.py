@@ -23,7 +23,7 @@ from tests.chaos.faults import (
     RollingRestart,
     Terminate,
 )
-from tests.chaos.netfaults import CommitCut, Cut, Degrade
+from tests.chaos.netfaults import CommitCut, Cut, Degrade, NodePartition
 from tests.chaos.workload import SLOW_S, Kind
 
 # What every consumer of every scenario runs with, on top of tests.support.TestEnv's test settings
@@ -67,12 +67,14 @@ their start-up on."""
 EXIT_CRASH = 17
 """``test.behave``'s ``crash``: ``os._exit(17)``."""
 
-Site = Literal["node", "cluster", "pg-sync", "pg-async", "net"]
+Site = Literal["node", "cluster", "pg-sync", "pg-async", "net", "net-cluster"]
 """Where a scenario runs: the run's RabbitMQ node and PostgreSQL; the run's three-node RabbitMQ
 cluster (each consumer given the node list starting at another node; quorum queues on all three);
 the run's node and a PostgreSQL primary with a synchronous or asynchronous standby of the
 scenario's own, which its fault fails over; or the network-fault lab (:mod:`.netsite`): a
-PostgreSQL, a RabbitMQ node, the consumers and the runner each in a network namespace of its own."""
+PostgreSQL, a RabbitMQ node, the consumers and the runner each in a network namespace of its own;
+or that lab with a three-node RabbitMQ cluster instead of the node, each node on a host of its own
+(``net_site(cluster=True)``)."""
 CLUSTER_SETTINGS = {"quorum_initial_group_size": "3"}
 MIB = 1024 * 1024
 
@@ -116,6 +118,12 @@ DEGRADED_S = 10.0
 DEGRADED_RATE = 50.0
 """Publications a second through the proxy: a steady stream the degraded links are measured
 under, not a backlog."""
+NET_CLUSTER = ("net-node-partition", "net-node-partition-leader")
+"""The lab cluster's scenarios: named only in the short profile (the cluster takes 30-60s to start
+in the lab here, each scenario about a minute more: past what `make test` can spend)."""
+PARTITION_RATE = 25.0
+"""Publications a second of the short profile's partition scenarios: a stream that spans the cut
+(2.5 times its length), for the service to carry on the majority while it holds."""
 NET_NAMED_ONLY = ("net-broker-cut", "net-pg-request-lost", "clock-behind", "net-clean")
 """Run in the short profile only when named: one scenario of each kind runs in `make test`."""
 
@@ -161,6 +169,8 @@ class Profile:
     alarm_s: float = 5.0
     node_freeze_s: float = 30.0
     """How long a cluster node stays SIGSTOPped."""
+    node_partition_s: float = 60.0
+    """How long a lab cluster node stays cut off from its peers (past ``NET_TICKTIME``, 10s)."""
     cluster_events: int | None = None
     """Publications of the cluster and failover scenarios (None: :attr:`events`)."""
     net_events: int | None = None
@@ -217,10 +227,12 @@ PROFILES = {
                 "kill-connection",
                 *BEYOND_ONE,
                 *NET_NAMED_ONLY,
+                *NET_CLUSTER,
             }
         ),
         alarm_s=3.0,
         node_freeze_s=10.0,
+        node_partition_s=25.0,
         cluster_events=1_500,
         net_events=600,
         settle_timeout=60,
@@ -327,6 +339,9 @@ class Scenario:
     """After publishing, how long the consumers get to finish, where not the profile's."""
     shares: tuple[float, ...] = ()
     """The share of the effects at which each fault strikes, where not spread evenly."""
+    first_node: int = 1
+    """On a cluster: consumer ``n``'s node list starts at node ``n + first_node`` (1: consumer-0
+    is not on the first node, through which the work queue was declared and which leads it)."""
     loses_commit_replies: bool = False
     """PostgreSQL's answers to the service may be lost while its statements arrive: a COMMIT
     that committed unknown to the service is counted a ``duplicate`` when its event's re-run
@@ -673,6 +688,47 @@ def in_the_lab(profile: Profile) -> list[Scenario]:
         ),
         in_lab(
             "net-clean", "through the proxy, no fault (the figures beside)", None, via_proxy=True
+        ),
+        *partitioned(profile),
+    ]
+
+
+def partitioned(profile: Profile) -> list[Scenario]:
+    """The lab cluster's: one node cut off from the other two while consumer-0 is connected to it,
+    a follower of the work queue, and while it leads the work queue (consumer-0's node list starts
+    at the first node, the leader)."""
+    p = profile
+    seconds = p.node_partition_s
+    # The stream flows through the cut (the fault does not hold it at its gate): in the short
+    # profile at PARTITION_RATE, long enough to span the cut, the fault at 40% of it.
+    short = p.name == "short"
+
+    def cut_off(slug: str, title: str, fault: NodePartition, first_node: int) -> Scenario:
+        return Scenario(
+            slug,
+            f"network lab, 3-node cluster, 2 consumers, handler faults: {title}",
+            consumers=2,
+            faults=[fault],
+            mix_in=lab_handler_faults(p),
+            site="net-cluster",
+            settings=CLUSTER_SETTINGS,
+            events=round(PARTITION_RATE * seconds * 2.5) if short else p.net_events,
+            rate=PARTITION_RATE if short else None,
+            first_node=first_node,
+        )
+
+    return [
+        cut_off(
+            "net-node-partition",
+            f"consumer-0's node (a follower) cut off from its 2 peers {seconds:g}s",
+            NodePartition(seconds, "connected"),
+            first_node=1,
+        ),
+        cut_off(
+            "net-node-partition-leader",
+            f"consumer-0's node, the work queue's leader, cut off from its 2 peers {seconds:g}s",
+            NodePartition(seconds, "leader", on_leader=True),
+            first_node=0,
         ),
     ]
 

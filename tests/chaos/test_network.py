@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Literal
 
 import aio_pika
 import asyncpg
 import pytest
 
+from tests.chaos.netfaults import node_findings
 from tests.chaos.netsite import from_tester, net_site
 from tests.chaos.network import Lab, leftovers
-from tests.servers import port_open
+from tests.chaos.world import Partition
+from tests.servers import ThrowawayRabbit, port_open
 
 PORT = "9000"
 SERVER = (
@@ -162,3 +166,34 @@ async def test_a_cut_armed_at_a_commit_goes_off_with_the_commit_and_not_before(
         tag = lab.tag
 
     assert leftovers(tag) == []
+
+
+def test_the_cut_nodes_log_tells_when_it_saw_its_peers_down_paused_and_saw_them_back(
+    tmp_path: Path,
+) -> None:
+    node = ThrowawayRabbit(name="rc-1", address="10.77.0.4", long_name=True)
+    node.base = tmp_path
+    (tmp_path / "log").mkdir()
+    before = "2026-12-03 20:18:59.000000+00:00 [info] <0.1.0> node 'rc-2@10.77.0.5' down: old\n"
+    (tmp_path / "log" / "rc-1@10.77.0.4.log").write_text(
+        before + "2026-12-03 20:19:11.400000+00:00 [info] <0.2.0> node 'rc-2@10.77.0.5' down: "
+        "net_tick_timeout\n"
+        "2026-12-03 20:19:11.500000+00:00 [warning] <0.3.0> Cluster minority/secondary status "
+        "detected - awaiting recovery\n"
+        "2026-12-03 20:20:04.000000+00:00 [info] <0.4.0> rabbit on node 'rc-2@10.77.0.5' up\n"
+    )
+    partition = Partition(
+        "cut",
+        datetime(2026, 12, 3, 20, 19, 0, tzinfo=UTC),
+        healed_at=datetime(2026, 12, 3, 20, 20, 0, tzinfo=UTC),
+    )
+
+    said = node_findings(node, len(before), partition, datetime(2026, 12, 3, 20, 20, 7, tzinfo=UTC))
+
+    assert said == (
+        "node rc-1@10.77.0.4: peers down 11.4s after the cut, paused (pause_minority) 11.5s "
+        "after the cut, back 4.0s after the heal; 3 running members 7.0s after the heal"
+    )
+    assert node.node == "rc-1@10.77.0.4"
+    assert node._env["RABBITMQ_USE_LONGNAME"] == "true"
+    assert node._env["ERL_EPMD_ADDRESS"] == "10.77.0.4"  # the peers ask it from their hosts

@@ -6,10 +6,13 @@ from __future__ import annotations
 import tomllib
 
 from consumer.durations import parse_duration
+from tests.chaos.netfaults import NodePartition
+from tests.chaos.netsite import NET_TICKTIME
 from tests.chaos.scenarios import (
     BEYOND_ONE,
     CONSUMER_SETTINGS,
     NET,
+    NET_CLUSTER,
     NET_NAMED_ONLY,
     PROFILES,
     chosen,
@@ -114,6 +117,8 @@ def test_the_long_profile_runs_every_cluster_and_failover_scenario_and_the_short
             assert scenario.losses_reported == (scenario.site == "pg-async"), scenario.slug
         elif scenario.slug in NET:
             assert scenario.site == "net", scenario.slug
+        elif scenario.slug in NET_CLUSTER:
+            assert scenario.site == "net-cluster", scenario.slug
         else:
             assert scenario.site == "node", scenario.slug
 
@@ -143,3 +148,27 @@ def test_the_queue_table_scenario_puts_every_fault_in_its_faulty_queue() -> None
         assert _seconds(faulty["handler_timeout"]) > STALL_S
         assert 17 in scenario.self_exits
         assert len(scenario.shares) == len(scenario.faults)
+
+
+def test_the_partition_scenarios_cut_consumer_0s_node_a_follower_and_the_leader_long_only() -> None:
+    long = {s.slug: s for s in chosen(PROFILES["long"]) if s.site == "net-cluster"}
+    short = [s for s in chosen(PROFILES["short"]) if s.site == "net-cluster"]
+
+    assert set(long) == set(NET_CLUSTER)
+    assert not short  # the lab cluster's start alone is past what `make test` can spend
+    follower, leader = long["net-node-partition"], long["net-node-partition-leader"]
+    [cut] = follower.faults
+    [cut_leader] = leader.faults
+    assert isinstance(cut, NodePartition)
+    assert isinstance(cut_leader, NodePartition)
+    # consumer-0 starts past the first node (which declared, so leads, the work queue), and the
+    # cut takes its node; the leader variant starts it at the first node and cuts the leader
+    assert (follower.first_node, cut.target, cut.on_leader) == (1, "connected", False)
+    assert (leader.first_node, cut_leader.target, cut_leader.on_leader) == (0, "leader", True)
+    for scenario in long.values():
+        assert scenario.mix_in, scenario.slug  # under the handler-fault workload
+        assert scenario.settings["quorum_initial_group_size"] == "3"
+        for profile in PROFILES.values():
+            [fault] = next(s for s in scenarios_for(profile) if s.slug == scenario.slug).faults
+            assert isinstance(fault, NodePartition)
+            assert fault.seconds > NET_TICKTIME

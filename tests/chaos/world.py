@@ -163,8 +163,11 @@ class World:
         clock_file: Path | None = None,
         service_database_url: str | None = None,
         proxy_control: Path | None = None,
+        first_node: int = 1,
     ) -> None:
         self.env = env
+        self.first_node = first_node
+        """On a cluster: consumer ``n``'s node list starts at node ``n + first_node``."""
         self.rabbit = rabbit
         self.postgres = postgres
         self.cluster = cluster
@@ -205,7 +208,7 @@ class World:
     def _service(self, index: int, amqp_url: str | None) -> ServiceProcess:
         overrides: dict[str, str] = {"http_port": str(free_port())}
         if self.cluster is not None:
-            overrides["amqp_url"] = rotated(self.cluster.urls, index + 1)
+            overrides["amqp_url"] = rotated(self.cluster.urls, index + self.first_node)
         if amqp_url is not None:
             overrides["amqp_url"] = amqp_url
         if self.service_database_url is not None:

@@ -26,6 +26,7 @@ import asyncpg
 import pytest
 
 from consumer.db.migrations import migrate
+from tests.schedule import longest_first
 from tests.servers import ThrowawayPostgres, ThrowawayRabbit, free_port
 from tests.support import REPO, ServiceProcess, TestEnv, assert_services_settled, stop_cleanly
 from tests.wheels import Installed, install_product
@@ -41,6 +42,15 @@ def pytest_configure(config: pytest.Config) -> None:
         "holds_deliveries(reason): the test ends with its service holding deliveries on purpose "
         "(paused, blocked): the settlement invariant does not wait for them to settle",
     )
+    # The files run longest first in the order pytest_collection_modifyitems gives them
+    # (tests/schedule.py), which pytest-xdist's loadfile would otherwise redo by test count.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    order = longest_first([item.nodeid for item in items])
+    items[:] = [items[index] for index in order]
 
 
 @pytest.hookimpl(hookwrapper=True)

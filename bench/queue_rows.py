@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import shutil
 import sys
@@ -52,6 +53,7 @@ __all__ = [
     "WAITS",
     "cell_env",
     "cell_events",
+    "kept_up",
     "paced_rate",
     "queue_row_lines",
     "summarize_cell",
@@ -60,6 +62,7 @@ __all__ = [
 PREFETCHES = (1, 10, 400)
 WAITS = {"0": "db", "5ms": "io5", "2s": "io2s"}
 """Each handler wait and the :mod:`bench.handlers` mode that awaits it."""
+WAIT_SECONDS = {"0": 0.0, "5ms": 0.005, "2s": 2.0}
 
 EVENTS: dict[str, dict[int, int]] = {
     "0": {1: 800, 10: 2000, 400: 4000},
@@ -112,6 +115,17 @@ def cell_env(service_env: Mapping[str, str], wait: str, prefetch: int) -> dict[s
     return env
 
 
+def kept_up(rate: float, backlog: float | None, wait: str) -> bool | None:
+    """Whether a paced run kept up: its backlog when publishing stopped at most what it takes in
+    :data:`~bench.report.SUSTAIN_BACKLOG_SECONDS` and one handler's wait, rounded up (``make
+    bench``'s rule, which allows no event in flight at a rate under two a second: a 2 s handler
+    that keeps up still has the last event in hand)."""
+    if backlog is None:
+        return None
+    allowed = math.ceil(rate * (report.SUSTAIN_BACKLOG_SECONDS + WAIT_SECONDS[wait]))
+    return backlog <= allowed
+
+
 def summarize_cell(
     wait: str,
     prefetch: int,
@@ -137,7 +151,9 @@ def summarize_cell(
         "p50_ms": summary["p50_ms"],
         "p99_ms": summary["p99_ms"],
         "samples": summary["samples"],
-        "kept_up": summary["sustained"] if paced else None,
+        "kept_up": kept_up(paced["median"], _median(summary["backlog_at_end"]), wait)
+        if paced
+        else None,
         "errors": [
             f"{kind} run {run.run}: {run.error}"
             for kind, runs in (("throughput", throughput), ("latency", latency))

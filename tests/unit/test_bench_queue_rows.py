@@ -11,6 +11,7 @@ from bench.queue_rows import (
     LONG_LIMITS,
     cell_env,
     cell_events,
+    kept_up,
     paced_rate,
     queue_row_lines,
     summarize_cell,
@@ -44,6 +45,15 @@ def test_only_the_long_handler_gets_the_long_time_limit_and_the_bench_env_wins()
     assert slow["BENCH_HANDLER"] == "io2s"
     assert slow["CONSUMER_HARD_TIMEOUT"] == LONG_LIMITS["CONSUMER_HARD_TIMEOUT"]
     assert slow["CONSUMER_HANDLER_TIMEOUT"] == "5m"
+
+
+def test_a_slow_handler_keeps_up_with_its_last_event_still_in_hand() -> None:
+    # make bench's rule (half a second of publishing) would allow no backlog at 0.24/s.
+    assert kept_up(0.24, 1, "2s") is True
+    assert kept_up(0.24, 2, "2s") is False
+    assert kept_up(100.0, 50, "0") is True
+    assert kept_up(100.0, 51, "0") is False
+    assert kept_up(100.0, None, "0") is None
 
 
 def _drained(rate: float, run: int = 1) -> Measurement:

@@ -118,10 +118,16 @@ test: install services tools
 # service's CONSUMER_* settings come from the environment; more flags in BENCH_ARGS / SOAK_ARGS.
 # The bench extra (Celery, Dramatiq, psycopg 3) comes with `make install`: the unit tests compare
 # the benchmark's messages with what Celery's and Dramatiq's own clients build.
-.PHONY: bench soak
+# `make bench-queues`: the queue table's figures (README "Several queues in one service"):
+# throughput and p99 at prefetch 1, 10, 400 x a handler awaiting 0, 5 ms, 2 s; its own target, as
+# `make bench` already runs for most of an hour. More flags in BENCH_QUEUES_ARGS.
+.PHONY: bench bench-queues soak
 
 bench: install services
 	@$(PY) -m bench run $(BENCH_ARGS)
+
+bench-queues: install services
+	@$(PY) -m bench.queue_rows $(BENCH_QUEUES_ARGS)
 
 soak: install services
 	@$(PY) -m bench soak $(SOAK_ARGS)

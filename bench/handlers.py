@@ -6,6 +6,7 @@ its movement row, the peers' statement):
 
 - ``db``: nothing (database-only);
 - ``io5`` / ``io50``: awaits 5 / 50 ms (a cache or an HTTP call);
+- ``io2s``: awaits 2 s (a report's minutes, shortened; only :mod:`bench.queue_rows` uses it);
 - ``cpu2``: 2 ms of pure Python, holding the event loop.
 
 The same effect as the reference batch handler, one event per call: the harness counts
@@ -28,7 +29,7 @@ __all__ = ["MODES", "reserve"]
 
 MODES = ("db", "io5", "io50", "cpu2")
 _MODE = os.environ.get("BENCH_HANDLER", "db")
-_AWAIT = {"io5": 0.005, "io50": 0.05}.get(_MODE, 0.0)
+_AWAIT = {"io5": 0.005, "io50": 0.05, "io2s": 2.0}.get(_MODE, 0.0)
 _CPU = 0.002 if _MODE == "cpu2" else 0.0
 
 

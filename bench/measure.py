@@ -749,11 +749,14 @@ async def latency(
     warmup: float,
     service_env: Mapping[str, str],
     prefetch: int,
+    label: str | None = None,
 ) -> Measurement:
     """Start ``system`` on an empty queue, publish to it at a paced ``rate`` for ``seconds`` (its
-    own message format, the same publisher for all), and take publish -> commit quantiles."""
+    own message format, the same publisher for all), and take publish -> commit quantiles.
+    ``label``: the run's names (database, queues, log), when the system and rate do not tell
+    runs apart."""
     result = Measurement(system, run, 0)
-    name = infra.name(f"lat{system[:3]}{round(rate)}r{run}")
+    name = infra.name(label or f"lat{system[:3]}{round(rate)}r{run}")
     sized = Workload(int(rate * seconds), workload.skus, workload.seed + run)
     dsn = await infra.create_database(name, sized)
     try:

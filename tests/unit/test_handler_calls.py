@@ -6,6 +6,7 @@ import asyncio
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -88,7 +89,7 @@ def _ready(handler: Handler) -> Ready:
 
 
 async def test_a_batch_handlers_single_event_is_tallied_as_a_batch_handlers_call() -> None:
-    async def many(events: list[Any], conn: Any) -> list[Exception | None]:
+    async def many(events: Sequence[Any], conn: Any) -> list[Exception | None]:
         return [None] * len(events)
 
     async def one(event: Any, conn: Any) -> None:

@@ -130,7 +130,12 @@ class HandlerCaller:
             if isinstance(result, BaseException):
                 raise result
 
-        await self._called(conn, [item], call, batch=False)
+        # A batch handler's single event (a run of one, a batch of one) goes through its
+        # per-event form, but it is still a batch handler's call: counted as one, or a small
+        # prefetch's runs of one would make the policy take it for a per-event handler that
+        # awaits the database, and spread its window over several workers' tiny transactions
+        # (consumer.service.concurrency_policy).
+        await self._called(conn, [item], call, batch=item.handler.many is not None)
 
     async def run_batch(
         self, conn: asyncpg.Connection[Any], items: list[Ready]

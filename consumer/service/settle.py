@@ -57,6 +57,8 @@ _LABELS = {
     VerdictKind.DEAD_LETTER: OutcomeKind.DEAD_LETTERED,
 }
 
+_ACKED = (VerdictKind.APPLIED, VerdictKind.DUPLICATE)
+
 
 class Settler:
     """Settles outcomes on the broker; :attr:`publisher` is the current session's (None while
@@ -87,7 +89,7 @@ class Settler:
             kind = outcome.verdict.kind
             if kind is VerdictKind.HOLD:
                 settled[index] = Settled(None)
-            elif kind in (VerdictKind.APPLIED, VerdictKind.DUPLICATE):
+            elif kind in _ACKED:
                 settled[index] = _ack(outcome.delivery, _LABELS[kind])
             else:
                 pending.append(index)
@@ -96,6 +98,15 @@ class Settler:
             for index, result in zip(pending, done, strict=True):
                 settled[index] = result
         return [result for result in settled if result is not None]
+
+    def acked_now(self, outcomes: Sequence[Outcome]) -> list[Settled] | None:
+        """:meth:`settle` when every outcome is an ack (applied or a duplicate), done at once:
+        nothing to await, so nothing a shutdown's cancellation could cut short. None, settling
+        nothing, when any outcome needs a copy, a nack or holding."""
+        for outcome in outcomes:
+            if outcome.verdict.kind not in _ACKED:
+                return None
+        return [_ack(outcome.delivery, _LABELS[outcome.verdict.kind]) for outcome in outcomes]
 
     async def give_back(self, delivery: Delivery) -> Settled:
         """Return a delivery that never started to the queue (a shutdown)."""

@@ -279,3 +279,25 @@ async def test_without_a_table_dead_letters_carry_no_queue_header() -> None:
 
     ((_, _, headers),) = publisher.published
     assert h.QUEUE not in headers
+
+
+async def test_a_batch_of_acks_is_settled_at_once_and_any_other_verdict_leaves_it_to_settle() -> (
+    None
+):
+    channel = RecordingChannel()
+    d = deliveries(channel, 4)
+    acks = [Outcome(d[0], Applied(False, NOW)), Outcome(d[1], Applied(True, NOW))]
+    mixed = [
+        Outcome(d[2], Applied(False, NOW)),
+        Outcome(d[3], Failed(ConnectionError("down"), Return(), 0)),
+    ]
+    made = settler(RecordingPublisher())
+
+    assert made.acked_now(mixed) is None  # nothing settled: settle() does it all
+    settled = made.acked_now(acks)
+    await cast(Acker, d[0].acker).send_all()
+
+    assert settled is not None
+    assert [s.kind for s in settled] == [OutcomeKind.PROCESSED, OutcomeKind.DUPLICATE]
+    assert settled_as(channel.frames, {1, 2, 3, 4}) == {"ack": {1, 2}}
+    assert cast(Acker, d[0].acker).unsettled == 2

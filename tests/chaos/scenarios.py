@@ -124,6 +124,12 @@ in the lab here, each scenario about a minute more: past what `make test` can sp
 PARTITION_RATE = 25.0
 """Publications a second of the short profile's partition scenarios: a stream that spans the cut
 (2.5 times its length), for the service to carry on the majority while it holds."""
+QUEUE_TABLE_ALONE = ("queue-table-stall", "queue-table-storm")
+"""``queue-table``'s troubles one at a time, with no death of the process: what a stalled
+handler, or a storm of dead letters, in one queue costs the other two (their rates before,
+during and after, reported)."""
+
+
 NET_NAMED_ONLY = ("net-broker-cut", "net-pg-request-lost", "clock-behind", "net-clean")
 """Run in the short profile only when named: one scenario of each kind runs in `make test`."""
 
@@ -228,6 +234,7 @@ PROFILES = {
                 *BEYOND_ONE,
                 *NET_NAMED_ONLY,
                 *NET_CLUSTER,
+                *QUEUE_TABLE_ALONE,
             }
         ),
         alarm_s=3.0,
@@ -515,6 +522,7 @@ def scenarios_for(profile: Profile) -> list[Scenario]:
             ],
         ),
         queue_table(profile),
+        *queue_table_alone(profile),
         *beyond_one_machine(profile),
         *in_the_lab(profile),
         *skewed_clocks(profile),
@@ -571,6 +579,29 @@ def queue_table(profile: Profile) -> Scenario:
         events=TABLE_EVENTS if p.name == "short" else None,
         settle_timeout=TABLE_SETTLE if p.name == "short" else None,
     )
+
+
+def queue_table_alone(profile: Profile) -> list[Scenario]:
+    """:func:`queue_table`'s table with one trouble in its faulty queue, and nothing else."""
+    p = profile
+    troubles = (
+        ("stall", f"{p.stalls} stalled handlers", {Kind.STALL: p.stalls}),
+        ("storm", f"a storm of {p.storm} dead letters", {Kind.ODD_POISON: p.storm}),
+    )
+    return [
+        Scenario(
+            f"queue-table-{name}",
+            f"queue table of 3 queues, 1 consumer: in queue {FAULTY}, {what}, nothing else",
+            mix_in=mix_in,
+            queue_table=THREE_QUEUES,
+            faulty_queue=FAULTY,
+            trouble=(0.25, 0.55),
+            rate=TABLE_RATE if p.name == "short" else None,
+            events=TABLE_EVENTS if p.name == "short" else None,
+            settle_timeout=TABLE_SETTLE if p.name == "short" else None,
+        )
+        for name, what, mix_in in troubles
+    ]
 
 
 CLOCK_SETTINGS = {"receipt_prune_interval": "1s"}

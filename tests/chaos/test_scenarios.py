@@ -15,6 +15,7 @@ from tests.chaos.scenarios import (
     NET_CLUSTER,
     NET_NAMED_ONLY,
     PROFILES,
+    QUEUE_TABLE_ALONE,
     chosen,
     scenarios_for,
 )
@@ -172,3 +173,19 @@ def test_the_partition_scenarios_cut_consumer_0s_node_a_follower_and_the_leader_
             [fault] = next(s for s in scenarios_for(profile) if s.slug == scenario.slug).faults
             assert isinstance(fault, NodePartition)
             assert fault.seconds > NET_TICKTIME
+
+
+def test_the_queue_table_s_troubles_alone_run_long_and_only_when_named_short() -> None:
+    assert not [s for s in chosen(PROFILES["short"]) if s.slug in QUEUE_TABLE_ALONE]
+    assert {s.slug for s in chosen(PROFILES["long"])} >= set(QUEUE_TABLE_ALONE)
+    for profile in PROFILES.values():
+        alone = [s for s in scenarios_for(profile) if s.slug in QUEUE_TABLE_ALONE]
+        assert [s.slug for s in alone] == list(QUEUE_TABLE_ALONE)
+        stall, storm = alone
+        assert set(stall.mix_in) == {Kind.STALL}
+        assert set(storm.mix_in) == {Kind.ODD_POISON}
+        for scenario in alone:
+            # Nothing kills the process: the other queues' rates show the trouble's cost alone
+            assert not scenario.faults
+            assert scenario.faulty_queue == "faulty"
+            assert len(tomllib.loads(scenario.queue_table)["queues"]) == 3

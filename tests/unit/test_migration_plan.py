@@ -165,7 +165,7 @@ def test_a_new_ack_timeout_on_the_same_work_queue_is_refused_naming_the_setting(
     # it: the same work queue would keep its old timeout while the migration said all was done.
     timed = replace(spec(), ack_timeout=timedelta(hours=1))
     for old, new in ((spec(), timed), (timed, spec()), (timed, replace(timed, ack_timeout=None))):
-        with pytest.raises(MigrationRefused, match="ack_timeout.*CONSUMER_WORK_QUEUE_VERSION=2"):
+        with pytest.raises(MigrationRefused, match=r"ack_timeout.*CONSUMER_WORK_QUEUE_VERSION=2"):
             plan_migration(old, new)
 
 

@@ -235,3 +235,12 @@ def test_an_ack_timeout_of_whole_milliseconds_is_taken_exactly(
     values = settings(monkeypatch, ack_timeout="512002ms")
     assert values.ack_timeout == timedelta(milliseconds=512_002)
     assert "whole milliseconds" in error_line(monkeypatch, ack_timeout="512002.5ms")
+
+
+def test_a_duration_too_long_is_one_line_naming_the_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    line = error_line(monkeypatch, receipt_retention="99999999999d")
+    assert "RECEIPT_RETENTION" in line.upper()
+    assert "too long" in line
+    assert "\n" not in line

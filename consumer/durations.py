@@ -29,13 +29,22 @@ def parse_duration(value: object) -> timedelta:
     if isinstance(value, int | float):
         if value < 0:
             raise ValueError("is negative")
-        return timedelta(seconds=value)
+        return _seconds(value)
     if not isinstance(value, str):
         raise ValueError("is not a duration")
     text = value.strip()
     if _BARE_SECONDS.fullmatch(text):
-        return timedelta(seconds=float(text))
-    return timedelta(seconds=_compound_seconds(text))
+        return _seconds(float(text))
+    return _seconds(_compound_seconds(text))
+
+
+def _seconds(seconds: float) -> timedelta:
+    # timedelta raises OverflowError past 999999999 days: a bad value, told as one (one line at
+    # start-up naming the setting), not a traceback.
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:
+        raise ValueError("is too long (at most 999999999 days)") from None
 
 
 def _compound_seconds(text: str) -> float:

@@ -172,6 +172,15 @@ def _check(old: TopologySpec, new: TopologySpec) -> None:
             f"cannot change: set CONSUMER_WORK_QUEUE_VERSION={old.names.work_version + 1} "
             "for the new plan"
         )
+    if same_queue and old.ack_timeout != new.ack_timeout:
+        # RabbitMQ does not compare x-consumer-timeout when a queue is declared again: on the
+        # existing work queue the new value would be accepted and never applied
+        # (topology.broker_support), and the plans would look migrated.
+        raise MigrationRefused(
+            f"ack_timeout (CONSUMER_ACK_TIMEOUT) changes the arguments of {new.names.work}, which "
+            f"RabbitMQ cannot change: set CONSUMER_WORK_QUEUE_VERSION="
+            f"{old.names.work_version + 1} (a queue table's work_queue_version) for the new plan"
+        )
 
 
 def plan_migration(old: TopologySpec, new: TopologySpec) -> MigrationPlan:

@@ -452,7 +452,8 @@ class Settings(BaseSettings):
                 f"must be at least CONSUMER_HARD_TIMEOUT ({format_duration(hard)}) plus "
                 f"{format_duration(ACK_TIMEOUT_MARGIN)}"
             )
-        if value is not None and value.total_seconds() * 1000 % 1:
+        # Exact (a float's milliseconds would refuse 512.002s).
+        if value is not None and value % timedelta(milliseconds=1):
             raise ValueError("must be whole milliseconds")
         return value
 

@@ -78,6 +78,9 @@ class IsolatedQueue(Generic[T]):
         """Everything queued, taken out at once."""
         taken = list(self._queue)
         self._queue.clear()
+        if taken:
+            # Batches that waited for the queue to empty may start now.
+            self._gate.changed()
         return taken
 
     def __len__(self) -> int:

@@ -72,3 +72,9 @@ def test_a_compound_is_named_in_one_unit(text: str, name: str) -> None:
 
 def test_milliseconds_are_whole() -> None:
     assert to_milliseconds(timedelta(seconds=1.25)) == 1250
+
+
+@pytest.mark.parametrize("text", ["99999999999d", "9" * 400, 1e300])
+def test_a_duration_too_long_for_a_timedelta_is_refused_as_a_bad_value(text: object) -> None:
+    with pytest.raises(ValueError, match="too long"):
+        parse_duration(text)

@@ -125,3 +125,22 @@ async def test_a_queue_of_its_own_gate_does_not_wait_for_another_s() -> None:
         assert mine.take() == "a"
     release.set()
     await held
+
+
+async def test_a_batch_waiting_for_the_queued_ones_enters_once_they_are_taken_away() -> None:
+    # A pause (or a lost connection) takes what is queued here: a batch that waited only for it
+    # goes on, without waiting for some other batch or delivery to stir the gate.
+    queue: IsolatedQueue[str] = IsolatedQueue()
+    queue.put("a")
+    entered = asyncio.Event()
+
+    async def batch() -> None:
+        async with queue.batch():
+            entered.set()
+
+    task = asyncio.create_task(batch())
+    await asyncio.sleep(0)
+    assert not entered.is_set()
+    assert queue.take_all() == ["a"]
+    await asyncio.wait_for(entered.wait(), 1)
+    await task

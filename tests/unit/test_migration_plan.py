@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from typing import TypeVar
 
@@ -157,3 +158,19 @@ def test_a_new_service_name_is_refused() -> None:
 def test_the_second_work_queue_generation_is_named_by_its_version() -> None:
     assert Names("svc", "events").work == "svc.work"
     assert Names("svc", "events", work_version=2).work == "svc.work.v2"
+
+
+def test_a_new_ack_timeout_on_the_same_work_queue_is_refused_naming_the_setting() -> None:
+    # RabbitMQ accepts x-consumer-timeout on an existing queue's redeclaration without applying
+    # it: the same work queue would keep its old timeout while the migration said all was done.
+    timed = replace(spec(), ack_timeout=timedelta(hours=1))
+    for old, new in ((spec(), timed), (timed, spec()), (timed, replace(timed, ack_timeout=None))):
+        with pytest.raises(MigrationRefused, match=r"ack_timeout.*CONSUMER_WORK_QUEUE_VERSION=2"):
+            plan_migration(old, new)
+
+
+def test_a_new_ack_timeout_on_a_new_work_queue_generation_declares_it_with_the_argument() -> None:
+    timed = replace(spec(version=2), ack_timeout=timedelta(hours=1))
+    plan = plan_migration(spec(), timed)
+    (work,) = [step.queue for step in kinds(plan, Declare) if step.queue.name == "svc.work.v2"]
+    assert work.arguments["x-consumer-timeout"] == 3_600_000

@@ -226,3 +226,21 @@ def test_several_broker_nodes_become_one_url_each_in_the_order_given() -> None:
     assert [url.get_secret_value() for url in config.urls] == nodes
     assert "pw" not in config.safe_url
     assert config.safe_url.count("rabbit-") == 3
+
+
+def test_an_ack_timeout_of_whole_milliseconds_is_taken_exactly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 512.002s is whole milliseconds, though its float seconds times 1000 is not a whole number.
+    values = settings(monkeypatch, ack_timeout="512002ms")
+    assert values.ack_timeout == timedelta(milliseconds=512_002)
+    assert "whole milliseconds" in error_line(monkeypatch, ack_timeout="512002.5ms")
+
+
+def test_a_duration_too_long_is_one_line_naming_the_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    line = error_line(monkeypatch, receipt_retention="99999999999d")
+    assert "RECEIPT_RETENTION" in line.upper()
+    assert "too long" in line
+    assert "\n" not in line

@@ -192,6 +192,7 @@ def _run(settings: Settings, queues: str | None) -> int:
         fast_paths.install(fast_path=broker.fast_path, header_limits=broker.header_limits)
         wire.self_test(broker.header_limits)
         asyncio.run(preflight_broker_support(broker, table_topology(table)))
+        table.check_shared_waits()
     except ConfigError as error:
         fail(str(error), EXIT_CONFIG)
     return run(settings, registry, table)

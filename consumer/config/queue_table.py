@@ -165,6 +165,34 @@ class QueueTable:
             tuple(q for q in self.queues if q.label in wanted), self.path, self.receipt_retention
         )
 
+    def check_shared_waits(self) -> None:
+        """The queues of one process share the isolation gate (crash attribution): a batch taken
+        from one queue's inbox waits, unacknowledged, while another queue applies a delivery
+        alone, up to that queue's ``hard_timeout``, and then takes its own. A queue whose
+        acknowledgement timeout (its ``ack_timeout``, else the broker's) cannot cover both plus
+        :data:`ACK_TIMEOUT_MARGIN` would have its channel closed by the broker behind a long
+        neighbour: refused, for the queues this process runs (``--queues`` splits them)."""
+        if len(self.queues) < 2:
+            return
+        for queue in self.queues:
+            others = [q for q in self.queues if q is not queue]
+            longest = max(others, key=lambda q: q.settings.hard_timeout)
+            own = queue.settings
+            timeout = own.ack_timeout if own.ack_timeout is not None else own.broker_ack_timeout
+            held = longest.settings.hard_timeout + own.hard_timeout
+            if held + ACK_TIMEOUT_MARGIN > timeout:
+                raise self._error(
+                    queue.name,
+                    "hard_timeout",
+                    f"a delivery of this queue can be held {format_duration(held)} (behind queue "
+                    f"{longest.label}'s delivery applied alone, hard_timeout "
+                    f"{format_duration(longest.settings.hard_timeout)}, then its own "
+                    f"{format_duration(own.hard_timeout)}), near its acknowledgement timeout "
+                    f"({format_duration(timeout)}): run {queue.label} and {longest.label} in "
+                    f"processes of their own (consumer run --queues {longest.label}), or give "
+                    f"{queue.label} a longer ack_timeout, or shorten a hard_timeout",
+                )
+
     def check_handlers(self, event_types: Iterable[str]) -> None:
         """Every type in the table has a handler, and every handler's type is in a queue."""
         handled = set(event_types)

@@ -300,3 +300,26 @@ def test_receipts_are_kept_for_the_longest_retention_of_the_table(tmp_path: Path
     assert table.receipt_retention == timedelta(days=30)
     assert table.subset(["sms"]).receipt_retention == timedelta(days=30)
     assert table.subset(["sms", "mail"]).subset(["sms"]).receipt_retention == timedelta(days=30)
+
+
+def test_a_queue_held_behind_a_long_neighbour_past_its_ack_timeout_is_refused(
+    tmp_path: Path,
+) -> None:
+    # Given a report queue of 20-minute tasks beside an sms queue of the broker's 30 minutes
+    text = (
+        '[queues.report]\ntypes = ["report.build"]\nhandler_timeout = "19m"\n'
+        'hard_timeout = "20m"\n[queues.sms]\ntypes = ["notification.sms"]\n'
+        'hard_timeout = "6m"\n'
+    )
+    table = read_queue_table(write(tmp_path, text), Settings())
+
+    # Then running both in one process is refused, naming the two and the way out
+    with pytest.raises(QueueTableError, match=r"queue report: hard_timeout: .* held 26m .*sms"):
+        table.check_shared_waits()
+    # And each alone (a process of its own) is taken
+    table.subset(["report"]).check_shared_waits()
+    table.subset(["sms"]).check_shared_waits()
+    # As is the pair when sms's own hard limit leaves room
+    read_queue_table(
+        write(tmp_path, text.replace('hard_timeout = "6m"', 'hard_timeout = "4m"')), Settings()
+    ).check_shared_waits()

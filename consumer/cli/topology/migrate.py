@@ -58,7 +58,11 @@ _FROM = {
     "from_retry_delays": "retry_delays",
     "from_delivery_limit": "delivery_limit",
     "from_work_queue_version": "work_queue_version",
+    "from_ack_timeout": "ack_timeout",
 }
+
+_UNSET = "none"
+"""``--from-ack-timeout none``: the old work queue had no timeout of its own."""
 
 
 def add_migrate_parser(actions: Any) -> None:
@@ -75,10 +79,17 @@ def add_migrate_parser(actions: Any) -> None:
         "--from-work-queue-version", metavar="N", help="the old CONSUMER_WORK_QUEUE_VERSION"
     )
     migrate.add_argument(
+        "--from-ack-timeout",
+        metavar="DURATION|none",
+        help="the old CONSUMER_ACK_TIMEOUT (none: it was unset)",
+    )
+    migrate.add_argument(
         "--from-queues-file",
         metavar="PATH",
         help="the old queue table (with CONSUMER_QUEUES_FILE, the new one): moves event types "
-        "between queues, adds and removes queues, and changes each queue's own settings",
+        "between queues, adds and removes queues, and changes each queue's own settings; it is "
+        "read with today's environment, so write in it any setting whose environment value "
+        "changed since",
     )
     migrate.add_argument(
         "--dry-run", action="store_true", help="print the steps; do not connect to the broker"
@@ -103,7 +114,7 @@ def from_flags(arguments: argparse.Namespace) -> list[str]:
 def old_settings(settings: Settings, arguments: argparse.Namespace) -> Settings:
     """The settings the install was set up with: the current ones, with the ``--from-*``."""
     changes = {
-        field: getattr(arguments, flag)
+        field: None if getattr(arguments, flag) == _UNSET else getattr(arguments, flag)
         for flag, field in _FROM.items()
         if getattr(arguments, flag) is not None
     }

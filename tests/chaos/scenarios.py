@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from consumer.service.watchdog import EXIT_HARD_TIMEOUT
 from tests.chaos.clock import SkewClock
@@ -561,6 +561,20 @@ re-runs after each death (one at a time) end within :data:`TABLE_SETTLE` on a lo
 TABLE_SETTLE = 120.0
 
 
+def _on_the_table(p: Profile) -> dict[str, Any]:
+    """What every ``queue-table*`` scenario shares: the table, its faulty queue, where its trouble
+    goes in the stream, and the short profile's pace."""
+    short = p.name == "short"
+    return {
+        "queue_table": THREE_QUEUES,
+        "faulty_queue": FAULTY,
+        "trouble": (0.25, 0.55),
+        "rate": TABLE_RATE if short else None,
+        "events": TABLE_EVENTS if short else None,
+        "settle_timeout": TABLE_SETTLE if short else None,
+    }
+
+
 def queue_table(profile: Profile) -> Scenario:
     """Three queues of one process, one of them in trouble (a crash loop, stalled handlers, a
     dead-lettering storm, gathered between 25% and 55% of the stream), then a SIGKILL and a
@@ -575,12 +589,7 @@ def queue_table(profile: Profile) -> Scenario:
         shares=(0.65, 0.8),
         mix_in={Kind.CRASH: p.crashes, Kind.STALL: p.stalls, Kind.ODD_POISON: p.storm},
         self_exits=frozenset({EXIT_CRASH}),
-        queue_table=THREE_QUEUES,
-        faulty_queue=FAULTY,
-        trouble=(0.25, 0.55),
-        rate=TABLE_RATE if p.name == "short" else None,
-        events=TABLE_EVENTS if p.name == "short" else None,
-        settle_timeout=TABLE_SETTLE if p.name == "short" else None,
+        **_on_the_table(p),
     )
 
 
@@ -596,12 +605,7 @@ def queue_table_alone(profile: Profile) -> list[Scenario]:
             f"queue-table-{name}",
             f"queue table of 3 queues, 1 consumer: in queue {FAULTY}, {what}, nothing else",
             mix_in=mix_in,
-            queue_table=THREE_QUEUES,
-            faulty_queue=FAULTY,
-            trouble=(0.25, 0.55),
-            rate=TABLE_RATE if p.name == "short" else None,
-            events=TABLE_EVENTS if p.name == "short" else None,
-            settle_timeout=TABLE_SETTLE if p.name == "short" else None,
+            **_on_the_table(p),
         )
         for name, what, mix_in in troubles
     ]

@@ -232,6 +232,17 @@ class Settings(BaseSettings):
     """How long a prune waits for the receipts' lock (inserts queued behind it wait as long); a
     round refused it changes nothing and is tried at the next interval: raise it where
     transactions often last longer."""
+    # The outbox relay (consumer.service.outbox_relay): publishes the committed rows of the
+    # outbox table (sql/008) to the ingress exchange.
+    outbox_relay: bool = False
+    """`on` or `off`: the outbox relay inside the service, publishing the outbox's committed rows
+    to the ingress exchange with publisher confirms (see The outbox relay). Off: rows written to
+    the outbox wait for a replica with it on."""
+    outbox_batch_size: int = Field(default=100, ge=1, le=10_000)
+    """The most outbox rows one relay round takes, publishes and marks sent in one transaction."""
+    outbox_poll: Duration = timedelta(seconds=5)
+    """How often the relay looks for unsent rows without being woken: the fallback for a
+    notification lost (the relay wakes on every commit that wrote rows)."""
     allow_extra_fields: bool = False
     """Accept (and ignore) unknown top-level envelope fields."""
     log_level: LogLevel = "INFO"

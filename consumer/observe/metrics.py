@@ -224,6 +224,42 @@ class Metrics:
             "a partition and two prune intervals.",
             registry=registry,
         )
+        self.outbox_depth = Gauge(
+            "consumer_outbox_depth",
+            "Outbox rows committed and not yet sent (nor refused for good), as the relay last "
+            "counted them.",
+            registry=registry,
+        )
+        self.outbox_oldest_age = Gauge(
+            "consumer_outbox_oldest_age_seconds",
+            "Age of the oldest outbox row not yet sent (the database's clock); 0 when none is.",
+            registry=registry,
+        )
+        self.outbox_publish_latency = Histogram(
+            "consumer_outbox_publish_latency_seconds",
+            "From an outbox row's created_at (the database's clock: its transaction's start) to "
+            "the broker's confirm of its publish by the relay.",
+            buckets=_LAG_BUCKETS,
+            registry=registry,
+        )
+        self.outbox_published = Counter(
+            "consumer_outbox_published_total",
+            "Outbox rows the relay published and the broker confirmed.",
+            registry=registry,
+        )
+        self.outbox_refused = Counter(
+            "consumer_outbox_refused_total",
+            "Outbox publishes that failed: transient (nacked, no confirm, the connection gone: "
+            "tried again) or permanent (unroutable: the row's failed_at set).",
+            ["kind"],
+            registry=registry,
+        )
+        self.outbox_relay_errors = Counter(
+            "consumer_outbox_relay_errors_total",
+            "Relay rounds or LISTEN connections lost to a database error (tried again with "
+            "backoff).",
+            registry=registry,
+        )
         self.build_info = Gauge(
             "consumer_build_info",
             "Always 1; the labels say what is running.",
@@ -251,6 +287,8 @@ class Metrics:
             self.dead_letters.labels(reason=reason.value)
         for rung in rungs:
             self.retries.labels(rung=rung)
+        for kind in ("transient", "permanent"):
+            self.outbox_refused.labels(kind=kind)
 
     def type_label(self, event_type: str | None) -> str:
         """The event type if a handler is registered for it, else ``unknown`` (bounded labels)."""

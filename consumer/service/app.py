@@ -70,6 +70,7 @@ from consumer.service.concurrency import Concurrency
 from consumer.service.dispatch import Dispatcher
 from consumer.service.isolated import IsolationGate
 from consumer.service.memory import worst_case, worst_case_of_queues
+from consumer.service.outbox_relay import OutboxRelay, RelayConfig
 from consumer.service.pruner import PeriodicPruner
 from consumer.service.supervisor import Service, ServiceConfig
 from consumer.service.watchdog import LoopWatchdog
@@ -221,6 +222,25 @@ def build_service(
             events=events, seconds=seconds, cpu=cpu
         ),
     )
+    relay = (
+        OutboxRelay(
+            RelayConfig(
+                exchange=settings.exchange,
+                batch_size=settings.outbox_batch_size,
+                poll=settings.outbox_poll.total_seconds(),
+                reconnect_max_delay=settings.reconnect_max_delay.total_seconds(),
+                statement_timeout=settings.hard_timeout.total_seconds() * 3,
+                stop_grace=settings.publish_timeout.total_seconds(),
+            ),
+            connect=database.connect_one,
+            publisher=lambda: settler.publisher,
+            logger=logger,
+            metrics=metrics,
+        )
+        # One relay per process: with a queue table, beside the pruner (the first queue's).
+        if settings.outbox_relay and prune
+        else None
+    )
     return Service(
         config=ServiceConfig(
             # A queue's connection is named after it (svc.sms/consumer@host:pid) in the broker's
@@ -258,6 +278,7 @@ def build_service(
         )
         if prune
         else None,
+        relay=relay,
     )
 
 

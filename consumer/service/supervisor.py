@@ -41,6 +41,7 @@ from consumer.observe.metrics import Metrics
 from consumer.observe.readiness import DatabaseAnswer, Readiness
 from consumer.service.backoff import Backoff
 from consumer.service.dispatch import Dispatcher, Phase
+from consumer.service.outbox_relay import OutboxRelay
 from consumer.service.pruner import PeriodicPruner
 from consumer.service.settle import Settler
 from consumer.service.waiting import database_ready, wait_any
@@ -94,9 +95,11 @@ class Service:
         logger: Logger,
         metrics: Metrics,
         pruner: PeriodicPruner | None = None,
+        relay: OutboxRelay | None = None,
     ) -> None:
         self._config = config
         self._pruner = pruner
+        self._relay = relay
         self._names = names
         self._topology = topology
         self._database = database
@@ -133,14 +136,23 @@ class Service:
             await self._check_clocks()
             async with self._tasks:
                 if self._pruner is None:
-                    await self._run_broker(stop)
+                    await self._run_relaying(stop)
                 else:
                     # The receipts' partitions for now and ahead exist before the first delivery.
                     await self._pruner.first()
                     async with self._pruner:
-                        await self._run_broker(stop)
+                        await self._run_relaying(stop)
         if self._tasks.fatal is not None:
             raise self._tasks.fatal
+
+    async def _run_relaying(self, stop: asyncio.Event) -> None:
+        """The broker, with the outbox relay beside it when this service runs one: the relay
+        publishes on the session's publisher while there is one, and waits while there is not."""
+        if self._relay is None:
+            await self._run_broker(stop)
+            return
+        async with self._relay:
+            await self._run_broker(stop)
 
     async def _check_clocks(self) -> None:
         """:class:`~consumer.errors.ClockSkewed` if this host's clock is too far from the
@@ -268,6 +280,9 @@ class Service:
         await session.stop_consuming()
         self._metrics.consuming.set(0)
         returned = await self._dispatcher.give_back_waiting()
+        if self._relay is not None:
+            # Its round in progress ends confirmed and marked while the publisher is still open.
+            await self._relay.stop()
         grace = self._config.shutdown_grace
         self._logger.info(
             "draining", returned_to_queue=returned, in_flight=self._workers.busy, grace_s=grace

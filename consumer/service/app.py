@@ -231,6 +231,7 @@ def build_service(
                 reconnect_max_delay=settings.reconnect_max_delay.total_seconds(),
                 statement_timeout=settings.hard_timeout.total_seconds() * 3,
                 stop_grace=settings.publish_timeout.total_seconds(),
+                max_body_bytes=settings.max_body_bytes,
             ),
             connect=database.connect_one,
             publisher=lambda: settler.publisher,

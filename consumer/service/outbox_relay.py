@@ -55,6 +55,10 @@ class RelayConfig:
     """The longest one of the relay's statements may take before its connection counts as lost."""
     stop_grace: float = 10.0
     """How long a stop waits for the round in progress (its publishes confirmed and marked)."""
+    max_body_bytes: int | None = None
+    """A larger row is failed for good, unpublished: the service's consumers would take it for
+    poison, and a body past the broker's own limit would close the publishing channel each time
+    it was tried, the consumers' settles with it."""
 
 
 @dataclass(slots=True)
@@ -224,7 +228,15 @@ class OutboxRelay:
         confirmed: list[int] = []
 
         async def chain(rows: Sequence[OutboxRow]) -> None:
+            limit = self._config.max_body_bytes
             for row in rows:
+                if limit is not None and len(row.body) > limit:
+                    text = (
+                        f"a body of {len(row.body)} bytes, larger than CONSUMER_MAX_BODY_BYTES "
+                        f"({limit})"
+                    )
+                    result.refused.append(Refusal(row.id, text, permanent=True))
+                    continue
                 try:
                     await publisher.publish(
                         row.body,

@@ -177,23 +177,29 @@ async def test_rows_of_a_rolled_back_transaction_are_never_published(env: TestEn
 async def test_two_relays_on_one_table_publish_every_row_once_each_key_in_order(
     env: TestEnv,
 ) -> None:
-    # Given two relays at once on the same table, with small batches so that they share it
+    # Given 20 transactions of 6 rows each committed, keys interleaved, one after another
     await env.apply_topology()
     keys = ["k0", "k1", "k2", "k3", None]
     written: dict[str | None, list[uuid.UUID]] = {key: [] for key in keys}
-    async with relay(env, "one", batch_size=7), relay(env, "two", batch_size=7):
-        conn = await asyncpg.connect(env.database_url)
-        try:
-            # When 40 transactions of 6 rows each commit, one after another, keys interleaved
-            for n in range(40):
-                async with conn.transaction():
-                    for m in range(6):
-                        key = keys[(n + m) % len(keys)]
-                        written[key].append(await enqueue(conn, {"sku": "S", "qty": 1}, key=key))
-        finally:
-            await conn.close()
-        # Then every row is sent
-        await wait_until(lambda: all_sent(env), timeout=60, what="every row sent")
+    conn = await asyncpg.connect(env.database_url)
+
+    async def commit(transactions: range) -> None:
+        for n in transactions:
+            async with conn.transaction():
+                for m in range(6):
+                    key = keys[(n + m) % len(keys)]
+                    written[key].append(await enqueue(conn, {"sku": "S", "qty": 1}, key=key))
+
+    try:
+        await commit(range(20))
+        # When two relays start at once on the same table, with small batches so that they share
+        # it, and 20 more transactions commit while they run
+        async with relay(env, "one", batch_size=7), relay(env, "two", batch_size=7):
+            await commit(range(20, 40))
+            # Then every row is sent
+            await wait_until(lambda: all_sent(env), timeout=60, what="every row sent")
+    finally:
+        await conn.close()
     messages = await drain_queue(env.amqp_url, env.names.work)
     published = [uuid.UUID(message.message_id) for message in messages]
     # once each

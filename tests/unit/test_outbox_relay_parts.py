@@ -111,23 +111,25 @@ class Broker:
         self.published.append(str(properties.message_id))
 
 
-async def test_a_key_stops_at_a_transient_failure_and_an_unroutable_row_fails_for_good() -> None:
+async def test_a_key_stops_at_a_transient_failure_and_unpublishable_rows_fail_for_good() -> None:
     a1, a2, b1 = row(1, "a"), row(2, "a"), row(3, "b")
     lost = OutboxRow(**{**_fields(row(4)), "type": "nobody.listens"})
+    large = OutboxRow(**{**_fields(row(5, "b")), "body": b"x" * 65})
     broker = Broker(unroutable="nobody.listens", nack={a1.event_id})
     relay = OutboxRelay(
-        RelayConfig(exchange="events"),
+        RelayConfig(exchange="events", max_body_bytes=64),
         connect=_never,
         publisher=lambda: broker,
         logger=make_logger("test", log_format="console", stream=io.StringIO()),
         metrics=Metrics(CollectorRegistry(), []),
     )
     result = RoundResult()
-    confirmed = await relay._publish_all(broker, [a1, a2, b1, lost], result)
+    confirmed = await relay._publish_all(broker, [a1, a2, b1, lost, large], result)
     # a2 never overtakes a1, which failed: it waits for the next round.
     assert confirmed == [3]
     assert broker.published == [str(b1.event_id)]
-    assert {(r.id, r.permanent) for r in result.refused} == {(1, False), (4, True)}
+    # the unroutable row and the one too large for the consumers fail for good
+    assert {(r.id, r.permanent) for r in result.refused} == {(1, False), (4, True), (5, True)}
     assert result.again_soon
 
 

@@ -234,7 +234,7 @@ class Settings(BaseSettings):
     transactions often last longer."""
     # The outbox relay (consumer.service.outbox_relay): publishes the committed rows of the
     # outbox table (sql/008) to the ingress exchange.
-    outbox_relay: bool = False
+    outbox_relay: bool = True
     """`on` or `off`: the outbox relay inside the service, publishing the outbox's committed rows
     to the ingress exchange with publisher confirms (see The outbox relay). Off: rows written to
     the outbox wait for a replica with it on."""

@@ -137,13 +137,18 @@ class OutboxRelay:
         """Connections one after another, for as long as the relay runs: a lost one (the
         database restarted, the backend terminated) is made again with backoff."""
         backoff = Backoff(0.2, self._config.reconnect_max_delay)
+        failed = False
         while not self._stopped.is_set():
             try:
                 conn = await self._connect()
             except Exception as error:
                 self._metrics.outbox_relay_errors.inc()
-                self._logger.warning("outbox relay: no database connection", error=str(error))
+                # One warning for an outage, not one per attempt (as the service's own probe).
+                log = self._logger.info if failed else self._logger.warning
+                log("outbox relay: no database connection", error=str(error))
+                failed = True
             else:
+                failed = False
                 try:
                     await self._listen(conn, backoff)
                 except Exception as error:

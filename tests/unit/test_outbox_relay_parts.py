@@ -66,7 +66,7 @@ def test_a_batch_is_one_chain_per_key_in_id_order_and_one_per_row_without_a_key(
 
 def test_the_relay_settings_default_and_read(monkeypatch: pytest.MonkeyPatch) -> None:
     defaults = settings(monkeypatch)
-    assert defaults.outbox_relay is False
+    assert defaults.outbox_relay is True
     assert defaults.outbox_batch_size == 100
     assert defaults.outbox_poll == timedelta(seconds=5)
     values = settings(monkeypatch, outbox_relay="on", outbox_batch_size="7", outbox_poll="1m")

@@ -19,6 +19,7 @@ from consumer.errors import ConfigError, Unroutable
 from consumer.pipeline.tracing import Tracing, publish_span
 from consumer.registry import HandlerRegistry
 from consumer.safe_text import describe_validation_error, one_line
+from topology.names import SHARD_KEY
 
 __all__ = [
     "PublishRequest",
@@ -27,6 +28,7 @@ __all__ = [
     "payload_problem",
     "publish_event",
     "repeat_command",
+    "shard_key",
 ]
 
 
@@ -40,6 +42,23 @@ class PublishRequest:
     occurred_at: datetime | None = None
     """Default: now. A retry of a publish must send the first one's: the receipts deduplicate on
     (event_id, occurred_at)."""
+    shard_key: str | None = None
+    """What a sharded queue hashes (:func:`shard_key`); default: the event id."""
+
+
+def shard_key(registry: HandlerRegistry | None, event_type: str, payload: object) -> str | None:
+    """The text of what the handler of ``event_type`` locks (its ``key`` of the validated
+    ``payload``), which a sharded queue's hash exchange hashes (the ``consumer-shard-key``
+    header): events with equal keys go to the same shard. ``None`` when the type's handler has
+    no key, or it cannot be had from this payload: the event id stands in then."""
+    handler = registry.get(event_type) if registry is not None else None
+    if handler is None or handler.key is None:
+        return None
+    try:
+        return str(handler.key(handler.payload.validate_python(payload)))
+    except Exception:
+        # As the service does with a failing key function: the event still goes, by its id.
+        return None
 
 
 def payload_problem(
@@ -99,10 +118,16 @@ def envelope_body(
     return json.dumps(envelope, separators=(",", ":")).encode()
 
 
-def event_properties(*, message_id: str | None = None) -> Basic.Properties:
-    """Persistent JSON, as the contract asks of producers."""
+def event_properties(
+    *, message_id: str | None = None, shard_key: str | None = None
+) -> Basic.Properties:
+    """Persistent JSON, as the contract asks of producers; with ``shard_key``, the header a
+    sharded queue hashes."""
     return Basic.Properties(
-        content_type="application/json", delivery_mode=PERSISTENT, message_id=message_id
+        content_type="application/json",
+        delivery_mode=PERSISTENT,
+        message_id=message_id,
+        headers={SHARD_KEY: shard_key} if shard_key is not None else None,
     )
 
 
@@ -133,7 +158,9 @@ async def publish_event(
         publisher = await Publisher.on(
             channel, confirm_within=timedelta(seconds=broker.publish_timeout)
         )
-        properties = event_properties(message_id=str(event_id))
+        properties = event_properties(
+            message_id=str(event_id), shard_key=request.shard_key or str(event_id)
+        )
         try:
             with publish_span(
                 tracing or Tracing(),

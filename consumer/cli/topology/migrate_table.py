@@ -24,19 +24,14 @@ from consumer.config.queue_table import QueueTable, read_queue_table
 from consumer.config.settings import Settings
 from consumer.config.startup import EXIT_CONFIG, fail, load_handlers, load_queue_table
 from consumer.errors import QueueTableError
-from consumer.service.components import topology_spec
+from consumer.service.components import table_specs
 from topology.migration_plan import MigrationRefused
 from topology.model import Topology
 from topology.names import Names
-from topology.plan import TopologySpec, build_topology
+from topology.plan import build_topology
 from topology.table_migration import TableMigration, plan_table_migration
 
-__all__ = ["run_table_migrate", "table_specs"]
-
-
-def table_specs(table: QueueTable) -> list[TopologySpec]:
-    """The plan of each queue of ``table``, as :func:`plan_table_migration` takes them."""
-    return [topology_spec(queue.settings, queue.types, queue.name) for queue in table.queues]
+__all__ = ["run_table_migrate"]
 
 
 def _old_table(settings: Settings, path: str) -> QueueTable:

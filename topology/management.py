@@ -1,9 +1,11 @@
-"""What only RabbitMQ's management HTTP API can tell: the bindings, and where a queue's leader is.
+"""What only RabbitMQ's management HTTP API can tell: the bindings, an exchange's arguments, and
+where a queue's leader is.
 
-AMQP can declare a binding but never list one, and says nothing of the node a quorum queue's
-leader runs on; ``consumer topology check`` asks the management API for both when
-``CONSUMER_MANAGEMENT_URL`` is set (``http://user:password@host:15672``; the credentials go as
-basic auth, and never into a message).
+AMQP can declare a binding but never list one, says nothing of the node a quorum queue's leader
+runs on, and RabbitMQ accepts an exchange declared again with other arguments than it has (it
+compares only ``alternate-exchange``); ``consumer topology check`` asks the management API for
+all three when ``CONSUMER_MANAGEMENT_URL`` is set (``http://user:password@host:15672``; the
+credentials go as basic auth, and never into a message).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import aiohttp
 
-__all__ = ["ManagementError", "get_json", "read_leaders"]
+from topology.model import Exchange
+
+__all__ = ["ManagementError", "exchange_differences", "get_json", "read_leaders"]
 
 _TIMEOUT = aiohttp.ClientTimeout(total=10)
 
@@ -70,3 +74,25 @@ async def read_leaders(management_url: str, vhost: str, queues: Iterable[str]) -
         )
         leaders[queue] = str(row.get("leader") or row.get("node") or "?")
     return leaders
+
+
+async def exchange_differences(
+    management_url: str, vhost: str, exchanges: Iterable[Exchange]
+) -> list[str]:
+    """Each argument of the plan's ``exchanges`` (those that have any) that the broker's exchange
+    of that name has otherwise, one line each."""
+    lines: list[str] = []
+    for exchange in exchanges:
+        if not exchange.arguments:
+            continue
+        path = f"exchanges/{quote(vhost, safe='')}/{quote(exchange.name, safe='')}"
+        present = (await get_json(management_url, path)).get("arguments") or {}
+        for key, wanted in sorted(exchange.arguments.items()):
+            current = present.get(key)
+            if current != wanted:
+                shown = "none" if current is None else current
+                lines.append(
+                    f"exchange {exchange.name}: {key} is {shown}, the plan wants {wanted} "
+                    "(an exchange keeps the arguments it was made with: delete it, then apply)"
+                )
+    return lines

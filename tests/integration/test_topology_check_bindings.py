@@ -162,3 +162,27 @@ async def test_check_compares_a_sharded_queue_s_bindings_and_names_each_shard_s_
     # And apply puts them back
     assert run_cli("topology", "apply", env=env).returncode == 0
     assert run_cli("topology", "check", env=env).returncode == 0
+
+    # When the hash exchange is made again hashing another header (RabbitMQ takes a declaration
+    # with other arguments than an exchange has, so apply cannot see it)
+    connection = await aio_pika.connect(rabbit.url)
+    try:
+        channel = await connection.channel()
+        await channel.exchange_delete(f"{NAME}.stock.hash")
+        await channel.declare_exchange(
+            f"{NAME}.stock.hash",
+            type=aio_pika.ExchangeType.X_CONSISTENT_HASH,
+            durable=True,
+            arguments={"hash-header": "order-id"},
+        )
+    finally:
+        await connection.close()
+    assert run_cli("topology", "apply", env=env).returncode == 0
+
+    # Then check names the argument and fails
+    check = run_cli("topology", "check", env=env)
+    assert check.returncode == 1, check.stdout + check.stderr
+    assert (
+        f"exchange {NAME}.stock.hash: hash-header is order-id, the plan wants consumer-shard-key "
+        "(an exchange keeps the arguments it was made with: delete it, then apply)"
+    ) in check.stdout.splitlines()

@@ -29,7 +29,7 @@ from consumer.errors import (
 from consumer.service.components import broker_config, table_specs
 from topology.apply import ExchangeTypeMissing, apply_topology, find_conflicts, missing
 from topology.bindings import compare_bindings, read_bindings
-from topology.management import ManagementError, read_leaders
+from topology.management import ManagementError, exchange_differences, read_leaders
 from topology.model import Topology
 from topology.plan import build_topology
 
@@ -86,19 +86,11 @@ class _Management:
     vhost: str
 
 
-async def _leaders(management: _Management | None, shards: tuple[str, ...]) -> list[str]:
+async def _leaders(management: _Management, shards: tuple[str, ...]) -> list[str]:
     """One line per shard queue: the node its leader is on (the management API knows)."""
     if not shards:
         return []
-    if management is None:
-        return [
-            f"shards: {len(shards)} shard queues; set CONSUMER_MANAGEMENT_URL to see the nodes "
-            "their leaders are on"
-        ]
-    try:
-        leaders = await read_leaders(management.url, management.vhost, shards)
-    except ManagementError as error:
-        raise TopologyError(f"{error} (CONSUMER_MANAGEMENT_URL)") from None
+    leaders = await read_leaders(management.url, management.vhost, shards)
     nodes = sorted(set(leaders.values()))
     return [f"shard {queue}: leader on {node}" for queue, node in leaders.items()] + [
         f"shards: {len(shards)} shard queues, leaders on {len(nodes)} node"
@@ -123,13 +115,23 @@ async def _check(
         differences = [d.describe() for d in await find_conflicts(connection, topology)]
     finally:
         await connection.close()
+    leaders: list[str] = []
     if management is not None:
         try:
             present = await read_bindings(management.url, management.vhost)
+            differences += compare_bindings(topology, present).describe()
+            differences += await exchange_differences(
+                management.url, management.vhost, topology.exchanges
+            )
+            leaders = await _leaders(management, shards)
         except ManagementError as error:
             raise TopologyError(f"{error} (CONSUMER_MANAGEMENT_URL)") from None
-        differences += compare_bindings(topology, present).describe()
-    for line in [*differences, *await _leaders(management, shards)]:
+    elif shards:
+        leaders = [
+            f"shards: {len(shards)} shard queues; set CONSUMER_MANAGEMENT_URL to see the nodes "
+            "their leaders are on"
+        ]
+    for line in [*differences, *leaders]:
         print(line)
     if differences:
         return 1

@@ -10,14 +10,14 @@ import asyncio
 import json
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aio_pika
 import aiormq
 import pytest
 
-from tests.servers import ThrowawayRabbit
+from tests.servers import ThrowawayRabbit, ThrowawayRabbitCluster
 from tests.support import (
     REFERENCE_HANDLERS,
     REPO,
@@ -181,24 +181,30 @@ async def plain_rabbit() -> AsyncIterator[ThrowawayRabbit]:
         await asyncio.to_thread(node.destroy)
 
 
+def bootstrap_env(name: str, url: str, table: Path, shards: int) -> dict[str, str]:
+    """The environment of ``consumer topology`` for the reference handlers' types, the stock
+    queue with ``shards``, on the broker at ``url``."""
+    table.write_text(
+        f'[queues.stock]\ntypes = ["inventory.restock", "inventory.reserve"]\nshards = {shards}\n'
+        '[queues.notify]\ntypes = ["notification.requested"]\n'
+    )
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CONSUMER_")}
+    return {
+        **base,
+        "CONSUMER_NAME": name,
+        "CONSUMER_AMQP_URL": url,
+        "CONSUMER_HANDLERS": REFERENCE_HANDLERS,
+        "CONSUMER_QUEUES_FILE": str(table),
+        "PYTHONPATH": str(REPO),
+    }
+
+
 async def test_without_the_plugin_apply_stops_with_one_line_and_declares_nothing(
     plain_rabbit: ThrowawayRabbit, tmp_path: Path
 ) -> None:
     # Given a broker without rabbitmq_consistent_hash_exchange, and a table with a sharded queue
     table = tmp_path / "queues.toml"
-    table.write_text(
-        '[queues.stock]\ntypes = ["inventory.restock", "inventory.reserve"]\nshards = 2\n'
-        '[queues.notify]\ntypes = ["notification.requested"]\n'
-    )
-    base = {k: v for k, v in os.environ.items() if not k.startswith("CONSUMER_")}
-    env = {
-        **base,
-        "CONSUMER_NAME": "noplugin",
-        "CONSUMER_AMQP_URL": plain_rabbit.url,
-        "CONSUMER_HANDLERS": REFERENCE_HANDLERS,
-        "CONSUMER_QUEUES_FILE": str(table),
-        "PYTHONPATH": str(REPO),
-    }
+    env = bootstrap_env("noplugin", plain_rabbit.url, table, shards=2)
 
     # When the bootstrap applies it
     result = run_cli("topology", "apply", env=env)
@@ -224,6 +230,43 @@ async def test_without_the_plugin_apply_stops_with_one_line_and_declares_nothing
         await connection.close()
 
     # And the same table unsharded applies there
-    table.write_text(table.read_text().replace("shards = 2\n", ""))
-    applied = run_cli("topology", "apply", env=env)
+    applied = run_cli(
+        "topology", "apply", env=bootstrap_env("noplugin", plain_rabbit.url, table, 1)
+    )
     assert applied.returncode == 0, applied.stderr
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[ThrowawayRabbitCluster]:
+    """Three nodes of the test's own, each with the consistent-hash exchange's plugin."""
+    plugins = tmp_path / "enabled_plugins"
+    plugins.write_text("[rabbitmq_consistent_hash_exchange].\n")
+    nodes = ThrowawayRabbitCluster()
+    try:
+        for node in nodes.nodes:
+            node.add_file("enabled_plugins", plugins, mode=0o644)
+        nodes.start()
+        yield nodes
+    finally:
+        nodes.destroy()
+
+
+@pytest.mark.slow
+async def test_apply_puts_the_shards_leaders_on_the_cluster_s_nodes(
+    cluster: ThrowawayRabbitCluster, tmp_path: Path
+) -> None:
+    # Given a three-node cluster and a table whose stock queue has 3 shards, replicated on all
+    env = bootstrap_env("spread", cluster.urls[0], tmp_path / "queues.toml", shards=3)
+    env["CONSUMER_QUORUM_INITIAL_GROUP_SIZE"] = "3"
+
+    # When the bootstrap applies it, through the first node
+    applied = run_cli("topology", "apply", env=env)
+
+    # Then each shard's leader is on a node of its own (balanced: the fewest leaders first),
+    # where declaring through one node would have put them all on it
+    assert applied.returncode == 0, applied.stderr
+    leaders = [
+        await asyncio.to_thread(cluster.leader_of, f"spread.stock.work.s{i}") for i in (1, 2, 3)
+    ]
+    assert sorted(leaders) == [0, 1, 2], leaders
+    assert await asyncio.to_thread(cluster.leader_of, "spread.notify.work") == 0

@@ -1,5 +1,5 @@
 """The names of everything the service owns on the broker, derived from ``CONSUMER_NAME``, and
-the header its retry exchange routes on."""
+the headers its retry exchange routes on."""
 
 from __future__ import annotations
 
@@ -8,10 +8,14 @@ from datetime import timedelta
 
 from topology.durations import format_duration
 
-__all__ = ["RETRY_RUNG", "Names", "rung_label"]
+__all__ = ["ORIGINAL_ROUTING_KEY", "RETRY_RUNG", "Names", "rung_label"]
 
 RETRY_RUNG = "consumer-retry-rung"
 """The header a retry copy carries its rung in (``5s``); the retry exchange routes on it."""
+
+ORIGINAL_ROUTING_KEY = "consumer-original-routing-key"
+"""The header every retry copy carries the routing key (the event type) it first came with in: a
+migration that splits a queue's types among several routes its retry exchange on it too."""
 
 
 def rung_label(delay: timedelta) -> str:

@@ -8,10 +8,22 @@ from datetime import timedelta
 
 from topology.durations import format_duration
 
-__all__ = ["RETRY_RUNG", "SHARD", "SHARD_KEY", "Names", "rung_label", "shard_label"]
+__all__ = [
+    "ORIGINAL_ROUTING_KEY",
+    "RETRY_RUNG",
+    "SHARD",
+    "SHARD_KEY",
+    "Names",
+    "rung_label",
+    "shard_label",
+]
 
 RETRY_RUNG = "consumer-retry-rung"
 """The header a retry copy carries its rung in (``5s``); the retry exchange routes on it."""
+
+ORIGINAL_ROUTING_KEY = "consumer-original-routing-key"
+"""The header every retry copy carries the routing key (the event type) it first came with in: a
+migration that splits a queue's types among several routes its retry exchange on it too."""
 
 SHARD_KEY = "consumer-shard-key"
 """The header a sharded queue's hash exchange hashes: what the event's handler locks (its

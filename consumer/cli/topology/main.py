@@ -148,14 +148,9 @@ async def _check(
 
 def run_topology(settings: Settings, arguments: argparse.Namespace) -> int:
     if arguments.topology_command == "migrate":
-        if settings.queues_file is not None:
+        # From a table, to one, or both: the service without a table is a table of one queue.
+        if settings.queues_file is not None or arguments.from_queues_file is not None:
             return run_table_migrate(settings, arguments)
-        if arguments.from_queues_file is not None:
-            fail(
-                "--from-queues-file: set CONSUMER_QUEUES_FILE to the new table (a migration "
-                "goes from one queue table to another)",
-                EXIT_CONFIG,
-            )
         return run_migrate(settings, arguments)
     registry = load_handlers(settings)
     specs = table_specs(load_queue_table(settings, registry))

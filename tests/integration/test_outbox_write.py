@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
 import pytest
 
 from consumer.amqp import headers as h
+from consumer.db.pruning import ReceiptPruner
+from consumer.db.retention import ReceiptWindow
 from consumer.envelope import envelope_body
 from consumer.errors import OutboxMisuse
 from consumer.outbox import enqueue, follow_up_id
@@ -192,6 +194,8 @@ async def test_an_application_enqueue_commits_or_rolls_back_with_its_transaction
 ) -> None:
     conn = await asyncpg.connect(env.database_url)
     try:
+        # As the run-time role: what sql/008 grants it is what an enqueue needs
+        await conn.execute("SET ROLE consumer_app")
         # Given an application's transaction that enqueues and then fails
         with pytest.raises(RuntimeError):
             await _failing_request(conn)
@@ -249,21 +253,36 @@ async def test_a_prune_keeps_the_outbox_partitions_under_the_receipts_retention(
         before = await _outbox_partitions(conn)
         surely_past = await conn.fetchval("SELECT now() - interval '2 days'")
 
-        # When `consumer receipts prune` runs with a retention of two days
-        result = run_cli("consumer", "receipts", "prune", env=env.env(receipt_retention="2d"))
+        # When `consumer receipts prune --dry-run` looks, then a round runs as the run-time role,
+        # with a retention of two days
+        looked = run_cli(
+            "consumer", "receipts", "prune", "--dry-run", env=env.env(receipt_retention="2d")
+        )
+        assert looked.returncode == 0, looked.stderr
+        assert "outbox: would drop" in looked.stdout
+        await conn.execute("SET ROLE consumer_app")
+        window = ReceiptWindow(
+            retention=timedelta(days=2),
+            margin=timedelta(hours=1),
+            partition=timedelta(hours=1),
+            prune_interval=timedelta(minutes=10),
+        )
+        # (four days of future skew: partitions are due further ahead than the migration's three)
+        report = await ReceiptPruner(window, max_future_skew=timedelta(days=4)).prune(conn)
 
         # Then the outbox's partitions past it go, but the one that holds the unsent row
-        assert result.returncode == 0, result.stderr
-        assert "outbox: dropped" in result.stdout
+        assert report.outbox_ran
         after = await _outbox_partitions(conn)
         gone = set(before) - set(after)
+        assert gone == {dropped.partition for dropped in report.outbox_dropped}
         assert {name for name, ends in before.items() if ends <= surely_past} - {holding} <= gone
         assert holding in after
         past = await conn.fetchval("SELECT now() - interval '2 days'")
         assert all(before[name] <= past for name in gone)
         assert await conn.fetchval("SELECT count(*) FROM outbox") == 1
-        # And partitions were made ahead, as the receipts' are
-        assert max(after.values()) > await conn.fetchval("SELECT now() + interval '1 hour'")
+        # And the outbox's partitions are made ahead as the receipts' are
+        assert report.outbox_created > 0
+        assert max(after.values()) > await conn.fetchval("SELECT now() + interval '4 days'")
     finally:
         await conn.close()
 

@@ -18,6 +18,7 @@ from consumer.db.retention import ReceiptWindow
 from consumer.envelope import envelope_body
 from consumer.errors import OutboxMisuse
 from consumer.outbox import enqueue, follow_up_id
+from consumer.testing import event, fresh_database, harness
 from tests.support import (
     TEST_HANDLERS,
     ServiceProcess,
@@ -187,6 +188,27 @@ async def test_a_batch_applied_again_without_its_culprit_writes_the_others_rows_
         assert [row["event_id"] for row in await _rows(env, event_id)] == _derived(env, event_id, 2)
     assert await _rows(env, culprit) == []
     assert await fetchval(env.database_url, "SELECT count(*) FROM outbox") == 2 * len(good)
+
+
+async def test_the_testing_harness_reports_an_invalid_publish_as_its_dead_letter() -> None:
+    # Given a team's handler test, in process (consumer.testing runs the service's pipeline)
+    handlers = ["tests.handlers.outboxing"]
+    async with fresh_database(handlers) as url, harness(handlers, url) as running:
+        # When its handler publishes a payload the target's model refuses, or fails after publishing
+        invalid, transient = await running.send(
+            event("test.outbox", {"key": "x", "invalid": True}),
+            event("test.outbox", {"key": "y", "count": 2, "fail_transient": 1}),
+        )
+        conn = await asyncpg.connect(url)
+        try:
+            rows = await conn.fetchval("SELECT count(*) FROM outbox")
+        finally:
+            await conn.close()
+
+    # Then the test sees what the service does: dead-lettered invalid_publish, retried; no row
+    assert (invalid.reason, invalid.error_class) == ("invalid_publish", "InvalidPublish")
+    assert (transient.kind.value, transient.error_class) == ("retried", "TransientError")
+    assert rows == 0
 
 
 async def test_an_application_enqueue_commits_or_rolls_back_with_its_transaction(

@@ -27,6 +27,7 @@ from consumer.errors import (
     HandlerTimeout,
     PipelineFault,
 )
+from consumer.outbox import Publishes
 from consumer.pipeline.follow_ups import FollowUpWriter
 from consumer.pipeline.handler_time import HandlerTime, Stepped
 from consumer.pipeline.ready import Ready
@@ -165,9 +166,9 @@ class HandlerCaller:
         applied: Callable[[T], Sequence[bool]] | None = None,
     ) -> T:
         """``call()`` under the handler's soft time limit, each event charged an equal share of
-        its time, registered for the watchdog; it must leave the transaction open. Then what it
+        its time, registered for the watchdog; it must leave the transaction open. What it
         published for the events it applied (``applied`` of its result: which; default all) is
-        written in that transaction.
+        written in that transaction, within the same time limit.
 
         A coroutine wrapping the call rather than a generator's context manager around it: every
         batch makes one, and the context manager cost several times more."""
@@ -194,6 +195,12 @@ class HandlerCaller:
                     async with deadline:
                         timed = Stepped(call())
                         result = await timed
+                        # Under the handler's time limit, as its own statements are (a slow or
+                        # large write is the handler's doing; a stalled server is told apart by
+                        # the time limit's probe). Never once it ended the transaction: the rows
+                        # would commit alone (the check below fails the call).
+                        if publishes is not None and conn.is_in_transaction():
+                            await self._write(conn, publishes, applied, result)
                 finally:
                     calls.leave(task)
             except BaseException as raised:
@@ -213,11 +220,6 @@ class HandlerCaller:
                 raise error from raised
             if not conn.is_in_transaction():
                 raise HandlerEndedTransaction.for_handler(handler.qualname)
-            if follow_ups is not None and publishes is not None:
-                if applied is not None:
-                    oks = applied(result)
-                    publishes = [p for p, ok in zip(publishes, oks, strict=True) if ok]
-                await follow_ups.write(conn, publishes)
             return result
         except TimeoutError as error:
             if deadline.expired:
@@ -239,6 +241,20 @@ class HandlerCaller:
             for item in items:
                 item.handler_seconds = share
             self._time.handler(batch=batch, wall=wall, cpu=timed.busy if timed else wall)
+
+    async def _write(
+        self,
+        conn: asyncpg.Connection[Any],
+        publishes: list[Publishes],
+        applied: Callable[[T], Sequence[bool]] | None,
+        result: T,
+    ) -> None:
+        """What the call published for the events it applied (``applied(result)``: which)."""
+        assert self._follow_ups is not None
+        if applied is not None:
+            oks = applied(result)
+            publishes = [one for one, ok in zip(publishes, oks, strict=True) if ok]
+        await self._follow_ups.write(conn, publishes)
 
 
 def _applied(results: list[Exception | None]) -> list[bool]:

@@ -75,7 +75,7 @@ def build_pipeline(
         default_timeout=settings.handler_timeout.total_seconds(),
         calls=calls,
         handler_time=handler_time,
-        follow_ups=FollowUpWriter(consumer=settings.name, handlers=registry, guard=guard),
+        follow_ups=FollowUpWriter(consumer=settings.name, handlers=registry),
     )
     ledger = CrashLedger(consumer=settings.name, owner=owner, queue=queue)
     isolated = Isolated(

@@ -218,13 +218,8 @@ class _Recording:
         self.written.append(records)
 
 
-class _Unguarded:
-    async def run(self, conn: Any, step: Any) -> Any:
-        return await step
-
-
 def _caller() -> HandlerCaller:
-    writer = FollowUpWriter(consumer="svc", handlers=_registry(), guard=cast(Any, _Unguarded()))
+    writer = FollowUpWriter(consumer="svc", handlers=_registry())
     return HandlerCaller(default_timeout=5, calls=HandlerCalls(), follow_ups=writer)
 
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel, TypeAdapter, field_validator
 
 from consumer import Envelope, register
 from consumer.envelope import envelope_body, set_follow_ups
-from consumer.errors import InvalidPublish, PermanentError, TransientError
+from consumer.errors import HandlerEndedTransaction, InvalidPublish, PermanentError, TransientError
 from consumer.outbox import FOLLOW_UP_NAMESPACE, Publishes, follow_up_id
 from consumer.pipeline.calls import HandlerCaller, HandlerCalls
 from consumer.pipeline.follow_ups import FollowUpWriter
@@ -281,3 +281,25 @@ async def test_a_call_that_raises_writes_nothing_and_the_next_starts_afresh() ->
     assert [record[0] for record in records] == [
         follow_up_id(event.event_id, "svc", n) for n in (0, 1)
     ]
+
+
+class _Ended(_Recording):
+    """A connection whose transaction the handler ended (COMMIT)."""
+
+    def is_in_transaction(self) -> bool:
+        return False
+
+
+async def test_a_handler_that_ended_the_transaction_writes_nothing() -> None:
+    # Given a handler that publishes and then commits the service's transaction itself
+    async def commits(event: Envelope[Any], conn: Any) -> None:
+        await event.publish("t.unkeyed", {})
+
+    handler = Handler("t.cause", commits, TypeAdapter(dict))
+    conn = _Ended()
+
+    # When it is called, then it fails its event, and no row is written outside a transaction,
+    # where it would commit alone
+    with pytest.raises(HandlerEndedTransaction):
+        await _caller().run(cast(Any, conn), _ready_for(handler, _cause()))
+    assert conn.written == []

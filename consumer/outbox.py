@@ -197,7 +197,7 @@ async def enqueue(
 
         async with conn.transaction():
             await conn.execute("UPDATE orders SET state = 'paid' WHERE id = $1", order_id)
-            await enqueue(conn, "payment.captured", {"order_id": order_id}, key=order_id)
+            await enqueue(conn, "payment.captured", {"order_id": order_id}, key=str(order_id))
 
     Raises :class:`~consumer.errors.OutboxMisuse` outside a transaction (the row would commit
     on its own, whatever became of the rest), for a type that is no event type, or a payload

@@ -6,19 +6,17 @@ import json
 import shlex
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pamqp.commands import Basic
-from pydantic import ValidationError
 
 from consumer.amqp.connect import BrokerConfig, connect
 from consumer.amqp.publisher import PERSISTENT, Publisher
-from consumer.error_text import error_name, message_of
+from consumer.envelope import envelope_body
 from consumer.errors import ConfigError, Unroutable
 from consumer.pipeline.tracing import Tracing, publish_span
-from consumer.registry import HandlerRegistry
-from consumer.safe_text import describe_validation_error, one_line
+from consumer.registry import HandlerRegistry, payload_problem
 from topology.names import SHARD_KEY
 
 __all__ = [
@@ -61,28 +59,6 @@ def shard_key(registry: HandlerRegistry | None, event_type: str, payload: object
         return None
 
 
-def payload_problem(
-    registry: HandlerRegistry, event_type: str, payload: dict[str, Any]
-) -> str | None:
-    """Why the handler of ``event_type`` would refuse ``payload`` (one line), or None. The check
-    is the handler's own payload model, the source of its schema (``consumer catalogue``), so
-    what passes here is what the service takes. A type no handler registers is not checked:
-    with no queue bound for it, the broker refuses the publish."""
-    handler = registry.get(event_type)
-    if handler is None:
-        return None
-    try:
-        handler.payload.validate_python(payload)
-    except ValidationError as error:
-        return f"{event_type} payload refused by its schema: {describe_validation_error(error)}"
-    except Exception as error:
-        # A validator's own error pydantic lets through (a KeyError, a TypeError): the service
-        # takes the payload for poison (invalid_payload), and so does this check, on one line.
-        described = one_line(f"{error_name(error)}: {message_of(error)}", 300)
-        return f"{event_type} payload refused by its schema: {described}"
-    return None
-
-
 def repeat_command(request: PublishRequest, event_id: uuid.UUID, occurred_at: datetime) -> str:
     """The command line that publishes the same event again (same id and occurred_at: a
     duplicate the receipts catch, or the event again where it was lost)."""
@@ -96,26 +72,6 @@ def repeat_command(request: PublishRequest, event_id: uuid.UUID, occurred_at: da
         if request.correlation_id is not None:
             argv += ["--correlation-id", request.correlation_id]
     return shlex.join(argv)
-
-
-def envelope_body(
-    event_type: str,
-    payload: dict[str, Any],
-    *,
-    event_id: uuid.UUID,
-    occurred_at: datetime | None = None,
-    correlation_id: str | None = None,
-) -> bytes:
-    """The JSON envelope producers publish."""
-    envelope: dict[str, Any] = {
-        "event_id": str(event_id),
-        "type": event_type,
-        "occurred_at": (occurred_at or datetime.now(UTC)).isoformat(),
-        "payload": payload,
-    }
-    if correlation_id is not None:
-        envelope["correlation_id"] = correlation_id
-    return json.dumps(envelope, separators=(",", ":")).encode()
 
 
 def event_properties(

@@ -36,6 +36,7 @@ __all__ = [
     "MigrationPlan",
     "MigrationRefused",
     "Move",
+    "Route",
     "Step",
     "Unbind",
     "nearest_rung",
@@ -86,12 +87,30 @@ class Unbind:
         return "un" + self.binding.describe() + (" (exchange)" if self.to_exchange else "")
 
 
+def _to(exchange: str, rung: str | None) -> str:
+    return f"rung {rung} through {exchange}" if rung else f"exchange {exchange}"
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a :class:`Move` sends the messages of one event type (their routing key) instead."""
+
+    event_type: str
+    exchange: str
+    rung: str | None
+
+    def describe(self) -> str:
+        return f"{self.event_type} to {_to(self.exchange, self.rung)}"
+
+
 @dataclass(frozen=True, slots=True)
 class Move:
     """Every message of ``source`` to ``exchange``, each copy confirmed before its original is
     acked, with its own routing key, and the header :data:`~topology.names.RETRY_RUNG` set to
     ``rung`` when given (the retry exchange routes on it). ``from_work``: the source is a work
     queue, whose messages are not all the service's own (see :mod:`topology.migrate`).
+    ``routes``: the event types that go elsewhere, picked by routing key (the queue of a service
+    without a table, whose types a queue table shares among several queues).
 
     Never through the default exchange: the least-privileged bootstrap user may write only to
     the service's own exchanges."""
@@ -100,10 +119,28 @@ class Move:
     exchange: str
     rung: str | None
     from_work: bool
+    routes: tuple[Route, ...] = ()
+
+    def destination(self, routing_key: str) -> tuple[str, str | None]:
+        """The exchange and rung a message with ``routing_key`` goes to."""
+        for route in self.routes:
+            if route.event_type == routing_key:
+                return route.exchange, route.rung
+        return self.exchange, self.rung
+
+    @property
+    def exchanges(self) -> tuple[str, ...]:
+        """Every exchange this move may publish to."""
+        return tuple(dict.fromkeys([self.exchange, *(route.exchange for route in self.routes)]))
 
     def describe(self) -> str:
-        to = f"rung {self.rung} through" if self.rung else "exchange"
-        return f"move the messages of {self.source} to {to} {self.exchange}"
+        if not self.routes:
+            return f"move the messages of {self.source} to {_to(self.exchange, self.rung)}"
+        routes = ", ".join(route.describe() for route in self.routes)
+        return (
+            f"move the messages of {self.source} by event type: {routes}, the rest to "
+            f"{_to(self.exchange, self.rung)}"
+        )
 
 
 @dataclass(frozen=True, slots=True)

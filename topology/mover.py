@@ -1,5 +1,5 @@
-"""Moving every message of one queue to an exchange, losing none: the migration's one way of
-draining a queue.
+"""Moving every message of one queue to an exchange (or, by event type, to several), losing none:
+the migration's one way of draining a queue.
 
 Each copy is published in confirm mode (mandatory: an unroutable copy is returned, and fails),
 and its original acked only once the broker confirmed it. A mover that dies in between leaves the
@@ -10,7 +10,7 @@ The copy is a new message to the broker: its ``x-death`` and ``x-delivery-count`
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aio_pika
@@ -64,11 +64,13 @@ async def _next_batch(
     return batch
 
 
-def _copy(message: AbstractIncomingMessage, step: Move, rewrite: HeaderRewrite) -> aio_pika.Message:
+def _copy(
+    message: AbstractIncomingMessage, step: Move, rung: str | None, rewrite: HeaderRewrite
+) -> aio_pika.Message:
     headers = rewrite(message) if step.from_work else dict(message.headers or {})
     headers = {key: value for key, value in headers.items() if not key.lower().startswith("x-")}
-    if step.rung is not None:
-        headers[RETRY_RUNG] = step.rung
+    if rung is not None:
+        headers[RETRY_RUNG] = rung
     return aio_pika.Message(
         message.body,
         headers=headers,
@@ -88,29 +90,38 @@ def _copy(message: AbstractIncomingMessage, step: Move, rewrite: HeaderRewrite) 
     )
 
 
+async def _publish_copy(
+    message: AbstractIncomingMessage,
+    step: Move,
+    targets: Mapping[str, AbstractExchange],
+    rewrite: HeaderRewrite,
+    confirm_timeout: float,
+) -> object:
+    routing_key = message.routing_key or ""
+    exchange, rung = step.destination(routing_key)
+    return await targets[exchange].publish(
+        _copy(message, step, rung, rewrite),
+        routing_key,
+        mandatory=True,
+        timeout=confirm_timeout,
+    )
+
+
 async def _copy_then_ack(
     batch: list[AbstractIncomingMessage],
     step: Move,
-    target: AbstractExchange,
+    targets: Mapping[str, AbstractExchange],
     rewrite: HeaderRewrite,
     confirm_timeout: float,
 ) -> int:
     outcomes = await asyncio.gather(
-        *(
-            target.publish(
-                _copy(message, step, rewrite),
-                message.routing_key or "",
-                mandatory=True,
-                timeout=confirm_timeout,
-            )
-            for message in batch
-        ),
+        *(_publish_copy(message, step, targets, rewrite, confirm_timeout) for message in batch),
         return_exceptions=True,
     )
     failed = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
     if failed:
         raise MoveFailed(
-            f"{len(failed)} copies from {step.source} to {step.exchange} were not "
+            f"{len(failed)} copies from {step.source} to {', '.join(step.exchanges)} were not "
             f"confirmed ({type(failed[0]).__name__}: {failed[0]})"
         ) from failed[0]
     for message in batch:
@@ -140,12 +151,12 @@ async def move_messages(
     try:
         await take.set_qos(prefetch_count=_BATCH)
         source = await take.get_queue(step.source, ensure=False)
-        target = await put.get_exchange(step.exchange, ensure=False)
+        targets = {name: await put.get_exchange(name, ensure=False) for name in step.exchanges}
         tag = await source.consume(received, no_ack=False)
         while True:
             batch = await _next_batch(inbox, _IDLE_SECONDS)
             if batch:
-                moved += await _copy_then_ack(batch, step, target, rewrite, confirm_timeout)
+                moved += await _copy_then_ack(batch, step, targets, rewrite, confirm_timeout)
                 continue
             state = await queue_state(connection, step.source)
             if state is None or state[0] == 0:
@@ -154,7 +165,7 @@ async def move_messages(
         await source.cancel(tag)
         rest = await _next_batch(inbox, 0)
         if rest:
-            moved += await _copy_then_ack(rest, step, target, rewrite, confirm_timeout)
+            moved += await _copy_then_ack(rest, step, targets, rewrite, confirm_timeout)
     finally:
         # Closing gives back every original not yet acked (after a failure), to be moved again
         # by the next run (those whose copy was confirmed, a second time).

@@ -27,6 +27,15 @@ A queue that leaves the table has no consumers left, so what it holds is moved: 
 through the redeliver exchange of the one queue that takes its types now, each rung into that
 queue's nearest rung (an old replica's retry is routed there too until it stops), and the emptied
 queues are deleted. Its dead-letter queue and exchanges stay: they may hold dead letters to read.
+
+A service without a table is a table of one queue (``names.queue`` is ``None``: today's names),
+so a migration to a table and back is one of these too. Its queue is the one allowed to leave
+for several queues: a table shares its types among them. What it holds is then moved type by
+type (each message by its routing key, the event type it was published with) to the queue that
+takes the type now, and an old replica's retry is routed by the routing key it first came with
+(:data:`~topology.names.ORIGINAL_ROUTING_KEY`, which every retry copy carries). A table's queue
+that leaves for several is still refused: it can be migrated in steps (its types first moved to
+one queue), which a service without a table cannot.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from topology.migration_plan import (
     MigrationPlan,
     MigrationRefused,
     Move,
+    Route,
     Step,
     Unbind,
     nearest_rung,
@@ -50,7 +60,7 @@ from topology.migration_plan import (
     rung_binding,
 )
 from topology.model import Binding
-from topology.names import rung_label
+from topology.names import ORIGINAL_ROUTING_KEY, rung_label
 from topology.plan import TopologySpec, build_topology
 
 __all__ = ["TableMigration", "TypeMove", "plan_table_migration"]
@@ -59,14 +69,18 @@ __all__ = ["TableMigration", "TypeMove", "plan_table_migration"]
 _PHASES: tuple[type, ...] = (DeclareExchange, Declare, Bind, Unbind, Move, Delete)
 
 
+def _queue(name: str | None) -> str:
+    return "the service without a table" if name is None else f"queue {name}"
+
+
 @dataclass(frozen=True, slots=True)
 class TypeMove:
     """An event type whose binding moves from one queue of the table to another."""
 
     event_type: str
-    source: str
-    """The queue it leaves (its name in the old table)."""
-    target: str
+    source: str | None
+    """The queue it leaves (its name in the old table; ``None``: the service had no table)."""
+    target: str | None
     source_work: str
     target_work: str
     drained: bool
@@ -80,7 +94,7 @@ class TypeMove:
             else f"what {self.source_work} holds is moved"
         )
         return (
-            f"{self.event_type}: from queue {self.source} to queue {self.target} "
+            f"{self.event_type}: from {_queue(self.source)} to {_queue(self.target)} "
             f"({self.target_work}); {rest}"
         )
 
@@ -99,14 +113,21 @@ class TableMigration:
         return [f"moves {move.describe()}" for move in self.moved] + self.plan.describe()
 
 
-def _by_queue(specs: Sequence[TopologySpec], which: str) -> dict[str, TopologySpec]:
-    queues: dict[str, TopologySpec] = {}
+def _by_queue(specs: Sequence[TopologySpec], which: str) -> dict[str | None, TopologySpec]:
+    """Each queue's plan by its name; the service without a table is one queue named ``None``."""
     for spec in specs:
-        if spec.names.queue is None:
+        if spec.shards > 1:
+            # The steps know one work queue per queue: a shard's messages would be left behind.
             raise MigrationRefused(
-                f"the {which} plan has no queue table: a migration goes from one table to another"
+                f"queue {spec.names.queue} has shards = {spec.shards} in the {which} table: "
+                "migrating a sharded queue (resharding too) is not built yet"
             )
-        queues[spec.names.queue] = spec
+    queues = {spec.names.queue: spec for spec in specs}
+    if None in queues and len(specs) > 1:
+        raise MigrationRefused(
+            f"the {which} plan mixes the queue of a service without a table with a table's "
+            "queues: it is one or the other"
+        )
     return queues
 
 
@@ -123,8 +144,6 @@ def _moves(old: Sequence[TopologySpec], new: Sequence[TopologySpec]) -> tuple[Ty
         after = now.get(event_type)
         if after is None or after.names.queue == before.names.queue:
             continue
-        assert before.names.queue is not None
-        assert after.names.queue is not None
         moves.append(
             TypeMove(
                 event_type,
@@ -138,48 +157,87 @@ def _moves(old: Sequence[TopologySpec], new: Sequence[TopologySpec]) -> tuple[Ty
     return tuple(moves)
 
 
-def _heir(leaving: TopologySpec, new: Sequence[TopologySpec]) -> TopologySpec:
-    """The one queue of the ``new`` table that takes ``leaving``'s types (what it holds goes
-    there)."""
+@dataclass(frozen=True, slots=True)
+class _Heirs:
+    """Where what a leaving queue holds goes: to ``heir``, or, when its types go to several
+    queues (only a service without a table's do), to the queue ``by_type`` gives each type."""
+
+    heir: TopologySpec
+    by_type: tuple[tuple[str, TopologySpec], ...] = ()
+
+    @property
+    def others(self) -> tuple[tuple[str, TopologySpec], ...]:
+        """The types that go to another queue than ``heir``, with it."""
+        return tuple((t, spec) for t, spec in self.by_type if spec is not self.heir)
+
+
+def _heirs(leaving: TopologySpec, new: Sequence[TopologySpec]) -> _Heirs:
+    """The queues of the ``new`` table that take ``leaving``'s types: one, unless ``leaving`` is
+    the queue of a service without a table. Its heir then is the queue that takes most of its
+    types (the first of the table on a tie), and each type goes to its own queue."""
     owners = _owners(new)
-    heirs = {owners[t].names.queue: owners[t] for t in leaving.event_types if t in owners}
-    if len(heirs) != 1:
+    taken = {t: owners[t] for t in sorted(leaving.event_types) if t in owners}
+    heirs = {spec.names.queue: spec for spec in taken.values()}
+    if len(heirs) == 1:
+        return _Heirs(next(iter(heirs.values())))
+    if leaving.names.queue is not None or not heirs:
         where = f"to {len(heirs)} queues ({', '.join(sorted(map(str, heirs)))})" if heirs else ""
         raise MigrationRefused(
-            f"queue {leaving.names.queue} leaves the table and its types go {where or 'nowhere'}: "
-            "what it holds can go to one queue only; migrate in steps (first move its types to "
-            "one queue)"
+            f"{_queue(leaving.names.queue)} leaves the table and its types go "
+            f"{where or 'nowhere'}: what it holds can go to one queue only; migrate in steps "
+            "(first move its types to one queue)"
         )
-    return next(iter(heirs.values()))
+    order = [spec.names.queue for spec in new]
+    counts = {name: sum(spec is heirs[name] for spec in taken.values()) for name in heirs}
+    first = min(heirs, key=lambda name: (-counts[name], order.index(name)))
+    return _Heirs(heirs[first], tuple(taken.items()))
 
 
-def _redirect(leaving: Sequence[timedelta], retry: str, heir: TopologySpec) -> list[Bind]:
-    """Each leaving rung's label, on the leaving queue's ``retry`` exchange, routed to the heir's
-    nearest rung (or its redeliver exchange without a ladder)."""
+def _redirects(leaving: TopologySpec, heirs: _Heirs) -> list[Bind]:
+    """Each leaving rung's label, on the leaving queue's retry exchange, routed to the heir's
+    nearest rung (or its redeliver exchange without a ladder): an old replica's retries. Shared
+    among several heirs, each type's binding also matches the routing key its retries carry."""
+    pairs: list[tuple[str | None, TopologySpec]] = [*heirs.by_type] or [(None, heirs.heir)]
     redirects = []
-    for delay in leaving:
-        target = nearest_rung(delay, heir.retry_delays)
-        if target is None:
-            redirects.append(Bind(rung_binding(retry, heir.names.redeliver, delay), True))
-        else:
-            redirects.append(Bind(rung_binding(retry, heir.names.rung(target), delay)))
+    for delay in leaving.retry_delays:
+        for event_type, heir in pairs:
+            target = nearest_rung(delay, heir.retry_delays)
+            queue = heir.names.redeliver if target is None else heir.names.rung(target)
+            binding = rung_binding(leaving.names.retry, queue, delay)
+            if event_type is not None:
+                arguments = {**binding.arguments, ORIGINAL_ROUTING_KEY: event_type}
+                binding = Binding(binding.exchange, queue, arguments=arguments)
+            redirects.append(Bind(binding, to_exchange=target is None))
     return redirects
 
 
-def _leaving(old: TopologySpec, heir: TopologySpec) -> list[Step]:
-    """A queue that leaves the table: routed to nowhere new, what it holds moved to its heir."""
+def _rung_of(delay: timedelta, heir: TopologySpec) -> tuple[str, str | None]:
+    """The exchange and rung label a retry waiting ``delay`` goes to in ``heir``: its nearest
+    rung, or (no ladder) straight back through its redeliver exchange."""
+    target = nearest_rung(delay, heir.retry_delays)
+    if target is None:
+        return heir.names.redeliver, None
+    return heir.names.retry, rung_label(target)
+
+
+def _move(source: str, heirs: _Heirs, delay: timedelta | None) -> Move:
+    """``source``'s messages to their heirs: a rung's (``delay``) into the heirs' nearest rungs,
+    a work queue's through the heirs' redeliver exchanges."""
+
+    def to(heir: TopologySpec) -> tuple[str, str | None]:
+        return (heir.names.redeliver, None) if delay is None else _rung_of(delay, heir)
+
+    routes = tuple(Route(event_type, *to(heir)) for event_type, heir in heirs.others)
+    return Move(source, *to(heirs.heir), from_work=delay is None, routes=routes)
+
+
+def _leaving(old: TopologySpec, heirs: _Heirs) -> list[Step]:
+    """A queue that leaves the table: routed to nowhere new, what it holds moved to its heirs."""
     names = old.names
-    steps: list[Step] = list(_redirect(old.retry_delays, names.retry, heir))
+    steps: list[Step] = list(_redirects(old, heirs))
     steps += [Unbind(Binding(names.ingress, names.work, t)) for t in sorted(old.event_types)]
-    for delay in old.retry_delays:
-        target = nearest_rung(delay, heir.retry_delays)
-        if target is None:
-            steps.append(Move(names.rung(delay), heir.names.redeliver, None, from_work=False))
-        else:
-            steps.append(
-                Move(names.rung(delay), heir.names.retry, rung_label(target), from_work=False)
-            )
-    steps.append(Move(names.work, heir.names.redeliver, None, from_work=True))
+    steps += [_move(names.rung(delay), heirs, delay) for delay in old.retry_delays]
+    steps.append(_move(names.work, heirs, None))
     steps += [Delete(names.rung(delay), unused=True) for delay in old.retry_delays]
     steps.append(Delete(names.work, unused=True))
     return steps
@@ -187,17 +245,17 @@ def _leaving(old: TopologySpec, heir: TopologySpec) -> list[Step]:
 
 def _entering(new: TopologySpec, old: Sequence[TopologySpec]) -> list[Step]:
     """A queue new to the table: all of it declared and bound. When its types all come from one
-    queue, the redirects a migration that removed it would have left there (this one rolls it
-    back) are unbound, so that each of its retries goes to its own rung only."""
+    queue (or it is the queue of a service without a table), the redirects a migration that
+    removed it would have left (this one rolls it back) are unbound, so that each of its
+    retries goes to its own rung only."""
     plan = build_topology(new)
     steps: list[Step] = [DeclareExchange(e) for e in plan.exchanges if e.name != new.names.ingress]
     steps += [Declare(queue) for queue in plan.queues]
     steps += [Bind(binding) for binding in plan.bindings]
     owners = _owners(old)
-    sources = {owners[t].names.queue: owners[t] for t in new.event_types if t in owners}
-    if len(sources) == 1:
-        (source,) = sources.values()
-        redirects = _redirect(new.retry_delays, new.names.retry, source)
+    sources = {owners[t].names.queue for t in new.event_types if t in owners}
+    if len(sources) == 1 or (sources and new.names.queue is None):
+        redirects = _redirects(new, _heirs(new, old))
         steps += [Unbind(redirect.binding, redirect.to_exchange) for redirect in redirects]
     return steps
 
@@ -221,7 +279,7 @@ def plan_table_migration(
             steps += _entering(spec, old)
     for name, spec in before.items():
         if name not in after:
-            steps += _leaving(spec, _heir(spec, new))
+            steps += _leaving(spec, _heirs(spec, new))
     # A stable sort: each queue's own steps keep their order within a phase.
     steps.sort(key=lambda step: _PHASES.index(type(step)))
     return TableMigration(MigrationPlan(tuple(steps)), _moves(old, new))

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from topology.names import RETRY_RUNG
+from topology.names import ORIGINAL_ROUTING_KEY, RETRY_RUNG, SHARD_KEY
 
 __all__ = [
     "ATTEMPT",
@@ -56,7 +56,6 @@ ERROR_MESSAGE = "consumer-error-message"
 REASON = "consumer-dead-reason"
 """Why the service dead-lettered the event: ``permanent_failure`` or ``retries_exhausted``."""
 ORIGINAL_EXCHANGE = "consumer-original-exchange"
-ORIGINAL_ROUTING_KEY = "consumer-original-routing-key"
 SERVICE = "consumer-service"
 QUEUE = "consumer-queue"
 """On a dead letter of a queue table's queue: the queue's name in the table (``sms``); absent
@@ -82,9 +81,10 @@ ERROR_MESSAGE_LIMIT = 500
 MAX_ATTEMPT = 10_000
 OWN_PREFIX = "consumer-"
 """The service's own headers' prefix."""
-_FROM_ANYONE = frozenset(
-    {REPLAYS, ORIGINAL_OCCURRED_AT}
-)  # informational: the operator's replay count
+# Informational (the operator's replay count), or the producer's by design: the shard key a
+# sharded queue's hash exchange hashes, kept on retry copies and dead letters so that a replay
+# goes to its key's shard.
+_FROM_ANYONE = frozenset({REPLAYS, ORIGINAL_OCCURRED_AT, SHARD_KEY})
 
 Headers = dict[str, Any]
 

@@ -176,10 +176,11 @@ def test_a_new_service_name_is_refused() -> None:
         plan_table_migration(OLD[:1], renamed)
 
 
-def test_a_plan_without_a_table_is_refused() -> None:
+def test_a_plan_without_a_table_that_takes_none_of_a_queues_types_is_refused() -> None:
+    # A service without a table is a table of one queue (test_table_migration_no_table.py)
     plain = [TopologySpec(Names("svc", "events"), LADDER, 20, ("t.one",))]
 
-    with pytest.raises(MigrationRefused, match="no queue table"):
+    with pytest.raises(MigrationRefused, match="queue b leaves the table and its types go nowhere"):
         plan_table_migration(OLD, plain)
 
 

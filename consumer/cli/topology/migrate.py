@@ -4,7 +4,8 @@ the environment's settings give, while the consumers keep running.
 The environment holds the new settings (as the new replicas will get them); ``--from-*`` say what
 the old ones were, for the settings a migration may change: the retry ladder, the delivery limit
 and the work queue's generation. ``--rollback`` migrates back, from the new plan to the old.
-With a queue table (``CONSUMER_QUEUES_FILE``), ``--from-queues-file`` names the old table instead
+With a queue table on either side, ``--from-queues-file`` names the old table (``none``: there was
+none) and ``CONSUMER_QUEUES_FILE`` the new one (unset: there is none)
 (:mod:`consumer.cli.topology.migrate_table`).
 """
 
@@ -85,11 +86,12 @@ def add_migrate_parser(actions: Any) -> None:
     )
     migrate.add_argument(
         "--from-queues-file",
-        metavar="PATH",
-        help="the old queue table (with CONSUMER_QUEUES_FILE, the new one): moves event types "
-        "between queues, adds and removes queues, and changes each queue's own settings; it is "
-        "read with today's environment, so write in it any setting whose environment value "
-        "changed since",
+        metavar="PATH|none",
+        help="the old queue table (CONSUMER_QUEUES_FILE names the new one; unset, the install "
+        "goes back to no table): moves event types between queues, adds and removes queues, and "
+        "changes each queue's own settings; it is read with today's environment, so write in it "
+        "any setting whose environment value changed since. none: the install had no table (the "
+        "other --from-* flags may then give its old settings)",
     )
     migrate.add_argument(
         "--dry-run", action="store_true", help="print the steps; do not connect to the broker"

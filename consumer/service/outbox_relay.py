@@ -34,6 +34,7 @@ from consumer.errors import Unroutable
 from consumer.logs import Logger
 from consumer.observe.metrics import Metrics
 from consumer.service.backoff import Backoff
+from topology.names import SHARD_KEY
 
 __all__ = ["OutboxRelay", "RelayConfig", "RoundResult"]
 
@@ -306,10 +307,11 @@ def _chains(batch: Sequence[OutboxRow]) -> list[list[OutboxRow]]:
 
 def _properties(row: OutboxRow) -> Basic.Properties:
     """Persistent JSON under the event's id, as ``consumer publish`` sends an event, with the
-    headers written beside the row."""
+    headers written beside the row; and, unless they give one, the shard key a sharded queue
+    hashes: the row's key (its handler's), else the event id, as ``consumer publish`` sets it."""
     return Basic.Properties(
         content_type="application/json",
         delivery_mode=PERSISTENT,
         message_id=str(row.event_id),
-        headers=row.headers or None,
+        headers={SHARD_KEY: row.order_key or str(row.event_id), **row.headers},
     )

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import aio_pika
@@ -21,13 +22,16 @@ import asyncpg
 from prometheus_client import CollectorRegistry
 
 from consumer.amqp.publisher import Publisher
-from consumer.cli.producer import envelope_body
+from consumer.envelope import envelope_body
 from consumer.logs import make_logger
 from consumer.observe.metrics import Metrics
+from consumer.outbox import follow_up_id
 from consumer.service.outbox_relay import OutboxRelay, RelayConfig
 from tests.support import (
+    TEST_HANDLERS,
     ServiceProcess,
     TestEnv,
+    assert_applied_once,
     drain_queue,
     fetch,
     fetchval,
@@ -35,6 +39,7 @@ from tests.support import (
     restocks,
     wait_until,
 )
+from topology.names import SHARD_KEY
 
 RESTOCK = "inventory.restock"
 # A poll far longer than any wait below: whatever is published in time was woken by a commit.
@@ -150,7 +155,9 @@ async def test_committed_rows_are_published_to_the_ingress_exchange_and_marked_s
         assert message.routing_key == RESTOCK
         assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
         assert message.content_type == "application/json"
+    # with the shard key a sharded queue hashes, as `consumer publish` sets it (no key: the id)
     assert (messages[0].headers or {}).get("source") == "test"
+    assert (messages[0].headers or {}).get(SHARD_KEY) == str(first)
     assert metrics.outbox_published._value.get() == 3
 
 
@@ -303,3 +310,33 @@ async def test_an_unroutable_row_fails_for_good_and_the_rows_after_it_go(env: Te
         assert metrics.outbox_refused.labels(kind="permanent")._value.get() == 1
     messages = await drain_queue(env.amqp_url, env.names.work)
     assert [message.message_id for message in messages] == [str(after)]
+
+
+async def test_a_handler_s_follow_ups_are_relayed_and_applied_once(env: TestEnv) -> None:
+    # Given the service, its relay on, with a handler that publishes three follow-up events
+    env.overrides["handlers"] = f"{TEST_HANDLERS},tests.handlers.outboxing"
+    await env.apply_topology()
+    service = await ServiceProcess(env, outbox_relay="on").start().wait_ready()
+    # When an event comes, and a copy of it after it is applied
+    async with env.producer() as producer:
+        cause = await producer.send("test.outbox", {"key": "order-1", "count": 3})
+        follow_ups = [follow_up_id(cause, env.name, n) for n in range(3)]
+
+        async def chain_applied() -> bool:
+            done = await fetchval(
+                env.database_url,
+                "SELECT count(*) FROM test_effects WHERE event_id = ANY($1::uuid[])",
+                [cause, *follow_ups],
+            )
+            return int(done) == 4
+
+        await wait_until(chain_applied, what="the event and its three follow-ups applied")
+        await producer.send("test.outbox", {"key": "order-1", "count": 3}, event_id=cause)
+    duplicate = {"type": "test.outbox", "outcome": "duplicate"}
+    copy_acked = partial(service.metric_is, "consumer_messages_total", 1, **duplicate)
+    await wait_until(copy_acked, what="the copy acked as a duplicate")
+    await service.wait_idle()
+    # Then the follow-ups went through the relay to the consumer, each applied once
+    await assert_applied_once(env.database_url, [cause, *follow_ups])
+    assert await all_sent(env)
+    assert await fetchval(env.database_url, "SELECT count(*) FROM outbox") == 3

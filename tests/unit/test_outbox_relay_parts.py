@@ -12,12 +12,20 @@ import pytest
 from pamqp.commands import Basic
 from prometheus_client import CollectorRegistry
 
+from consumer.amqp.publisher import PERSISTENT
 from consumer.db.outbox_rows import OutboxRow, in_key_order
 from consumer.errors import PublishFailed, Unroutable
 from consumer.logs import make_logger
 from consumer.observe.metrics import Metrics
-from consumer.service.outbox_relay import OutboxRelay, RelayConfig, RoundResult, _chains
+from consumer.service.outbox_relay import (
+    OutboxRelay,
+    RelayConfig,
+    RoundResult,
+    _chains,
+    _properties,
+)
 from tests.unit.test_settings import error_line, settings
+from topology.names import SHARD_KEY
 
 
 def row(id: int, key: str | None = None) -> OutboxRow:
@@ -139,3 +147,13 @@ def _fields(r: OutboxRow) -> dict[str, Any]:
 
 async def _never() -> Any:
     raise AssertionError("no connection in a unit test")
+
+
+def test_a_row_goes_out_as_consumer_publish_sends_an_event_with_its_key_as_shard_key() -> None:
+    keyed, keyless = row(1, "sku-1"), OutboxRow(**{**_fields(row(2)), "headers": {"a": 1}})
+    properties = _properties(keyed)
+    assert properties.message_id == str(keyed.event_id)
+    assert properties.delivery_mode == PERSISTENT
+    assert properties.content_type == "application/json"
+    assert properties.headers == {SHARD_KEY: "sku-1"}
+    assert _properties(keyless).headers == {SHARD_KEY: str(keyless.event_id), "a": 1}

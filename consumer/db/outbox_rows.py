@@ -133,7 +133,7 @@ async def mark_sent(conn: asyncpg.Connection[Any], ids: Iterable[int]) -> None:
 
 async def mark_refused(conn: asyncpg.Connection[Any], refusals: Sequence[Refusal]) -> None:
     """Each row's attempt counted and its error kept; a permanent refusal sets ``failed_at``
-    (skipped by every round until ``consumer outbox retry`` clears it)."""
+    (skipped by every round until it is cleared)."""
     if not refusals:
         return
     await conn.execute(

@@ -8,6 +8,9 @@ Handler authors need only what is exported here::
     async def restock(event: Envelope[Restock], conn: Connection) -> None: ...
 
 ``register_batch`` marks a handler that applies a whole batch of events in a few statements.
+``await event.publish(type, payload)`` writes a follow-up event to the outbox in the handler's
+transaction; code that is not a handler does the same with :func:`consumer.outbox.enqueue`,
+public too (as is :class:`consumer.errors.OutboxMisuse`, which it raises).
 
 Everything else in this package is internal and may change in any release: the wings
 (``config``, ``amqp``, ``db``, ``pipeline``, ``observe``, ``service``, ``cli``) and the modules

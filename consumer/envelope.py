@@ -1,21 +1,38 @@
 """The event envelope producers publish: the model handlers receive.
 
-:mod:`consumer.pipeline.envelope_parser` turns a message body into one, or says why it never can.
+:mod:`consumer.pipeline.envelope_parser` turns a message body into one, or says why it never can;
+:func:`envelope_body` writes one, as ``consumer publish`` and the outbox send it.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Generic, TypeVar
+import json
+from datetime import UTC, datetime
+from typing import Any, Generic, Protocol, TypeVar
 from uuid import UUID
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
-__all__ = ["EVENT_TYPE_PATTERN", "Envelope", "RawEnvelope", "set_attempt"]
+__all__ = [
+    "EVENT_TYPE_PATTERN",
+    "Envelope",
+    "FollowUps",
+    "RawEnvelope",
+    "envelope_body",
+    "set_attempt",
+    "set_follow_ups",
+]
 
 PayloadT = TypeVar("PayloadT")
 
 EVENT_TYPE_PATTERN = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"
+
+
+class FollowUps(Protocol):
+    """Where :meth:`Envelope.publish` puts what a handler publishes: the outbox rows of one handler
+    call (:class:`consumer.outbox.Publishes`), written when the call returns."""
+
+    def add(self, event_type: str, payload: Any, key: str | None) -> UUID: ...
 
 
 class Envelope(BaseModel, Generic[PayloadT]):
@@ -34,6 +51,8 @@ class Envelope(BaseModel, Generic[PayloadT]):
     correlation_id: str | None = Field(default=None, max_length=255)
     # Not a field: producers cannot set it (the body has no such key), and it is never published.
     _attempt: int = PrivateAttr(default=1)
+    # Set by the pipeline for the length of one handler call only (set_follow_ups).
+    _follow_ups: FollowUps | None = PrivateAttr(default=None)
 
     @property
     def attempt(self) -> int:
@@ -43,6 +62,27 @@ class Envelope(BaseModel, Generic[PayloadT]):
         capped), so a handler may trust it: to log, to give up early on its own terms, to call a
         slower fallback. Duplicates and isolated re-runs of the same delivery keep its number."""
         return self._attempt
+
+    async def publish(self, event_type: str, payload: Any, *, key: str | None = None) -> UUID:
+        """Publish an event that this one caused, through the transactional outbox: its row is
+        written in this event's own transaction when the handler returns, so it is published if
+        and only if this event's effect commits. Returns the new event's ``event_id``.
+
+        ``payload`` is a pydantic model or anything pydantic can turn into JSON (a dict). When
+        this service has a handler for ``event_type``, the payload must pass that handler's model
+        (else :class:`~consumer.errors.InvalidPublish`, and this event is dead-lettered). ``key``
+        orders the rows that share it (default: the target handler's ``key`` of the payload).
+
+        The id is derived from this event's id, the consumer and the publish's position in the
+        call (first, second...), so a handler run again writes the same ids. Only inside a
+        handler call: anywhere else it raises ``RuntimeError``."""
+        follow_ups = self._follow_ups
+        if follow_ups is None:
+            raise RuntimeError(
+                "Envelope.publish works only inside a handler call the service makes "
+                "(outside one, use consumer.outbox.enqueue in a transaction)"
+            )
+        return follow_ups.add(event_type, payload, key)
 
     @field_validator("occurred_at", mode="before")
     @classmethod
@@ -59,3 +99,28 @@ RawEnvelope = Envelope[dict[str, Any]]
 def set_attempt(event: Envelope[Any], attempt: int) -> None:
     """Set the :attr:`Envelope.attempt` a handler sees (the pipeline does, from the headers)."""
     event._attempt = attempt
+
+
+def set_follow_ups(event: Envelope[Any], follow_ups: FollowUps | None) -> None:
+    """Where :meth:`Envelope.publish` collects, for one handler call (None after it)."""
+    event._follow_ups = follow_ups
+
+
+def envelope_body(
+    event_type: str,
+    payload: Any,
+    *,
+    event_id: UUID,
+    occurred_at: datetime | None = None,
+    correlation_id: str | None = None,
+) -> bytes:
+    """The JSON envelope producers publish (``payload`` already JSON: a dict, a list...)."""
+    envelope: dict[str, Any] = {
+        "event_id": str(event_id),
+        "type": event_type,
+        "occurred_at": (occurred_at or datetime.now(UTC)).isoformat(),
+        "payload": payload,
+    }
+    if correlation_id is not None:
+        envelope["correlation_id"] = correlation_id
+    return json.dumps(envelope, separators=(",", ":")).encode()

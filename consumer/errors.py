@@ -22,7 +22,8 @@
     │       ├── CrashedRepeatedly        processes died while it was being applied isolated
     │       ├── ConnectionLostRepeatedly its database connection broke each time it was applied
     │       ├── EventExpired             its receipts' range was dropped: too old to apply
-    │       └── IdConflict               its id is that of an event of another type applied
+    │       ├── IdConflict               its id is that of an event of another type applied
+    │       └── InvalidPublish           its handler published an event its type's model refuses
     ├── DatabaseUnavailable    the database cannot be reached: pause, count no attempt
     │   └── DatabaseStalled    it stopped answering the service's own statement in time
     ├── PipelineFault          the service itself cannot work (no receipts table): it stops
@@ -30,6 +31,7 @@
     │   └── BrokerRejected     it answered, but rejects the credentials or certificate
     ├── ConnectionLost         a session's connection or channel closed: reconnect
     ├── ChannelGone            a delivery's channel is closed: its tag means nothing any more
+    ├── OutboxMisuse           an outbox row asked for that cannot be written as asked
     ├── Poison                 a message that can never be processed, with its reason
     └── PublishFailed          the broker did not confirm a publish: return the original
         └── Unroutable         no queue is bound for the routing key
@@ -66,7 +68,9 @@ __all__ = [
     "HardTimeLimitExceeded",
     "IdConflict",
     "IncompatibleLibrary",
+    "InvalidPublish",
     "MigrationError",
+    "OutboxMisuse",
     "PermanentError",
     "PipelineFault",
     "Poison",
@@ -242,6 +246,15 @@ class IdConflict(PermanentError):
         )
 
 
+class InvalidPublish(PermanentError):
+    """The handler published (``event.publish``) an event that cannot be sent as asked: its type
+    is no event type, its payload is not JSON, or the model of the handler this service has for
+    that type refuses it. Nothing the handler wrote commits, and the event that caused it is
+    dead-lettered: a retry would publish the same payload again."""
+
+    reason = "invalid_publish"
+
+
 class DatabaseUnavailable(ConsumerError):
     """The database cannot be reached; the service pauses instead of failing events."""
 
@@ -279,6 +292,11 @@ class ChannelGone(ConsumerError):
     The broker has already put the message back in the queue; acking it on another channel would
     ack a different message, so the service never tries.
     """
+
+
+class OutboxMisuse(ConsumerError):
+    """``consumer.outbox.enqueue`` called where its row cannot do what an outbox row promises:
+    outside a transaction (the row would commit alone), or with a type that is no event type."""
 
 
 class PoisonReason(enum.StrEnum):

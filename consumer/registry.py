@@ -23,8 +23,10 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from consumer.durations import parse_duration
 from consumer.envelope import EVENT_TYPE_PATTERN, Envelope, RawEnvelope
+from consumer.error_text import error_name, message_of
 from consumer.errors import BatchResultError, ConfigError, Poison, PoisonReason
 from consumer.safe_text import describe_validation_error as _describe
+from consumer.safe_text import one_line
 
 if TYPE_CHECKING:
     Connection: TypeAlias = asyncpg.Connection[Any]
@@ -38,6 +40,7 @@ __all__ = [
     "HandlerFunc",
     "HandlerRegistry",
     "import_handler_module",
+    "payload_problem",
     "register",
     "register_batch",
 ]
@@ -80,6 +83,18 @@ class Handler:
         assert self.many is not None
         return _checked(self.qualname, await self.many(events, conn), len(events))
 
+    def refusal(self, payload: object) -> str | None:
+        """Why this handler's payload model refuses ``payload`` (one line), or None."""
+        try:
+            self.payload.validate_python(payload)
+        except ValidationError as error:
+            return _describe(error)
+        except Exception as error:
+            # A validator's own error pydantic lets through (a KeyError, a TypeError): the
+            # service takes such a payload for poison (invalid_payload), so this refuses it too.
+            return one_line(f"{error_name(error)}: {message_of(error)}", 300)
+        return None
+
     def bind(self, raw: RawEnvelope) -> Envelope[Any]:
         """The envelope with its payload validated by this handler's model, or :class:`Poison`."""
         try:
@@ -93,6 +108,22 @@ class Handler:
             payload=payload,
             correlation_id=raw.correlation_id,
         )
+
+
+def payload_problem(
+    registry: Mapping[str, Handler], event_type: str, payload: object
+) -> str | None:
+    """Why the handler of ``event_type`` would refuse ``payload`` (one line), or None. The check
+    is the handler's own payload model, the source of its schema (``consumer catalogue``), so
+    what passes here is what the service takes. A type no handler registers is not checked:
+    with no queue bound for it, the broker refuses the publish."""
+    handler = registry.get(event_type)
+    if handler is None:
+        return None
+    refusal = handler.refusal(payload)
+    if refusal is None:
+        return None
+    return f"{event_type} payload refused by its schema: {refusal}"
 
 
 def register(

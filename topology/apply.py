@@ -5,6 +5,11 @@ AMQP cannot read a queue's arguments back, but a declaration with the wrong ones
 :func:`find_conflicts` re-declares with that value taken over until the declaration is accepted:
 an equivalent re-declaration changes nothing, so this lists every difference without touching the
 queue.
+
+An exchange type a plugin provides (``x-consistent-hash``, for a sharded queue) is refused by a
+broker without the plugin with a connection error, ``COMMAND_INVALID``: :func:`apply_topology`
+declares such exchanges before anything else, so that a refusal (:class:`ExchangeTypeMissing`)
+leaves nothing of the plan half declared.
 """
 
 from __future__ import annotations
@@ -19,7 +24,14 @@ from aio_pika.abc import ExchangeType as AmqpExchangeType
 
 from topology.model import Exchange, Queue, Topology
 
-__all__ = ["ApplyReport", "Difference", "apply_topology", "find_conflicts", "missing"]
+__all__ = [
+    "ApplyReport",
+    "Difference",
+    "ExchangeTypeMissing",
+    "apply_topology",
+    "find_conflicts",
+    "missing",
+]
 
 _INEQUIVALENT = re.compile(
     r"inequivalent arg '(?P<argument>[^']+)' for (?P<kind>queue|exchange) '(?P<name>[^']*)'"
@@ -31,6 +43,20 @@ _INTEGER_TYPES = frozenset(
     {"byte", "unsignedbyte", "short", "unsignedshort", "signedint", "unsignedint", "long"}
 )
 _MAX_PROBES = 32
+
+
+class ExchangeTypeMissing(Exception):
+    """The broker refused an exchange of the plan for its type: the plugin that provides the
+    type is not enabled. The message is one line that says which and how to enable it."""
+
+    def __init__(self, exchange: Exchange) -> None:
+        self.exchange = exchange
+        plugin = exchange.plugin or "a plugin"
+        super().__init__(
+            f"RabbitMQ has no exchange type {exchange.type.value}, which {exchange.name} needs: "
+            f"enable the plugin {plugin} on every node (rabbitmq-plugins enable {plugin}), "
+            "then apply again"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,16 +138,27 @@ async def _declare(
     if isinstance(thing, Queue):
         arguments = {k: v for k, v in values.items() if k != "durable"}
         await channel.declare_queue(thing.name, durable=values["durable"], arguments=arguments)
-    else:
+        return
+    arguments = {k: v for k, v in values.items() if k not in ("type", "durable")}
+    try:
         await channel.declare_exchange(
-            thing.name, type=AmqpExchangeType(values["type"]), durable=values["durable"]
+            thing.name,
+            type=AmqpExchangeType(values["type"]),
+            durable=values["durable"],
+            arguments=arguments or None,
         )
+    except aiormq.exceptions.ConnectionCommandInvalid as error:
+        # An unknown exchange type is the one COMMAND_INVALID a declaration of a valid name
+        # gets: for a type a plugin provides, the plugin is off.
+        if thing.plugin is None:
+            raise
+        raise ExchangeTypeMissing(thing) from error
 
 
 def _wanted(thing: Exchange | Queue) -> dict[str, Any]:
     if isinstance(thing, Queue):
         return {**thing.declare_arguments, "durable": thing.durable}
-    return {"type": thing.type.value, "durable": thing.durable}
+    return {"type": thing.type.value, "durable": thing.durable, **thing.arguments}
 
 
 async def _differences(connection: AbstractConnection, thing: Exchange | Queue) -> list[Difference]:
@@ -182,20 +219,30 @@ async def apply_topology(connection: AbstractConnection, topology: Topology) -> 
         (unchanged if await _exists(connection, thing) else created).append(thing.describe())
     channel = await connection.channel()
     try:
-        for exchange in topology.exchanges:
+        # A plugin's types first: a broker without the plugin refuses before anything is made.
+        for exchange in sorted(topology.exchanges, key=lambda e: e.plugin is None):
             await _declare(channel, exchange, _wanted(exchange))
         for queue in topology.queues:
             await _declare(channel, queue, _wanted(queue))
         underlay = await channel.get_underlay_channel()
         for binding in topology.bindings:
-            await underlay.queue_bind(
-                queue=binding.queue,
-                exchange=binding.exchange,
-                routing_key=binding.routing_key,
-                arguments=dict(binding.arguments),
-            )
+            if binding.to_exchange:
+                await underlay.exchange_bind(
+                    destination=binding.queue,
+                    source=binding.exchange,
+                    routing_key=binding.routing_key,
+                    arguments=dict(binding.arguments),
+                )
+            else:
+                await underlay.queue_bind(
+                    queue=binding.queue,
+                    exchange=binding.exchange,
+                    routing_key=binding.routing_key,
+                    arguments=dict(binding.arguments),
+                )
     finally:
-        await channel.close()
+        if not channel.is_closed:
+            await channel.close()
     return ApplyReport(tuple(created), tuple(unchanged), len(topology.bindings))
 
 

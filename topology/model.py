@@ -8,7 +8,16 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["Arguments", "Binding", "Exchange", "ExchangeType", "Queue", "QueueType", "Topology"]
+__all__ = [
+    "PLUGIN_OF",
+    "Arguments",
+    "Binding",
+    "Exchange",
+    "ExchangeType",
+    "Queue",
+    "QueueType",
+    "Topology",
+]
 
 Arguments = Mapping[str, Any]
 
@@ -22,6 +31,13 @@ class ExchangeType(enum.StrEnum):
     FANOUT = "fanout"
     DIRECT = "direct"
     HEADERS = "headers"
+    CONSISTENT_HASH = "x-consistent-hash"
+
+
+PLUGIN_OF: Mapping[str, str] = MappingProxyType(
+    {ExchangeType.CONSISTENT_HASH.value: "rabbitmq_consistent_hash_exchange"}
+)
+"""The broker plugin that provides each exchange type the broker does not have built in."""
 
 
 class QueueType(enum.StrEnum):
@@ -34,9 +50,21 @@ class Exchange:
     name: str
     type: ExchangeType
     durable: bool = True
+    arguments: Arguments = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "arguments", _frozen(self.arguments))
+
+    @property
+    def plugin(self) -> str | None:
+        """The broker plugin this exchange's type needs (``None``: built in)."""
+        return PLUGIN_OF.get(self.type.value)
 
     def describe(self) -> str:
-        return f"exchange {self.name} ({self.type.value}{', durable' if self.durable else ''})"
+        arguments = ", ".join(f"{key}={value}" for key, value in sorted(self.arguments.items()))
+        durable = ", durable" if self.durable else ""
+        extra = f"; {arguments}" if arguments else ""
+        return f"exchange {self.name} ({self.type.value}{durable}{extra})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +89,14 @@ class Queue:
 
 @dataclass(frozen=True, slots=True)
 class Binding:
+    """A binding from ``exchange`` to the queue ``queue``, or (``to_exchange``) to the exchange
+    of that name."""
+
     exchange: str
     queue: str
     routing_key: str = ""
     arguments: Arguments = field(default_factory=dict)
+    to_exchange: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "arguments", _frozen(self.arguments))
@@ -72,7 +104,8 @@ class Binding:
     def describe(self) -> str:
         match = f" where {dict(self.arguments)}" if self.arguments else ""
         key = f" with routing key {self.routing_key!r}" if self.routing_key else ""
-        return f"bind {self.exchange} -> {self.queue}{key}{match}"
+        kind = " (exchange)" if self.to_exchange else ""
+        return f"bind {self.exchange} -> {self.queue}{key}{match}{kind}"
 
 
 @dataclass(frozen=True, slots=True)

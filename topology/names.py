@@ -1,5 +1,5 @@
 """The names of everything the service owns on the broker, derived from ``CONSUMER_NAME``, and
-the headers its retry exchange routes on."""
+the headers its exchanges route on."""
 
 from __future__ import annotations
 
@@ -8,7 +8,15 @@ from datetime import timedelta
 
 from topology.durations import format_duration
 
-__all__ = ["ORIGINAL_ROUTING_KEY", "RETRY_RUNG", "Names", "rung_label"]
+__all__ = [
+    "ORIGINAL_ROUTING_KEY",
+    "RETRY_RUNG",
+    "SHARD",
+    "SHARD_KEY",
+    "Names",
+    "rung_label",
+    "shard_label",
+]
 
 RETRY_RUNG = "consumer-retry-rung"
 """The header a retry copy carries its rung in (``5s``); the retry exchange routes on it."""
@@ -16,6 +24,19 @@ RETRY_RUNG = "consumer-retry-rung"
 ORIGINAL_ROUTING_KEY = "consumer-original-routing-key"
 """The header every retry copy carries the routing key (the event type) it first came with in: a
 migration that splits a queue's types among several routes its retry exchange on it too."""
+
+SHARD_KEY = "consumer-shard-key"
+"""The header a sharded queue's hash exchange hashes: what the event's handler locks (its
+``key``), else the event id; events with equal keys go to the same shard."""
+
+SHARD = "consumer-shard"
+"""The header a retry copy carries its shard in (``s2``): the redeliver exchange of a sharded
+queue routes on it, so that a retried event comes back to the shard it came from."""
+
+
+def shard_label(shard: int) -> str:
+    """A shard's name part, and the value of :data:`SHARD` for it: ``s1``, ``s2``, ..."""
+    return f"s{shard}"
 
 
 def rung_label(delay: timedelta) -> str:
@@ -70,6 +91,16 @@ class Names:
     def redeliver(self) -> str:
         """The exchange expired retries are dead-lettered through: bound to the work queue only."""
         return f"{self.prefix}.redeliver"
+
+    @property
+    def hash(self) -> str:
+        """A sharded queue's consistent-hash exchange: the ingress routes its types there, and it
+        spreads them over the shards by :data:`SHARD_KEY`."""
+        return f"{self.prefix}.hash"
+
+    def shard(self, shard: int) -> str:
+        """One shard of a sharded work queue (counted from 1): ``svc.q.work.s1``, ..."""
+        return f"{self.work}.{shard_label(shard)}"
 
     def rung(self, delay: timedelta) -> str:
         """The delay queue for one rung of the retry ladder, e.g. ``svc.retry.5s``."""

@@ -6,6 +6,16 @@
     failed event: publish -> [retry] (headers: rung) -> (retry.<delay>) x-message-ttl
                                      expiry, dead-lettered -> [redeliver] (fanout) -> (work)
     poison, delivery limit, published dead letters -> [dlx] (fanout) -> (dead)
+
+A sharded queue (``shards`` > 1) has N work queues, ``work.s1`` ... ``work.sN``, in place of one::
+
+    [ingress] --rk = type--> [hash] (x-consistent-hash on the consumer-shard-key header)
+                               --weight 1--> (work.s1) ... (work.sN)   leaders balanced over nodes
+    (retry.<delay>) expiry, dead-lettered -> [redeliver] (headers: consumer-shard = s<i>)
+                                               -> (work.s<i>)
+
+Each key goes to one shard; a retry copy carries the shard it came from, and its rung returns it
+there. The ladder and the dead-letter queue stay one per queue.
 """
 
 from __future__ import annotations
@@ -18,9 +28,16 @@ from typing import Any
 from topology.broker_support import CONSUMER_TIMEOUT
 from topology.durations import to_milliseconds
 from topology.model import Binding, Exchange, ExchangeType, Queue, QueueType, Topology
-from topology.names import RETRY_RUNG, Names, rung_label
+from topology.names import RETRY_RUNG, SHARD, SHARD_KEY, Names, rung_label, shard_label
 
-__all__ = ["DEAD_QUEUE_DELIVERY_LIMIT", "TopologySpec", "build_topology"]
+__all__ = [
+    "DEAD_QUEUE_DELIVERY_LIMIT",
+    "LEADER_LOCATOR",
+    "MAX_SHARDS",
+    "SHARD_WEIGHT",
+    "TopologySpec",
+    "build_topology",
+]
 
 # Dead-lettering out of a quorum queue is lossless only with at-least-once, which needs
 # reject-publish overflow (RabbitMQ 3.10 and later).
@@ -33,6 +50,16 @@ _LOSSLESS_DEAD_LETTERING: dict[str, Any] = {
 # gives quorum queues a delivery limit of 20 by default and would drop an often-inspected dead
 # letter; an explicit, unreachable limit keeps it on every version (3.10 has no "unlimited").
 DEAD_QUEUE_DELIVERY_LIMIT = 1_000_000
+
+MAX_SHARDS = 64
+"""The most shards one queue may have."""
+
+SHARD_WEIGHT = "1"
+"""Each shard's binding to the hash exchange: its routing key is its weight, equal for all."""
+
+LEADER_LOCATOR = {"x-queue-leader-locator": "balanced"}
+"""Where a new shard's leader goes: the node with the fewest quorum queue leaders (RabbitMQ 3.10
+and later), so that N shards declared in a row land on different nodes of a cluster."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +77,25 @@ class TopologySpec:
     ack_timeout: timedelta | None = None
     """The work queue's delivery acknowledgement timeout (``x-consumer-timeout``, RabbitMQ 3.12
     and later: :mod:`topology.broker_support`); ``None``: the broker's ``consumer_timeout``."""
+    shards: int = 1
+    """How many work queues share the queue's events, by key (1: the one work queue)."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.shards <= MAX_SHARDS:
+            raise ValueError(f"shards must be 1 to {MAX_SHARDS}, not {self.shards}")
+
+    @property
+    def work_queues(self) -> tuple[str, ...]:
+        """The queues the service consumes: the work queue, or each shard."""
+        if self.shards == 1:
+            return (self.names.work,)
+        return tuple(self.names.shard(shard) for shard in range(1, self.shards + 1))
 
 
 def build_topology(spec: TopologySpec) -> Topology:
     """The full plan for one service."""
     names = spec.names
+    sharded = spec.shards > 1
     replicas: dict[str, Any] = {}
     if spec.quorum_group_size is not None:
         replicas["x-quorum-initial-group-size"] = spec.quorum_group_size
@@ -62,22 +103,29 @@ def build_topology(spec: TopologySpec) -> Topology:
         Exchange(names.ingress, ExchangeType.TOPIC),
         Exchange(names.dlx, ExchangeType.FANOUT),
         Exchange(names.retry, ExchangeType.HEADERS),
-        Exchange(names.redeliver, ExchangeType.FANOUT),
+        Exchange(names.redeliver, ExchangeType.HEADERS if sharded else ExchangeType.FANOUT),
+        *(
+            (
+                Exchange(
+                    names.hash, ExchangeType.CONSISTENT_HASH, arguments={"hash-header": SHARD_KEY}
+                ),
+            )
+            if sharded
+            else ()
+        ),
     )
     acknowledgement: dict[str, Any] = {}
     if spec.ack_timeout is not None:
         acknowledgement[CONSUMER_TIMEOUT] = to_milliseconds(spec.ack_timeout)
-    work = Queue(
-        names.work,
-        QueueType.QUORUM,
-        {
-            "x-dead-letter-exchange": names.dlx,
-            "x-delivery-limit": spec.delivery_limit,
-            **_LOSSLESS_DEAD_LETTERING,
-            **replicas,
-            **acknowledgement,
-        },
-    )
+    work_arguments = {
+        "x-dead-letter-exchange": names.dlx,
+        "x-delivery-limit": spec.delivery_limit,
+        **_LOSSLESS_DEAD_LETTERING,
+        **replicas,
+        **acknowledgement,
+        **(LEADER_LOCATOR if sharded else {}),
+    }
+    work = tuple(Queue(name, QueueType.QUORUM, work_arguments) for name in spec.work_queues)
     dead = Queue(
         names.dead, QueueType.QUORUM, {"x-delivery-limit": DEAD_QUEUE_DELIVERY_LIMIT, **replicas}
     )
@@ -95,11 +143,7 @@ def build_topology(spec: TopologySpec) -> Topology:
         for delay in spec.retry_delays
     )
     bindings = (
-        *(
-            Binding(names.ingress, names.work, event_type)
-            for event_type in sorted(spec.event_types)
-        ),
-        Binding(names.redeliver, names.work),
+        *(_routes(spec) if sharded else _one_queue_routes(spec)),
         Binding(names.dlx, names.dead),
         *(
             Binding(
@@ -110,4 +154,38 @@ def build_topology(spec: TopologySpec) -> Topology:
             for delay in spec.retry_delays
         ),
     )
-    return Topology(exchanges=exchanges, queues=(dead, work, *rungs), bindings=bindings)
+    return Topology(exchanges=exchanges, queues=(dead, *work, *rungs), bindings=bindings)
+
+
+def _one_queue_routes(spec: TopologySpec) -> tuple[Binding, ...]:
+    """Each type from the ingress to the work queue, and every expired retry back to it."""
+    names = spec.names
+    return (
+        *(
+            Binding(names.ingress, names.work, event_type)
+            for event_type in sorted(spec.event_types)
+        ),
+        Binding(names.redeliver, names.work),
+    )
+
+
+def _routes(spec: TopologySpec) -> tuple[Binding, ...]:
+    """Each type from the ingress to the hash exchange, from there to every shard with the same
+    weight; an expired retry back to the shard its :data:`SHARD` header names."""
+    names = spec.names
+    shards = range(1, spec.shards + 1)
+    return (
+        *(
+            Binding(names.ingress, names.hash, event_type, to_exchange=True)
+            for event_type in sorted(spec.event_types)
+        ),
+        *(Binding(names.hash, names.shard(shard), SHARD_WEIGHT) for shard in shards),
+        *(
+            Binding(
+                names.redeliver,
+                names.shard(shard),
+                arguments={"x-match": "all", SHARD: shard_label(shard)},
+            )
+            for shard in shards
+        ),
+    )

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from topology.names import ORIGINAL_ROUTING_KEY, RETRY_RUNG
+from topology.names import ORIGINAL_ROUTING_KEY, RETRY_RUNG, SHARD_KEY
 
 __all__ = [
     "ATTEMPT",
@@ -81,9 +81,10 @@ ERROR_MESSAGE_LIMIT = 500
 MAX_ATTEMPT = 10_000
 OWN_PREFIX = "consumer-"
 """The service's own headers' prefix."""
-_FROM_ANYONE = frozenset(
-    {REPLAYS, ORIGINAL_OCCURRED_AT}
-)  # informational: the operator's replay count
+# Informational (the operator's replay count), or the producer's by design: the shard key a
+# sharded queue's hash exchange hashes, kept on retry copies and dead letters so that a replay
+# goes to its key's shard.
+_FROM_ANYONE = frozenset({REPLAYS, ORIGINAL_OCCURRED_AT, SHARD_KEY})
 
 Headers = dict[str, Any]
 

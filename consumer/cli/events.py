@@ -1,14 +1,16 @@
 """``consumer events show EVENT_ID``: where one event is: applied, dead-lettered, or waiting in
-the retry ladder.
+the retry ladder; and the chain it belongs to, through the outbox: what caused it, what it caused.
 
-Applied is a receipt (in ``receipts`` or ``receipts_legacy``). Dead-lettered and retrying are
-found by scanning the dead-letter queue and each rung's delay queue
-(:mod:`consumer.cli.dlq.stream`): AMQP has no lookup by id, so each queue is read from its head, at
-most ``--scan`` messages, held and given back in order. A rung's messages are held for the scan's
-few seconds, which delays their retry by as much; each one given back counts as a delivery (on
-RabbitMQ 4.0 to 4.2 a rung's default delivery limit of 20 would, after 20 scans, send it on to the
-work queue early: a retry sooner, nothing lost). The work queue itself is not scanned: it is the
-service's to consume.
+Applied is a receipt (in ``receipts`` or ``receipts_legacy``). The chain is the outbox's rows
+(sql/008): the event's own row names the event whose handler published it (``caused_by``), or
+none for an application's enqueue; the rows ``caused_by`` the event are what its handler
+published. Dead-lettered and retrying are found by scanning the dead-letter queue and each rung's
+delay queue (:mod:`consumer.cli.dlq.stream`): AMQP has no lookup by id, so each queue is read from
+its head, at most ``--scan`` messages, held and given back in order. A rung's messages are held
+for the scan's few seconds, which delays their retry by as much; each one given back counts as a
+delivery (on RabbitMQ 4.0 to 4.2 a rung's default delivery limit of 20 would, after 20 scans, send
+it on to the work queue early: a retry sooner, nothing lost). The work queue itself is not
+scanned: it is the service's to consume.
 """
 
 from __future__ import annotations
@@ -53,18 +55,39 @@ SELECT 'receipts_legacy', type, NULL, received_at FROM receipts_legacy
 WHERE consumer = $1 AND event_id = $2
 ORDER BY received_at
 """
+_OWN_ROW = """
+SELECT caused_by, caused_by_consumer, created_at, sent_at, failed_at FROM outbox
+WHERE event_id = $1 ORDER BY id
+"""
+_CAUSED = """
+SELECT event_id, type, created_at, sent_at, failed_at FROM outbox
+WHERE caused_by = $1 ORDER BY id
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """What the database holds of one event: its receipts and its part in the outbox's chain."""
+
+    receipts: list[asyncpg.Record]
+    own_rows: list[asyncpg.Record]
+    caused: list[asyncpg.Record]
 
 
 def add_events_parser(commands: Any) -> None:
     events = commands.add_parser(
-        "events", help="where one event is: applied, dead-lettered or waiting to be retried"
+        "events",
+        help="where one event is: applied, dead-lettered or waiting to be retried; what caused "
+        "it and what it caused",
     )
     actions = events.add_subparsers(dest="events_command", required=True)
     show = actions.add_parser(
         "show",
-        help="its receipt, its dead letters and its copies waiting in the retry ladder",
-        description="Reads the receipts, then scans the dead-letter queue and each retry rung "
-        "from its head (at most --scan messages each, given back in order).",
+        help="its receipt, its outbox chain, its dead letters and its copies waiting in the retry "
+        "ladder",
+        description="Reads the receipts and the outbox (the event that caused this one, the "
+        "events it caused), then scans the dead-letter queue and each retry rung from its head "
+        "(at most --scan messages each, given back in order).",
     )
     show.add_argument("event_id", type=UUID, help="the event's event_id")
     show.add_argument(
@@ -98,7 +121,8 @@ def run_events(settings: Settings, arguments: argparse.Namespace) -> int:
 
 
 async def _show(settings: Settings, event_id: UUID, scan: int, stall: float) -> int:
-    receipts = await _receipts(settings, event_id)
+    stored = await _stored(settings, event_id)
+    receipts = stored.receipts
     for row in receipts:
         occurred = f" occurred_at={row['occurred_at'].isoformat()}" if row["occurred_at"] else ""
         print(
@@ -107,6 +131,8 @@ async def _show(settings: Settings, event_id: UUID, scan: int, stall: float) -> 
         )
     if not receipts:
         print("applied:        no receipt (not applied, or older than the receipts kept)")
+    for line in _chain(stored):
+        print(line)
     registry = load_handlers(settings)
     parser = EnvelopeParser(envelope_limits(settings))
     # Every queue of the queue table's (without one, the service's one queue): an event's type
@@ -120,7 +146,8 @@ async def _show(settings: Settings, event_id: UUID, scan: int, stall: float) -> 
         dead_queues.add(names.dead)
         queues += [("retrying", names.rung(delay)) for delay in spec.settings.retry_delays]
     connection = await connect(broker_config(settings), "events")
-    located = bool(receipts)
+    # A row of its own waiting in the outbox is where the event is until the relay sends it.
+    located = bool(receipts) or any(row["sent_at"] is None for row in stored.own_rows)
     incomplete = False
     try:
         for what, queue in queues:
@@ -153,14 +180,46 @@ async def _show(settings: Settings, event_id: UUID, scan: int, stall: float) -> 
     return 0 if located and not incomplete else EXIT_FAILURE
 
 
-async def _receipts(settings: Settings, event_id: UUID) -> list[asyncpg.Record]:
+async def _stored(settings: Settings, event_id: UUID) -> Stored:
     conn = await connect_or_fail(settings)
     try:
-        return list(await conn.fetch(_RECEIPTS, settings.name, event_id))
+        return Stored(
+            list(await conn.fetch(_RECEIPTS, settings.name, event_id)),
+            list(await conn.fetch(_OWN_ROW, event_id)),
+            list(await conn.fetch(_CAUSED, event_id)),
+        )
     except asyncpg.PostgresError as error:
-        fail(f"cannot read the receipts: {describe_database_error(error)}")
+        fail(f"cannot read the receipts and the outbox: {describe_database_error(error)}")
     finally:
         await conn.close()
+
+
+def _chain(stored: Stored) -> list[str]:
+    """The event's place in the outbox's chain: what caused it, then what it caused."""
+    lines = []
+    for row in stored.own_rows:
+        cause = (
+            f"event {row['caused_by']} (its handler in {shown(row['caused_by_consumer'] or '?')})"
+            if row["caused_by"] is not None
+            else "an application (consumer.outbox.enqueue)"
+        )
+        lines.append(f"caused by:      {cause}; {_row_state(row)}")
+    if not stored.own_rows:
+        lines.append("caused by:      no outbox row (a producer sent it, or its row is pruned)")
+    for row in stored.caused:
+        lines.append(f"caused:         {row['event_id']} {shown(row['type'])}, {_row_state(row)}")
+    if not stored.caused:
+        lines.append("caused:         no event in the outbox (none published, or the rows pruned)")
+    return lines
+
+
+def _row_state(row: asyncpg.Record) -> str:
+    written = f"outbox row written {row['created_at'].isoformat()}"
+    if row["sent_at"] is not None:
+        return f"{written}, sent {row['sent_at'].isoformat()}"
+    if row["failed_at"] is not None:
+        return f"{written}, refused by the broker {row['failed_at'].isoformat()}"
+    return f"{written}, not sent yet"
 
 
 async def _look(

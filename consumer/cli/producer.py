@@ -6,19 +6,18 @@ import json
 import shlex
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pamqp.commands import Basic
-from pydantic import ValidationError
 
 from consumer.amqp.connect import BrokerConfig, connect
 from consumer.amqp.publisher import PERSISTENT, Publisher
-from consumer.error_text import error_name, message_of
+from consumer.envelope import envelope_body
 from consumer.errors import ConfigError, Unroutable
 from consumer.pipeline.tracing import Tracing, publish_span
-from consumer.registry import HandlerRegistry
-from consumer.safe_text import describe_validation_error, one_line
+from consumer.registry import HandlerRegistry, payload_problem
+from topology.names import SHARD_KEY
 
 __all__ = [
     "PublishRequest",
@@ -27,6 +26,7 @@ __all__ = [
     "payload_problem",
     "publish_event",
     "repeat_command",
+    "shard_key",
 ]
 
 
@@ -40,28 +40,23 @@ class PublishRequest:
     occurred_at: datetime | None = None
     """Default: now. A retry of a publish must send the first one's: the receipts deduplicate on
     (event_id, occurred_at)."""
+    shard_key: str | None = None
+    """What a sharded queue hashes (:func:`shard_key`); default: the event id."""
 
 
-def payload_problem(
-    registry: HandlerRegistry, event_type: str, payload: dict[str, Any]
-) -> str | None:
-    """Why the handler of ``event_type`` would refuse ``payload`` (one line), or None. The check
-    is the handler's own payload model, the source of its schema (``consumer catalogue``), so
-    what passes here is what the service takes. A type no handler registers is not checked:
-    with no queue bound for it, the broker refuses the publish."""
-    handler = registry.get(event_type)
-    if handler is None:
+def shard_key(registry: HandlerRegistry | None, event_type: str, payload: object) -> str | None:
+    """The text of what the handler of ``event_type`` locks (its ``key`` of the validated
+    ``payload``), which a sharded queue's hash exchange hashes (the ``consumer-shard-key``
+    header): events with equal keys go to the same shard. ``None`` when the type's handler has
+    no key, or it cannot be had from this payload: the event id stands in then."""
+    handler = registry.get(event_type) if registry is not None else None
+    if handler is None or handler.key is None:
         return None
     try:
-        handler.payload.validate_python(payload)
-    except ValidationError as error:
-        return f"{event_type} payload refused by its schema: {describe_validation_error(error)}"
-    except Exception as error:
-        # A validator's own error pydantic lets through (a KeyError, a TypeError): the service
-        # takes the payload for poison (invalid_payload), and so does this check, on one line.
-        described = one_line(f"{error_name(error)}: {message_of(error)}", 300)
-        return f"{event_type} payload refused by its schema: {described}"
-    return None
+        return str(handler.key(handler.payload.validate_python(payload)))
+    except Exception:
+        # As the service does with a failing key function: the event still goes, by its id.
+        return None
 
 
 def repeat_command(request: PublishRequest, event_id: uuid.UUID, occurred_at: datetime) -> str:
@@ -79,30 +74,16 @@ def repeat_command(request: PublishRequest, event_id: uuid.UUID, occurred_at: da
     return shlex.join(argv)
 
 
-def envelope_body(
-    event_type: str,
-    payload: dict[str, Any],
-    *,
-    event_id: uuid.UUID,
-    occurred_at: datetime | None = None,
-    correlation_id: str | None = None,
-) -> bytes:
-    """The JSON envelope producers publish."""
-    envelope: dict[str, Any] = {
-        "event_id": str(event_id),
-        "type": event_type,
-        "occurred_at": (occurred_at or datetime.now(UTC)).isoformat(),
-        "payload": payload,
-    }
-    if correlation_id is not None:
-        envelope["correlation_id"] = correlation_id
-    return json.dumps(envelope, separators=(",", ":")).encode()
-
-
-def event_properties(*, message_id: str | None = None) -> Basic.Properties:
-    """Persistent JSON, as the contract asks of producers."""
+def event_properties(
+    *, message_id: str | None = None, shard_key: str | None = None
+) -> Basic.Properties:
+    """Persistent JSON, as the contract asks of producers; with ``shard_key``, the header a
+    sharded queue hashes."""
     return Basic.Properties(
-        content_type="application/json", delivery_mode=PERSISTENT, message_id=message_id
+        content_type="application/json",
+        delivery_mode=PERSISTENT,
+        message_id=message_id,
+        headers={SHARD_KEY: shard_key} if shard_key is not None else None,
     )
 
 
@@ -133,7 +114,9 @@ async def publish_event(
         publisher = await Publisher.on(
             channel, confirm_within=timedelta(seconds=broker.publish_timeout)
         )
-        properties = event_properties(message_id=str(event_id))
+        properties = event_properties(
+            message_id=str(event_id), shard_key=request.shard_key or str(event_id)
+        )
         try:
             with publish_span(
                 tracing or Tracing(),

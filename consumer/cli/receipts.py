@@ -1,7 +1,8 @@
 """``consumer receipts prune [--dry-run]``: one round of receipt partition upkeep by hand.
 
 The service runs the same round every ``CONSUMER_RECEIPT_PRUNE_INTERVAL``; this is for a cron job
-where it cannot, for a look at what would go (``--dry-run``), and for the benchmark.
+where it cannot, for a look at what would go (``--dry-run``), and for the benchmark. The round
+keeps the outbox's partitions too, under the same retention (its lines begin ``outbox:``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from consumer.config.queue_table import read_queue_table
 from consumer.config.settings import Settings
 from consumer.config.startup import EXIT_CONFIG, fail
 from consumer.db.database import describe_database_error
-from consumer.db.pruning import PruneReport, ReceiptPruner
+from consumer.db.pruning import Dropped, PruneReport, ReceiptPruner
 from consumer.errors import ConfigError
 from consumer.service.components import receipt_window
 
@@ -77,16 +78,31 @@ async def _prune(settings: Settings, *, dry_run: bool) -> int:
 
 
 def _print(report: PruneReport) -> None:
-    if not report.ran:
-        print("another replica is pruning now: nothing done")
+    _print_part("", report.ran, report.dry_run, report.created, report.dropped, "receipts")
+    # The outbox's lines apart, after the receipts' (which scripts read as they were).
+    _print_part(
+        "outbox: ",
+        report.outbox_ran,
+        report.dry_run,
+        report.outbox_created,
+        report.outbox_dropped,
+        "rows",
+    )
+
+
+def _print_part(
+    prefix: str, ran: bool, dry_run: bool, created: int, dropped: list[Dropped], unit: str
+) -> None:
+    if not ran:
+        print(f"{prefix}another replica is pruning now: nothing done")
         return
-    verb = "would drop" if report.dry_run else "dropped"
-    if report.created:
-        print(f"created {report.created} partitions ahead")
-    for dropped in report.dropped:
+    verb = "would drop" if dry_run else "dropped"
+    if created:
+        print(f"{prefix}created {created} partitions ahead")
+    for one in dropped:
         print(
-            f"{verb} {dropped.partition} [{dropped.starts.isoformat()}, "
-            f"{dropped.ends.isoformat()}), about {dropped.estimated_rows} receipts"
+            f"{prefix}{verb} {one.partition} [{one.starts.isoformat()}, "
+            f"{one.ends.isoformat()}), about {one.estimated_rows} {unit}"
         )
-    if not report.dropped:
-        print("nothing older than the retention")
+    if not dropped:
+        print(f"{prefix}nothing older than the retention")

@@ -14,7 +14,9 @@
 
 Each ``[queues.<name>]`` lists the event types it takes (``types``) and may override, for that
 queue only, the settings :data:`OVERRIDES` names; every other setting is the service's. Each
-event type belongs to exactly one queue, and every handler's type to one queue.
+event type belongs to exactly one queue, and every handler's type to one queue. ``shards``, the
+queue's own and no setting, splits its work queue into that many by key
+(:mod:`topology.plan`).
 
 Parsing is pure: no broker, no database. Every problem raises
 :class:`~consumer.errors.QueueTableError` whose message is the one line start-up prints, naming
@@ -42,10 +44,12 @@ from consumer.config.settings import ACK_TIMEOUT_MARGIN, Settings
 from consumer.envelope import EVENT_TYPE_PATTERN
 from consumer.errors import QueueTableError
 from topology.durations import format_duration
+from topology.plan import MAX_SHARDS
 
 __all__ = [
     "ACK_TIMEOUT_MARGIN",
     "BROKER_ACK_TIMEOUT",
+    "MAX_SHARDS",
     "OVERRIDES",
     "QUEUE_NAME",
     "QueueSpec",
@@ -81,7 +85,7 @@ keeps that true, and a shorter one still refuses older events sooner.
 ``ack_timeout`` is the queue's delivery acknowledgement timeout, which the topology sets on its
 work queue (RabbitMQ 3.12 and later, :mod:`topology.broker_support`)."""
 
-_KEYS = ("types", *OVERRIDES)
+_KEYS = ("types", "shards", *OVERRIDES)
 
 BROKER_ACK_TIMEOUT = timedelta(minutes=30)
 """RabbitMQ's delivery acknowledgement timeout (``consumer_timeout``) by default: a delivery held
@@ -106,6 +110,9 @@ class QueueSpec:
     settings: Settings
     overrides: tuple[str, ...] = ()
     """The keys this row sets (the others are the service's settings)."""
+    shards: int = 1
+    """How many work queues the queue's events are spread over by key (1: one work queue,
+    with today's names)."""
 
     @property
     def label(self) -> str:
@@ -130,6 +137,11 @@ class QueueTable:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(queue.label for queue in self.queues)
+
+    @property
+    def sharded(self) -> tuple[QueueSpec, ...]:
+        """The queues with more than one shard."""
+        return tuple(queue for queue in self.queues if queue.shards > 1)
 
     @property
     def receipt_retention(self) -> timedelta:
@@ -286,6 +298,7 @@ def _queue(path: Path | None, name: str, row: object, settings: Settings) -> Que
             hint = f"did you mean {nearest[0]}?" if nearest else f"known: {', '.join(_KEYS)}"
             raise _error(path, name, key, f"unknown key ({hint})")
     types = _types(path, name, row.get("types"))
+    shards = _shards(path, name, row.get("shards", 1))
     overrides = {key: row[key] for key in OVERRIDES if key in row}
     for key, value in overrides.items():
         # pydantic would read true as 1: no setting here is a switch.
@@ -294,7 +307,17 @@ def _queue(path: Path | None, name: str, row: object, settings: Settings) -> Que
     _check_retention(path, name, settings, overrides.get("receipt_retention"))
     own = _settings(path, name, settings, overrides)
     _check_ack_timeout(path, name, own)
-    return QueueSpec(name, types, own, tuple(overrides))
+    return QueueSpec(name, types, own, tuple(overrides), shards)
+
+
+def _shards(path: Path | None, queue: str, value: object) -> int:
+    # bool is an int to Python: true is no shard count.
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SHARDS:
+        shown = str(value).lower() if isinstance(value, bool) else repr(value)
+        raise _error(
+            path, queue, "shards", f"must be a whole number from 1 to {MAX_SHARDS} (got {shown})"
+        )
+    return value
 
 
 def _check_retention(

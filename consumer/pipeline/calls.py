@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -27,6 +27,8 @@ from consumer.errors import (
     HandlerTimeout,
     PipelineFault,
 )
+from consumer.outbox import Publishes
+from consumer.pipeline.follow_ups import FollowUpWriter
 from consumer.pipeline.handler_time import HandlerTime, Stepped
 from consumer.pipeline.ready import Ready
 from topology.durations import format_duration
@@ -114,11 +116,14 @@ class HandlerCaller:
         default_timeout: float,
         calls: HandlerCalls,
         handler_time: HandlerTime | None = None,
+        follow_ups: FollowUpWriter | None = None,
     ) -> None:
-        """``handler_time``: where each call's wall and CPU time are added up."""
+        """``handler_time``: where each call's wall and CPU time are added up; ``follow_ups``:
+        what writes the events a call publishes (without it, ``event.publish`` raises)."""
         self._default_timeout = default_timeout
         self._calls = calls
         self._time = handler_time or HandlerTime()
+        self._follow_ups = follow_ups
 
     async def run(self, conn: asyncpg.Connection[Any], item: Ready) -> None:
         """The handler of one event; a timeout becomes :class:`HandlerTimeout`. An exception it
@@ -143,7 +148,13 @@ class HandlerCaller:
         """A batch handler's call for ``items``, under its time limit for the call as a whole."""
         handler = items[0].handler
         events = [item.event for item in items]
-        return await self._called(conn, items, lambda: handler.apply_many(events, conn), batch=True)
+        return await self._called(
+            conn,
+            items,
+            lambda: handler.apply_many(events, conn),
+            batch=True,
+            applied=_applied,
+        )
 
     async def _called(
         self,
@@ -152,9 +163,12 @@ class HandlerCaller:
         call: Callable[[], Coroutine[Any, Any, T]],
         *,
         batch: bool,
+        applied: Callable[[T], Sequence[bool]] | None = None,
     ) -> T:
         """``call()`` under the handler's soft time limit, each event charged an equal share of
-        its time, registered for the watchdog; it must leave the transaction open.
+        its time, registered for the watchdog; it must leave the transaction open. What it
+        published for the events it applied (``applied`` of its result: which; default all) is
+        written in that transaction, within the same time limit.
 
         A coroutine wrapping the call rather than a generator's context manager around it: every
         batch makes one, and the context manager cost several times more."""
@@ -172,6 +186,8 @@ class HandlerCaller:
         # Stepped: the handler's own CPU apart from what it awaited
         # (consumer.pipeline.handler_time).
         timed: Stepped[T] | None = None
+        follow_ups = self._follow_ups
+        publishes = follow_ups.open(items) if follow_ups is not None else None
         try:
             try:
                 task = calls.enter(running)
@@ -179,6 +195,12 @@ class HandlerCaller:
                     async with deadline:
                         timed = Stepped(call())
                         result = await timed
+                        # Under the handler's time limit, as its own statements are (a slow or
+                        # large write is the handler's doing; a stalled server is told apart by
+                        # the time limit's probe). Never once it ended the transaction: the rows
+                        # would commit alone (the check below fails the call).
+                        if publishes is not None and conn.is_in_transaction():
+                            await self._write(conn, publishes, applied, result)
                 finally:
                     calls.leave(task)
             except BaseException as raised:
@@ -212,11 +234,31 @@ class HandlerCaller:
             # dead-letter every event of this type.
             raise PipelineFault(f"{handler.qualname}: {error} (a grant is missing)") from error
         finally:
+            if follow_ups is not None:
+                follow_ups.close(items)
             wall = time.perf_counter() - started
             share = wall / len(items)
             for item in items:
                 item.handler_seconds = share
             self._time.handler(batch=batch, wall=wall, cpu=timed.busy if timed else wall)
+
+    async def _write(
+        self,
+        conn: asyncpg.Connection[Any],
+        publishes: list[Publishes],
+        applied: Callable[[T], Sequence[bool]] | None,
+        result: T,
+    ) -> None:
+        """What the call published for the events it applied (``applied(result)``: which)."""
+        assert self._follow_ups is not None
+        if applied is not None:
+            oks = applied(result)
+            publishes = [one for one, ok in zip(publishes, oks, strict=True) if ok]
+        await self._follow_ups.write(conn, publishes)
+
+
+def _applied(results: list[Exception | None]) -> list[bool]:
+    return [result is None for result in results]
 
 
 def _as_exception(raised: BaseException, handler: str) -> Exception | None:

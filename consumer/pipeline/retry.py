@@ -42,6 +42,7 @@ class DeadLetterReason(enum.StrEnum):
     CONNECTION_LOST = "connection_lost"
     EXPIRED = "expired"
     ID_CONFLICT = "id_conflict"
+    INVALID_PUBLISH = "invalid_publish"
 
 
 @dataclass(frozen=True, slots=True)

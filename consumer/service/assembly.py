@@ -19,6 +19,7 @@ from consumer.db.receipts import Receipts
 from consumer.pipeline.batch import BatchEngine
 from consumer.pipeline.calls import HandlerCaller, HandlerCalls
 from consumer.pipeline.envelope_parser import EnvelopeParser
+from consumer.pipeline.follow_ups import FollowUpWriter
 from consumer.pipeline.handler_time import HandlerTime
 from consumer.pipeline.isolated import Isolated
 from consumer.pipeline.judge import Judge
@@ -74,6 +75,7 @@ def build_pipeline(
         default_timeout=settings.handler_timeout.total_seconds(),
         calls=calls,
         handler_time=handler_time,
+        follow_ups=FollowUpWriter(consumer=settings.name, handlers=registry),
     )
     ledger = CrashLedger(consumer=settings.name, owner=owner, queue=queue)
     isolated = Isolated(

@@ -40,6 +40,7 @@ __all__ = [
     "memory_budget",
     "names_for",
     "receipt_window",
+    "table_specs",
     "table_topology",
     "topology_for",
     "topology_spec",
@@ -103,10 +104,11 @@ def names_for(settings: Settings, queue: str | None = None) -> Names:
 
 
 def topology_spec(
-    settings: Settings, event_types: Iterable[str], queue: str | None = None
+    settings: Settings, event_types: Iterable[str], queue: str | None = None, shards: int = 1
 ) -> TopologySpec:
     """What this service's plan depends on, its handlers' event types among it; with ``queue``,
-    the plan of that queue of the table (``settings`` then the queue's own)."""
+    the plan of that queue of the table (``settings`` then the queue's own, ``shards`` its
+    shard count)."""
     return TopologySpec(
         names=names_for(settings, queue),
         retry_delays=settings.retry_delays,
@@ -114,6 +116,7 @@ def topology_spec(
         event_types=tuple(event_types),
         quorum_group_size=settings.quorum_initial_group_size,
         ack_timeout=settings.ack_timeout,
+        shards=shards,
     )
 
 
@@ -122,13 +125,18 @@ def topology_for(settings: Settings, event_types: Iterable[str]) -> Topology:
     return build_topology(topology_spec(settings, event_types))
 
 
-def table_topology(table: QueueTable) -> Topology:
-    """The plan of every queue of the table: each its own work queue, retry ladder and
-    dead-letter queue, named after it, and its event types bound to its work queue."""
-    return Topology.merge(
-        build_topology(topology_spec(queue.settings, queue.types, queue.name))
+def table_specs(table: QueueTable) -> list[TopologySpec]:
+    """What the plan of each queue of the table depends on, in the table's order."""
+    return [
+        topology_spec(queue.settings, queue.types, queue.name, queue.shards)
         for queue in table.queues
-    )
+    ]
+
+
+def table_topology(table: QueueTable) -> Topology:
+    """The plan of every queue of the table: each its own work queue (or shards), retry ladder
+    and dead-letter queue, named after it, and its event types bound to its work queue."""
+    return Topology.merge(build_topology(spec) for spec in table_specs(table))
 
 
 def broker_config(settings: Settings) -> BrokerConfig:

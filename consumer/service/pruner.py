@@ -1,7 +1,7 @@
 """Receipt partitions kept inside the service: a round of
 :class:`~consumer.db.pruning.ReceiptPruner` every ``CONSUMER_RECEIPT_PRUNE_INTERVAL``, and the
-first before it consumes, so the partitions its receipts need exist; each round's news in the log
-and the metrics.
+first before it consumes, so the partitions its receipts (and its outbox rows) need exist; each
+round's news in the log and the metrics.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 
 from consumer.db.clock import read_clocks
-from consumer.db.pruning import ReceiptPruner
+from consumer.db.pruning import Dropped, ReceiptPruner
 from consumer.error_text import error_name
 from consumer.logs import Logger
 from consumer.observe.metrics import Metrics
@@ -83,13 +83,9 @@ class PeriodicPruner:
             report = await self._pruner.prune(conn, wait=wait)
             if report.ran:
                 metrics.receipt_prunes.inc()
-                if report.dropped or report.created:
-                    self._logger.info(
-                        "receipt partitions pruned",
-                        created=report.created,
-                        dropped=[dropped.partition for dropped in report.dropped],
-                        estimated_rows=sum(dropped.estimated_rows for dropped in report.dropped),
-                    )
+                self._log_pruned("receipt", report.created, report.dropped)
+            if report.outbox_ran:
+                self._log_pruned("outbox", report.outbox_created, report.outbox_dropped)
             stats = await self._pruner.stats(conn)
             metrics.observe_receipts(stats.partitions, stats.estimated_rows, stats.oldest_age)
             metrics.describe_receipt_window(self._pruner.window, widest=stats.widest)
@@ -103,6 +99,15 @@ class PeriodicPruner:
             )
         finally:
             conn.terminate()
+
+    def _log_pruned(self, table: str, created: int, dropped: list[Dropped]) -> None:
+        if dropped or created:
+            self._logger.info(
+                f"{table} partitions pruned",
+                created=created,
+                dropped=[one.partition for one in dropped],
+                estimated_rows=sum(one.estimated_rows for one in dropped),
+            )
 
     async def _watch_clocks(self, conn: asyncpg.Connection[Any]) -> None:
         """The clocks measured again: a running service does not stop for a skew grown since

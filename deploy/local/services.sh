@@ -39,6 +39,14 @@ if command -v rabbitmq-plugins >/dev/null && ! port_open "${LOCAL_RABBITMQ_PROME
     echo "warning: could not enable rabbitmq_prometheus (is the broker on :$AMQP_PORT this machine's?)" >&2
 fi
 
+# The consistent-hash exchange, as deploy/rabbitmq/enabled_plugins has it: a queue table's queue
+# with shards > 1 routes through one (`consumer topology apply` stops, one line, without it).
+if command -v rabbitmq-plugins >/dev/null &&
+  ! rabbitmq-plugins -q is_enabled rabbitmq_consistent_hash_exchange >/dev/null 2>&1; then
+  rabbitmq-plugins enable rabbitmq_consistent_hash_exchange >/dev/null ||
+    echo "warning: could not enable rabbitmq_consistent_hash_exchange (is the broker on :$AMQP_PORT this machine's?)" >&2
+fi
+
 if ! port_open "$PG_PORT"; then
   if ! command -v pg_ctlcluster >/dev/null; then
     echo "error: PostgreSQL is not answering on 127.0.0.1:$PG_PORT and pg_ctlcluster is not installed" >&2

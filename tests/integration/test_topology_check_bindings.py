@@ -111,3 +111,78 @@ async def test_an_unreachable_management_api_is_one_line(
     (line,) = result.stderr.splitlines()
     assert line.startswith("error: cannot reach the management API at http://127.0.0.1:1")
     assert "guest:guest" not in line
+
+
+async def test_check_compares_a_sharded_queue_s_bindings_and_names_each_shard_s_leader(
+    rabbit: RabbitWithPrometheus, tmp_path: Path
+) -> None:
+    # Given a table whose stock queue has 2 shards, applied on a node with the hash exchange
+    # (deploy/rabbitmq/enabled_plugins)
+    env = env_for(rabbit, tmp_path, management=True)
+    Path(env["CONSUMER_QUEUES_FILE"]).write_text(
+        TABLE.replace('"inventory.reserve"]', '"inventory.reserve"]\nshards = 2')
+    )
+    applied = run_cli("topology", "apply", env=env)
+    assert applied.returncode == 0, applied.stderr
+
+    # When check looks
+    check = run_cli("topology", "check", env=env)
+
+    # Then the bindings are in place, and it names the node of each shard's leader
+    assert check.returncode == 0, check.stdout + check.stderr
+    node = rabbit.node
+    assert check.stdout.splitlines() == [
+        f"shard {NAME}.stock.work.s1: leader on {node}",
+        f"shard {NAME}.stock.work.s2: leader on {node}",
+        f"shards: 2 shard queues, leaders on 1 node ({node})",
+        "topology is in place: exchanges, queues and bindings",
+    ]
+
+    # When a type's binding to the hash exchange and the hash exchange's to a shard go
+    connection = await aio_pika.connect(rabbit.url)
+    try:
+        channel = await connection.channel()
+        shard = await channel.get_queue(f"{NAME}.stock.work.s2")
+        await shard.unbind(f"{NAME}.stock.hash", "1")
+        hashing = await channel.get_exchange(f"{NAME}.stock.hash")
+        await hashing.unbind("events", "inventory.reserve")
+    finally:
+        await connection.close()
+
+    # Then check names both and fails
+    check = run_cli("topology", "check", env=env)
+    assert check.returncode == 1, check.stdout + check.stderr
+    lines = check.stdout.splitlines()
+    assert (
+        f"missing: bind events -> {NAME}.stock.hash with routing key 'inventory.reserve' (exchange)"
+    ) in lines
+    assert f"missing: bind {NAME}.stock.hash -> {NAME}.stock.work.s2 with routing key '1'" in lines
+    assert "in place" not in check.stdout
+
+    # And apply puts them back
+    assert run_cli("topology", "apply", env=env).returncode == 0
+    assert run_cli("topology", "check", env=env).returncode == 0
+
+    # When the hash exchange is made again hashing another header (RabbitMQ takes a declaration
+    # with other arguments than an exchange has, so apply cannot see it)
+    connection = await aio_pika.connect(rabbit.url)
+    try:
+        channel = await connection.channel()
+        await channel.exchange_delete(f"{NAME}.stock.hash")
+        await channel.declare_exchange(
+            f"{NAME}.stock.hash",
+            type=aio_pika.ExchangeType.X_CONSISTENT_HASH,
+            durable=True,
+            arguments={"hash-header": "order-id"},
+        )
+    finally:
+        await connection.close()
+    assert run_cli("topology", "apply", env=env).returncode == 0
+
+    # Then check names the argument and fails
+    check = run_cli("topology", "check", env=env)
+    assert check.returncode == 1, check.stdout + check.stderr
+    assert (
+        f"exchange {NAME}.stock.hash: hash-header is order-id, the plan wants consumer-shard-key "
+        "(an exchange keeps the arguments it was made with: delete it, then apply)"
+    ) in check.stdout.splitlines()

@@ -26,10 +26,12 @@ from consumer.errors import (
     TopologyError,
     TopologyMissing,
 )
-from consumer.service.components import broker_config, table_topology
-from topology.apply import apply_topology, find_conflicts, missing
-from topology.bindings import ManagementError, compare_bindings, read_bindings
+from consumer.service.components import broker_config, table_specs
+from topology.apply import ExchangeTypeMissing, apply_topology, find_conflicts, missing
+from topology.bindings import compare_bindings, read_bindings
+from topology.management import ManagementError, exchange_differences, read_leaders
 from topology.model import Topology
+from topology.plan import build_topology
 
 __all__ = ["add_topology_parser", "run_topology"]
 
@@ -77,13 +79,31 @@ async def _apply(broker: BrokerConfig, topology: Topology) -> int:
 
 @dataclass(frozen=True, slots=True)
 class _Management:
-    """Where ``check`` reads the bindings from (``CONSUMER_MANAGEMENT_URL``), and the vhost."""
+    """Where ``check`` reads the bindings and the shards' leaders from
+    (``CONSUMER_MANAGEMENT_URL``), and the vhost."""
 
     url: str
     vhost: str
 
 
-async def _check(broker: BrokerConfig, topology: Topology, management: _Management | None) -> int:
+async def _leaders(management: _Management, shards: tuple[str, ...]) -> list[str]:
+    """One line per shard queue: the node its leader is on (the management API knows)."""
+    if not shards:
+        return []
+    leaders = await read_leaders(management.url, management.vhost, shards)
+    nodes = sorted(set(leaders.values()))
+    return [f"shard {queue}: leader on {node}" for queue, node in leaders.items()] + [
+        f"shards: {len(shards)} shard queues, leaders on {len(nodes)} node"
+        f"{'s' if len(nodes) != 1 else ''} ({', '.join(nodes)})"
+    ]
+
+
+async def _check(
+    broker: BrokerConfig,
+    topology: Topology,
+    management: _Management | None,
+    shards: tuple[str, ...] = (),
+) -> int:
     connection = await connect(broker, "topology")
     try:
         check_broker_supports(connection, topology)
@@ -95,14 +115,24 @@ async def _check(broker: BrokerConfig, topology: Topology, management: _Manageme
         differences = [d.describe() for d in await find_conflicts(connection, topology)]
     finally:
         await connection.close()
+    leaders: list[str] = []
     if management is not None:
         try:
             present = await read_bindings(management.url, management.vhost)
+            differences += compare_bindings(topology, present).describe()
+            differences += await exchange_differences(
+                management.url, management.vhost, topology.exchanges
+            )
+            leaders = await _leaders(management, shards)
         except ManagementError as error:
             raise TopologyError(f"{error} (CONSUMER_MANAGEMENT_URL)") from None
-        differences += compare_bindings(topology, present).describe()
-    for difference in differences:
-        print(difference)
+    elif shards:
+        leaders = [
+            f"shards: {len(shards)} shard queues; set CONSUMER_MANAGEMENT_URL to see the nodes "
+            "their leaders are on"
+        ]
+    for line in [*differences, *leaders]:
+        print(line)
     if differences:
         return 1
     if management is None:
@@ -123,7 +153,9 @@ def run_topology(settings: Settings, arguments: argparse.Namespace) -> int:
             return run_table_migrate(settings, arguments)
         return run_migrate(settings, arguments)
     registry = load_handlers(settings)
-    topology = table_topology(load_queue_table(settings, registry))
+    specs = table_specs(load_queue_table(settings, registry))
+    topology = Topology.merge(build_topology(spec) for spec in specs)
+    shards = tuple(queue for spec in specs if spec.shards > 1 for queue in spec.work_queues)
     if arguments.topology_command == "apply" and arguments.dry_run:
         for line in topology.describe():
             print(line)
@@ -135,8 +167,8 @@ def run_topology(settings: Settings, arguments: argparse.Namespace) -> int:
     try:
         if arguments.topology_command == "apply":
             return asyncio.run(_apply(broker, topology))
-        return asyncio.run(_check(broker, topology, management))
-    except BrokerUnsupported as error:
+        return asyncio.run(_check(broker, topology, management, shards))
+    except (BrokerUnsupported, ExchangeTypeMissing) as error:
         fail(str(error), EXIT_CONFIG)
     except (TopologyError, BrokerUnreachable) as error:
         fail(str(error))

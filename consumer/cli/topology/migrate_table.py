@@ -31,21 +31,16 @@ from consumer.config.settings import Settings
 from consumer.config.startup import EXIT_CONFIG, fail, load_handlers, load_queue_table
 from consumer.errors import QueueTableError
 from consumer.registry import HandlerRegistry
-from consumer.service.components import topology_spec
+from consumer.service.components import table_specs
 from topology.migration_plan import MigrationRefused
 from topology.names import Names
 from topology.plan import TopologySpec, build_topology
 from topology.table_migration import TableMigration, plan_table_migration
 
-__all__ = ["NO_TABLE", "run_table_migrate", "table_specs"]
+__all__ = ["NO_TABLE", "run_table_migrate"]
 
 NO_TABLE = "none"
 """``--from-queues-file none``: the install was set up without a queue table."""
-
-
-def table_specs(table: QueueTable) -> list[TopologySpec]:
-    """The plan of each queue of ``table``, as :func:`plan_table_migration` takes them."""
-    return [topology_spec(queue.settings, queue.types, queue.name) for queue in table.queues]
 
 
 def _old_table(settings: Settings, path: str) -> QueueTable:

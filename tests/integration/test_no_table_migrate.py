@@ -16,10 +16,9 @@ import aio_pika
 
 from consumer.cli.producer import envelope_body
 from consumer.cli.topology.migrate import moved_headers
-from consumer.cli.topology.migrate_table import table_specs
 from consumer.config.queue_table import QueueTable, read_queue_table
 from consumer.config.startup import load_handlers
-from consumer.service.components import table_topology
+from consumer.service.components import table_specs, table_topology
 from tests.servers import free_port
 from tests.support import (
     Event,

@@ -209,8 +209,8 @@ def test_a_missing_exchange_binding_and_a_missing_shard_binding_are_named(
     lines = compare_bindings(plan, present).describe()
 
     assert lines == [
-        "missing: bind events -> svc.orders.hash with routing key 'inventory.reserve' (exchange)",
         "missing: bind svc.orders.hash -> svc.orders.work.s2 with routing key '1'",
+        "missing: bind events -> svc.orders.hash with routing key 'inventory.reserve' (exchange)",
         "missing: bind svc.orders.redeliver -> svc.orders.work.s2 where "
         "{'x-match': 'all', 'consumer-shard': 's2'}",
     ]
@@ -309,3 +309,18 @@ def test_a_producer_s_shard_key_survives_arrival_and_its_shard_header_does_not()
     )
 
     assert kept == {"consumer-shard-key": "SKU-7"}
+
+
+# -- the order apply binds in ------------------------------------------------------------------
+
+
+def test_each_shard_is_bound_to_the_hash_exchange_before_any_type_is_routed_to_it(
+    tmp_path: Path,
+) -> None:
+    # apply binds in the plan's order: a type bound to the hash exchange before the hash exchange
+    # has a shard makes that type's events unroutable (dropped) while apply runs
+    bindings = list(sharded(tmp_path).bindings)
+    to_hash = [i for i, b in enumerate(bindings) if b.queue == "svc.orders.hash"]
+    to_shards = [i for i, b in enumerate(bindings) if b.exchange == "svc.orders.hash"]
+
+    assert max(to_shards) < min(to_hash)

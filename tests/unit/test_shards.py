@@ -324,3 +324,23 @@ def test_each_shard_is_bound_to_the_hash_exchange_before_any_type_is_routed_to_i
     to_shards = [i for i, b in enumerate(bindings) if b.exchange == "svc.orders.hash"]
 
     assert max(to_shards) < min(to_hash)
+
+
+def test_a_hash_exchange_s_binding_to_a_shard_the_plan_has_not_is_named(tmp_path: Path) -> None:
+    # a table gone from 3 shards to 2: the hash exchange still sends a share of the keys to s3
+    plan = table_topology(table(tmp_path, TABLE.replace("shards = 3", "shards = 2")))
+    leftover = Binding("svc.orders.hash", "svc.orders.work.s3", "1")
+
+    differences = compare_bindings(plan, [*plan.bindings, leftover])
+
+    assert differences.describe() == [
+        "not in the plan: bind svc.orders.hash -> svc.orders.work.s3 with routing key '1'"
+    ]
+
+
+def test_an_unsharded_plan_still_ignores_bindings_to_queues_it_has_not(tmp_path: Path) -> None:
+    # the dead-letter exchange tapped by an operator's queue: not the service's to report
+    plan = table_topology(table(tmp_path, TABLE.replace("shards = 3", "")))
+    tap = Binding("svc.orders.dlx", "ops.tap", "")
+
+    assert compare_bindings(plan, [*plan.bindings, tap]).describe() == []

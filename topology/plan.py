@@ -91,6 +91,14 @@ class TopologySpec:
             return (self.names.work,)
         return tuple(self.names.shard(shard) for shard in range(1, self.shards + 1))
 
+    @property
+    def shard_beyond(self) -> str | None:
+        """The shard queue after a sharded queue's last: on the broker, it says the queue was
+        made with more shards, and the hash exchange may still send it keys."""
+        if self.shards == 1 or self.shards == MAX_SHARDS:
+            return None
+        return self.names.shard(self.shards + 1)
+
 
 def build_topology(spec: TopologySpec) -> Topology:
     """The full plan for one service."""

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from consumer.amqp.headers import trusted_headers
+from consumer.cli.main import _handlers_if_loadable
 from consumer.cli.producer import event_properties, shard_key
 from consumer.config.queue_table import QueueTable, read_queue_table
 from consumer.config.settings import Settings
@@ -344,3 +345,15 @@ def test_an_unsharded_plan_still_ignores_bindings_to_queues_it_has_not(tmp_path:
     tap = Binding("svc.orders.dlx", "ops.tap", "")
 
     assert compare_bindings(plan, [*plan.bindings, tap]).describe() == []
+
+
+def test_publish_no_check_sends_by_the_event_id_when_a_handler_module_fails_to_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --no-check never loaded the handlers: the shard key alone must not make a module that
+    # fails at import (not an ImportError) stop the publish
+    (tmp_path / "broken_handlers_for_publish.py").write_text("raise RuntimeError('no DSN')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    settings = SETTINGS.model_copy(update={"handlers": ["broken_handlers_for_publish"]})
+
+    assert _handlers_if_loadable(settings) is None

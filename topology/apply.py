@@ -15,6 +15,7 @@ leaves nothing of the plan half declared.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,7 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.abc import ExchangeType as AmqpExchangeType
 
-from topology.model import Exchange, Queue, Topology
+from topology.model import Exchange, Queue, QueueType, Topology
 
 __all__ = [
     "ApplyReport",
@@ -31,6 +32,7 @@ __all__ = [
     "apply_topology",
     "find_conflicts",
     "missing",
+    "present_queues",
 ]
 
 _INEQUIVALENT = re.compile(
@@ -244,6 +246,11 @@ async def apply_topology(connection: AbstractConnection, topology: Topology) -> 
         if not channel.is_closed:
             await channel.close()
     return ApplyReport(tuple(created), tuple(unchanged), len(topology.bindings))
+
+
+async def present_queues(connection: AbstractConnection, names: Iterable[str]) -> list[str]:
+    """Which of the queues ``names`` the broker has (passive declarations)."""
+    return [name for name in names if await _exists(connection, Queue(name, QueueType.QUORUM))]
 
 
 async def missing(connection: AbstractConnection, topology: Topology) -> list[str]:

@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import quote
 
 from topology.management import get_json
-from topology.model import Binding, Topology
+from topology.model import Binding, ExchangeType, Topology
 
 __all__ = ["BindingDifferences", "compare_bindings", "read_bindings"]
 
@@ -40,18 +40,22 @@ def _key(binding: Binding) -> tuple[str, str, str, tuple[tuple[str, str], ...], 
 
 def compare_bindings(plan: Topology, present: Iterable[Binding]) -> BindingDifferences:
     """The plan's bindings the broker lacks, and the broker's bindings from one of the plan's
-    exchanges to one of its queues (or exchanges) that the plan has not."""
+    exchanges to one of its queues (or exchanges), or from one of its hash exchanges to
+    anything, that the plan has not."""
     present = list(present)
     have = {_key(binding) for binding in present}
     wanted = {_key(binding) for binding in plan.bindings}
     exchanges = {exchange.name for exchange in plan.exchanges}
     queues = {queue.name for queue in plan.queues}
+    # A hash exchange is the service's alone, and whatever it is bound to takes a share of the
+    # keys: a shard the plan has not (a table whose shards went down) counts too.
+    hashing = {e.name for e in plan.exchanges if e.type is ExchangeType.CONSISTENT_HASH}
     missing = tuple(b for b in plan.bindings if _key(b) not in have)
     unplanned = tuple(
         b
         for b in present
         if b.exchange in exchanges
-        and b.queue in (exchanges if b.to_exchange else queues)
+        and (b.exchange in hashing or b.queue in (exchanges if b.to_exchange else queues))
         and _key(b) not in wanted
     )
     return BindingDifferences(missing, unplanned)

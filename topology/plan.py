@@ -91,6 +91,14 @@ class TopologySpec:
             return (self.names.work,)
         return tuple(self.names.shard(shard) for shard in range(1, self.shards + 1))
 
+    @property
+    def shard_beyond(self) -> str | None:
+        """The shard queue after a sharded queue's last: on the broker, it says the queue was
+        made with more shards, and the hash exchange may still send it keys."""
+        if self.shards == 1 or self.shards == MAX_SHARDS:
+            return None
+        return self.names.shard(self.shards + 1)
+
 
 def build_topology(spec: TopologySpec) -> Topology:
     """The full plan for one service."""
@@ -170,16 +178,19 @@ def _one_queue_routes(spec: TopologySpec) -> tuple[Binding, ...]:
 
 
 def _routes(spec: TopologySpec) -> tuple[Binding, ...]:
-    """Each type from the ingress to the hash exchange, from there to every shard with the same
-    weight; an expired retry back to the shard its :data:`SHARD` header names."""
+    """From the hash exchange to every shard with the same weight, then each type from the
+    ingress to the hash exchange; an expired retry back to the shard its :data:`SHARD` header
+    names."""
     names = spec.names
     shards = range(1, spec.shards + 1)
     return (
+        # Bound in this order by apply: a type routed to a hash exchange with no shard yet would
+        # be unroutable, and one with some of its shards would move keys as the rest are bound.
+        *(Binding(names.hash, names.shard(shard), SHARD_WEIGHT) for shard in shards),
         *(
             Binding(names.ingress, names.hash, event_type, to_exchange=True)
             for event_type in sorted(spec.event_types)
         ),
-        *(Binding(names.hash, names.shard(shard), SHARD_WEIGHT) for shard in shards),
         *(
             Binding(
                 names.redeliver,

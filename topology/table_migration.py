@@ -25,8 +25,9 @@ the old queue's settings (its prefetch, time limits and ladder), once.
 
 A queue that leaves the table has no consumers left, so what it holds is moved: its work queue
 through the redeliver exchange of the one queue that takes its types now, each rung into that
-queue's nearest rung (an old replica's retry is routed there too until it stops), and the emptied
-queues are deleted. Its dead-letter queue and exchanges stay: they may hold dead letters to read.
+queue's nearest rung (an old replica's retry is routed there instead until it stops), and the
+emptied queues are deleted. Its dead-letter queue and exchanges stay: they may hold dead letters
+to read.
 
 A service without a table is a table of one queue (``names.queue`` is ``None``: today's names),
 so a migration to a table and back is one of these too. Its queue is the one allowed to leave
@@ -236,6 +237,10 @@ def _leaving(old: TopologySpec, heirs: _Heirs) -> list[Step]:
     names = old.names
     steps: list[Step] = list(_redirects(old, heirs))
     steps += [Unbind(Binding(names.ingress, names.work, t)) for t in sorted(old.event_types)]
+    # Its own rungs' bindings too (after the redirects, a phase later): an old replica's retry
+    # routed to both its old rung and its heir's would be two copies in the ladders, each run,
+    # and each dead-lettered once its attempts run out.
+    steps += [Unbind(rung_binding(names.retry, names.rung(d), d)) for d in old.retry_delays]
     steps += [_move(names.rung(delay), heirs, delay) for delay in old.retry_delays]
     steps.append(_move(names.work, heirs, None))
     steps += [Delete(names.rung(delay), unused=True) for delay in old.retry_delays]

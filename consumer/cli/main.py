@@ -264,7 +264,9 @@ def _handlers_if_loadable(settings: Settings) -> HandlerRegistry | None:
     """The handlers, for the shard key alone: ``--no-check`` publishes without them too."""
     try:
         return HandlerRegistry.from_modules(settings.handlers)
-    except ConfigError:
+    except Exception:
+        # Whatever a module raises at import (not only ConfigError): --no-check sends anyway,
+        # by the event id, as it did before it read the handlers at all.
         return None
 
 

@@ -12,9 +12,13 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+import aio_pika
+
 from consumer.cli.producer import envelope_body
-from consumer.config.queue_table import read_queue_table
-from consumer.service.components import table_topology
+from consumer.cli.topology.migrate import moved_headers
+from consumer.config.queue_table import QueueTable, read_queue_table
+from consumer.config.startup import load_handlers
+from consumer.service.components import table_specs, table_topology
 from tests.servers import free_port
 from tests.support import (
     Event,
@@ -22,6 +26,8 @@ from tests.support import (
     TestEnv,
     assert_applied_once,
     behave,
+    connect_any,
+    drain_queue,
     fetchval,
     movements_at_least,
     queue_depth,
@@ -30,6 +36,9 @@ from tests.support import (
     run_cli,
     wait_until,
 )
+from topology.migrate import run_migration
+from topology.migration_plan import Move
+from topology.table_migration import plan_table_migration
 
 # The one queue's types shared between two queues, each with a ladder of its own (the service
 # without a table has the test environment's, 200ms,400ms,800ms).
@@ -317,3 +326,48 @@ async def test_an_old_replicas_retry_is_routed_by_type_then_the_rollback_restore
 
 async def _depth_is(env: TestEnv, queue: str | None, depth: int) -> bool:
     return await queue_depth(env.amqp_url, _queue(env, queue)) == depth
+
+
+async def test_an_old_replicas_retry_while_the_old_rungs_wait_goes_to_one_rung_only(
+    env: TestEnv, tmp_path: Path
+) -> None:
+    # Given the migration to the table run up to its moves: every binding made and removed,
+    # the one queue's rungs still there (an old replica still publishing to its ladder)
+    table = _table(env, tmp_path)
+    _apply(env.env())
+    settings = env.settings()
+    old = table_specs(QueueTable.default(settings, load_handlers(settings)))
+    plan = plan_table_migration(old, table_specs(read_queue_table(table, settings))).plan
+    first_move = next(i for i, step in enumerate(plan.steps) if isinstance(step, Move))
+    connection = await connect_any(env.amqp_url)
+    try:
+        await run_migration(
+            connection, plan, rewrite_work_headers=moved_headers(), steps=first_move
+        )
+    finally:
+        await connection.close()
+
+    # When an old replica publishes a retry to its 400ms rung, and then a marker goes into that
+    # rung behind anything the retry put there
+    await _publish_retry(env, "test.behave", behave("retried"), "400ms")
+    connection = await connect_any(env.amqp_url)
+    try:
+        channel = await connection.channel()
+        await channel.default_exchange.publish(
+            aio_pika.Message(b"{}", message_id="marker"), _queue(env, None, "retry.400ms")
+        )
+    finally:
+        await connection.close()
+
+    # Then the retry reaches the queue its type has now, through that queue's rung
+    await wait_until(lambda: _depth_is(env, "behave", 1), what="the retry in its type's queue")
+    # And the old rung holds no second copy: when the marker comes out of it into the one
+    # queue, nothing came before it
+    drained: list[str | None] = []
+
+    async def marker_out() -> bool:
+        drained.extend(m.message_id for m in await drain_queue(env.amqp_url, _queue(env, None)))
+        return "marker" in drained
+
+    await wait_until(marker_out, what="the marker through the old rung")
+    assert drained == ["marker"]

@@ -158,6 +158,34 @@ async def test_a_retry_comes_back_to_the_shard_it_came_from(env: TestEnv, tmp_pa
     assert message.routing_key == "inventory.reserve"  # as published, for the service's check
 
 
+async def test_fewer_shards_than_the_broker_has_stop_apply_and_fail_check(
+    env: TestEnv, tmp_path: Path
+) -> None:
+    # Given the stock queue applied with 3 shards, then its table row set to 2
+    env.use_queue_table(TABLE, tmp_path)
+    assert run_cli("topology", "apply", env=env.env()).returncode == 0
+    env.use_queue_table(TABLE.replace(f"shards = {SHARDS}", "shards = 2"), tmp_path)
+
+    # When the bootstrap applies it
+    applied = run_cli("topology", "apply", env=env.env())
+
+    # Then it stops, one line, nothing changed: the hash exchange still sends s3 its keys' events
+    assert applied.returncode == 1, applied.stdout + applied.stderr
+    assert applied.stderr.splitlines() == [
+        f"error: {env.name}.stock.work.s3 exists, beyond queue stock's shards = 2: changing a "
+        "queue's shard count is not built yet, nothing was changed"
+    ]
+
+    # And check does not call it in place
+    check = run_cli("topology", "check", env=env.env())
+    assert check.returncode == 1, check.stdout + check.stderr
+    assert (
+        f"{env.name}.stock.work.s3 exists, beyond queue stock's shards = 2: changing a queue's "
+        "shard count is not built yet"
+    ) in check.stdout.splitlines()
+    assert "in place" not in check.stdout
+
+
 async def test_consumer_run_refuses_a_sharded_table(env: TestEnv, tmp_path: Path) -> None:
     env.use_queue_table(TABLE, tmp_path)
 

@@ -150,3 +150,33 @@ def test_an_unreadable_old_table_going_back_is_refused_in_one_line(
     assert code == 2
     assert err.startswith("error: --from-queues-file: invalid queue table")
     assert err.count("\n") == 1
+
+
+def test_a_settings_flag_with_a_table_now_and_no_old_one_named_says_none_is_an_answer(
+    table: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The flags are how an install without a table gives its old settings: the answer is
+    # --from-queues-file none, not an old table it never had.
+    monkeypatch.setenv("CONSUMER_QUEUES_FILE", str(table))
+
+    code, _, err = _migrate(capsys, "--from-retry-delays", "1s", "--dry-run")
+
+    assert code == 2
+    assert err.startswith("error: --from-retry-delays: ")
+    assert "--from-queues-file none" in err
+    assert err.count("\n") == 1
+
+
+def test_a_settings_flag_with_both_tables_named_says_to_write_it_in_the_old_one(
+    table: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CONSUMER_QUEUES_FILE", str(table))
+
+    code, _, err = _migrate(
+        capsys, "--from-queues-file", str(table), "--from-retry-delays", "1s", "--dry-run"
+    )
+
+    assert code == 2
+    assert err.startswith("error: --from-retry-delays: with --from-queues-file OLD.toml")
+    assert "write them in it" in err
+    assert err.count("\n") == 1

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from consumer.amqp.headers import trusted_headers
+from consumer.cli.main import _handlers_if_loadable
 from consumer.cli.producer import event_properties, shard_key
 from consumer.config.queue_table import QueueTable, read_queue_table
 from consumer.config.settings import Settings
@@ -209,8 +210,8 @@ def test_a_missing_exchange_binding_and_a_missing_shard_binding_are_named(
     lines = compare_bindings(plan, present).describe()
 
     assert lines == [
-        "missing: bind events -> svc.orders.hash with routing key 'inventory.reserve' (exchange)",
         "missing: bind svc.orders.hash -> svc.orders.work.s2 with routing key '1'",
+        "missing: bind events -> svc.orders.hash with routing key 'inventory.reserve' (exchange)",
         "missing: bind svc.orders.redeliver -> svc.orders.work.s2 where "
         "{'x-match': 'all', 'consumer-shard': 's2'}",
     ]
@@ -309,3 +310,50 @@ def test_a_producer_s_shard_key_survives_arrival_and_its_shard_header_does_not()
     )
 
     assert kept == {"consumer-shard-key": "SKU-7"}
+
+
+# -- the order apply binds in ------------------------------------------------------------------
+
+
+def test_each_shard_is_bound_to_the_hash_exchange_before_any_type_is_routed_to_it(
+    tmp_path: Path,
+) -> None:
+    # apply binds in the plan's order: a type bound to the hash exchange before the hash exchange
+    # has a shard makes that type's events unroutable (dropped) while apply runs
+    bindings = list(sharded(tmp_path).bindings)
+    to_hash = [i for i, b in enumerate(bindings) if b.queue == "svc.orders.hash"]
+    to_shards = [i for i, b in enumerate(bindings) if b.exchange == "svc.orders.hash"]
+
+    assert max(to_shards) < min(to_hash)
+
+
+def test_a_hash_exchange_s_binding_to_a_shard_the_plan_has_not_is_named(tmp_path: Path) -> None:
+    # a table gone from 3 shards to 2: the hash exchange still sends a share of the keys to s3
+    plan = table_topology(table(tmp_path, TABLE.replace("shards = 3", "shards = 2")))
+    leftover = Binding("svc.orders.hash", "svc.orders.work.s3", "1")
+
+    differences = compare_bindings(plan, [*plan.bindings, leftover])
+
+    assert differences.describe() == [
+        "not in the plan: bind svc.orders.hash -> svc.orders.work.s3 with routing key '1'"
+    ]
+
+
+def test_an_unsharded_plan_still_ignores_bindings_to_queues_it_has_not(tmp_path: Path) -> None:
+    # the dead-letter exchange tapped by an operator's queue: not the service's to report
+    plan = table_topology(table(tmp_path, TABLE.replace("shards = 3", "")))
+    tap = Binding("svc.orders.dlx", "ops.tap", "")
+
+    assert compare_bindings(plan, [*plan.bindings, tap]).describe() == []
+
+
+def test_publish_no_check_sends_by_the_event_id_when_a_handler_module_fails_to_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --no-check never loaded the handlers: the shard key alone must not make a module that
+    # fails at import (not an ImportError) stop the publish
+    (tmp_path / "broken_handlers_for_publish.py").write_text("raise RuntimeError('no DSN')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    settings = SETTINGS.model_copy(update={"handlers": ["broken_handlers_for_publish"]})
+
+    assert _handlers_if_loadable(settings) is None

@@ -244,3 +244,40 @@ def test_without_a_table_on_both_sides_the_plan_is_the_settings_migration() -> N
 
     assert migration.moved == ()
     assert Delete("svc.retry.5s", unused=True) in migration.plan.steps
+
+
+def test_to_a_table_an_old_replicas_retry_goes_to_one_rung_only() -> None:
+    # While the old rungs wait to be emptied and deleted, their own bindings would route an old
+    # replica's retry there too: a second copy in the ladders, run and dead-lettered twice.
+    steps = plan_table_migration(NONE, TABLE).plan.steps
+
+    unbinds = kinds(steps, Unbind)
+    for label in ("1s", "5s"):
+        assert Unbind(redirect(f"svc.retry.{label}", label)) in unbinds
+    # After the redirects are bound: never a moment that routes a retry nowhere
+    last_bind = max(i for i, step in enumerate(steps) if isinstance(step, Bind))
+    first_unbind = steps.index(Unbind(redirect("svc.retry.1s", "1s")))
+    assert first_unbind > last_bind
+
+
+def test_back_to_no_table_a_table_replicas_retry_goes_to_one_rung_only() -> None:
+    steps = plan_table_migration(TABLE, NONE).plan.steps
+
+    unbinds = kinds(steps, Unbind)
+    assert (
+        Unbind(
+            Binding("svc.b.retry", "svc.b.retry.2s", arguments={"x-match": "all", RETRY_RUNG: "2s"})
+        )
+        in unbinds
+    )
+    for label in ("1s", "5s"):
+        assert (
+            Unbind(
+                Binding(
+                    "svc.a.retry",
+                    f"svc.a.retry.{label}",
+                    arguments={"x-match": "all", RETRY_RUNG: label},
+                )
+            )
+            in unbinds
+        )

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiormq
+from aio_pika.abc import AbstractConnection
 
 from consumer.amqp.connect import (
     BrokerConfig,
@@ -27,11 +29,17 @@ from consumer.errors import (
     TopologyMissing,
 )
 from consumer.service.components import broker_config, table_specs
-from topology.apply import ExchangeTypeMissing, apply_topology, find_conflicts, missing
+from topology.apply import (
+    ExchangeTypeMissing,
+    apply_topology,
+    find_conflicts,
+    missing,
+    present_queues,
+)
 from topology.bindings import compare_bindings, read_bindings
 from topology.management import ManagementError, exchange_differences, read_leaders
 from topology.model import Topology
-from topology.plan import build_topology
+from topology.plan import TopologySpec, build_topology
 
 __all__ = ["add_topology_parser", "run_topology"]
 
@@ -56,10 +64,26 @@ def _add_actions(parser: argparse.ArgumentParser) -> None:
     add_migrate_parser(actions)
 
 
-async def _apply(broker: BrokerConfig, topology: Topology) -> int:
+async def _shards_beyond(
+    connection: AbstractConnection, specs: Sequence[TopologySpec]
+) -> list[str]:
+    """A line for each sharded queue the broker has a shard queue beyond the last of: the queue
+    was made with more shards, and its hash exchange may still send that shard keys."""
+    beyond = {spec.shard_beyond: spec for spec in specs if spec.shard_beyond is not None}
+    return [
+        f"{name} exists, beyond queue {beyond[name].names.queue}'s shards = "
+        f"{beyond[name].shards}: changing a queue's shard count is not built yet"
+        for name in await present_queues(connection, beyond)
+    ]
+
+
+async def _apply(broker: BrokerConfig, topology: Topology, specs: Sequence[TopologySpec]) -> int:
     connection = await connect(broker, "topology")
     try:
         check_broker_supports(connection, topology)
+        beyond = await _shards_beyond(connection, specs)
+        if beyond:
+            raise TopologyConflict("; ".join(beyond) + ", nothing was changed")
         report = await apply_topology(connection, topology)
     finally:
         await connection.close()
@@ -102,8 +126,9 @@ async def _check(
     broker: BrokerConfig,
     topology: Topology,
     management: _Management | None,
-    shards: tuple[str, ...] = (),
+    specs: Sequence[TopologySpec] = (),
 ) -> int:
+    shards = tuple(queue for spec in specs if spec.shards > 1 for queue in spec.work_queues)
     connection = await connect(broker, "topology")
     try:
         check_broker_supports(connection, topology)
@@ -113,6 +138,7 @@ async def _check(
                 f"the broker lacks {', '.join(lacking)}: run `consumer topology apply` first"
             )
         differences = [d.describe() for d in await find_conflicts(connection, topology)]
+        differences += await _shards_beyond(connection, specs)
     finally:
         await connection.close()
     leaders: list[str] = []
@@ -155,7 +181,6 @@ def run_topology(settings: Settings, arguments: argparse.Namespace) -> int:
     registry = load_handlers(settings)
     specs = table_specs(load_queue_table(settings, registry))
     topology = Topology.merge(build_topology(spec) for spec in specs)
-    shards = tuple(queue for spec in specs if spec.shards > 1 for queue in spec.work_queues)
     if arguments.topology_command == "apply" and arguments.dry_run:
         for line in topology.describe():
             print(line)
@@ -166,8 +191,8 @@ def run_topology(settings: Settings, arguments: argparse.Namespace) -> int:
         management = _Management(settings.management_url.get_secret_value(), settings.amqp_vhost)
     try:
         if arguments.topology_command == "apply":
-            return asyncio.run(_apply(broker, topology))
-        return asyncio.run(_check(broker, topology, management, shards))
+            return asyncio.run(_apply(broker, topology, specs))
+        return asyncio.run(_check(broker, topology, management, specs))
     except (BrokerUnsupported, ExchangeTypeMissing) as error:
         fail(str(error), EXIT_CONFIG)
     except (TopologyError, BrokerUnreachable) as error:

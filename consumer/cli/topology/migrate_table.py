@@ -56,15 +56,17 @@ def _refuse_flags(settings: Settings, arguments: argparse.Namespace) -> None:
     flags = ", ".join(from_flags(arguments))
     if not flags or arguments.from_queues_file == NO_TABLE:
         return
-    if settings.queues_file is None:
+    if arguments.from_queues_file is not None:
         fail(
             f"{flags}: with --from-queues-file OLD.toml each queue's old settings are those of "
             "the old table: write them in it",
             EXIT_CONFIG,
         )
+    # Only an install without a table gives its old settings by flags: say how.
     fail(
-        f"{flags}: with CONSUMER_QUEUES_FILE each queue's old settings are those "
-        "of the old table: name it with --from-queues-file",
+        f"{flags}: with CONSUMER_QUEUES_FILE, name the install's old table (--from-queues-file "
+        f"OLD.toml, each queue's old settings in it), or --from-queues-file {NO_TABLE} if it had "
+        "none (the flags then give its old settings)",
         EXIT_CONFIG,
     )
 

@@ -18,6 +18,7 @@ __all__ = [
     "OutboxDepth",
     "OutboxRow",
     "Refusal",
+    "any_owed",
     "claim_batch",
     "in_key_order",
     "mark_refused",
@@ -59,6 +60,11 @@ SET attempts = o.attempts + 1,
 FROM unnest($1::bigint[], $2::text[], $3::bool[]) AS r(id, error, permanent)
 WHERE o.id = r.id
 """
+
+# Outside a transaction: whether a round has anything to claim. An idle relay then opens no
+# transaction (no BEGIN/COMMIT round trips every poll, no COMMIT on the wire to take for the
+# service's own); the partial index outbox_unsent answers it without reading sent rows.
+_ANY_OWED = "SELECT EXISTS (SELECT 1 FROM outbox WHERE sent_at IS NULL AND failed_at IS NULL)"
 
 _DEPTH = """
 SELECT count(*) AS rows,
@@ -125,6 +131,11 @@ async def claim_batch(conn: asyncpg.Connection[Any], limit: int) -> tuple[list[O
     }
     ready = in_key_order(batch, elsewhere)
     return ready, len(batch) - len(ready)
+
+
+async def any_owed(conn: asyncpg.Connection[Any]) -> bool:
+    """Whether any row is owed (unsent and not failed): read outside a transaction."""
+    return bool(await conn.fetchval(_ANY_OWED))
 
 
 async def mark_sent(conn: asyncpg.Connection[Any], ids: Iterable[int]) -> None:

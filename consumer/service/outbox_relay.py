@@ -24,6 +24,7 @@ from consumer.db.outbox_rows import (
     NOTIFY_CHANNEL,
     OutboxRow,
     Refusal,
+    any_owed,
     claim_batch,
     mark_refused,
     mark_sent,
@@ -198,6 +199,9 @@ class OutboxRelay:
         if publisher is None:
             return RoundResult(no_publisher=True)
         timeout = self._config.statement_timeout
+        async with asyncio.timeout(timeout):
+            if not await any_owed(conn):
+                return RoundResult()
         async with conn.transaction():
             async with asyncio.timeout(timeout):
                 batch, held = await claim_batch(conn, self._config.batch_size)

@@ -114,7 +114,9 @@ def envelope_body(
     occurred_at: datetime | None = None,
     correlation_id: str | None = None,
 ) -> bytes:
-    """The JSON envelope producers publish (``payload`` already JSON: a dict, a list...)."""
+    """The JSON envelope producers publish (``payload`` already JSON: a dict, a list...).
+    ``ValueError`` for a NaN or an infinity in it: JSON has no way to write them, and the
+    service's parser takes a body with one for poison."""
     envelope: dict[str, Any] = {
         "event_id": str(event_id),
         "type": event_type,
@@ -123,4 +125,4 @@ def envelope_body(
     }
     if correlation_id is not None:
         envelope["correlation_id"] = correlation_id
-    return json.dumps(envelope, separators=(",", ":")).encode()
+    return json.dumps(envelope, separators=(",", ":"), allow_nan=False).encode()

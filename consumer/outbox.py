@@ -140,13 +140,17 @@ class Publishes:
                 key = _order_key(handler, data)
         cause = self._cause
         event_id = follow_up_id(cause.event_id, self._consumer, position)
-        body = envelope_body(
-            event_type,
-            data,
-            event_id=event_id,
-            occurred_at=datetime.now(UTC),
-            correlation_id=cause.correlation_id or str(cause.event_id),
-        )
+        try:
+            body = envelope_body(
+                event_type,
+                data,
+                event_id=event_id,
+                occurred_at=datetime.now(UTC),
+                correlation_id=cause.correlation_id or str(cause.event_id),
+            )
+        except ValueError as error:
+            problem = f"the payload is not JSON: {error}"
+            raise InvalidPublish(f"published {event_type}: {problem}") from None
         self.rows.append(
             OutboxRow(
                 event_id=event_id,
@@ -216,9 +220,12 @@ async def enqueue(
     except ValueError as error:
         raise OutboxMisuse(f"{type}: {error}") from None
     event_id = event_id or uuid.uuid4()
-    body = envelope_body(
-        type, data, event_id=event_id, occurred_at=occurred_at, correlation_id=correlation_id
-    )
+    try:
+        body = envelope_body(
+            type, data, event_id=event_id, occurred_at=occurred_at, correlation_id=correlation_id
+        )
+    except ValueError as error:
+        raise OutboxMisuse(f"{type}: the payload is not JSON: {error}") from None
     row = OutboxRow(
         event_id=event_id, type=type, body=body, order_key=key, headers=dict(headers or {})
     )

@@ -14,8 +14,14 @@ from pydantic import BaseModel, TypeAdapter, field_validator
 
 from consumer import Envelope, register
 from consumer.envelope import envelope_body, set_follow_ups
-from consumer.errors import HandlerEndedTransaction, InvalidPublish, PermanentError, TransientError
-from consumer.outbox import FOLLOW_UP_NAMESPACE, Publishes, follow_up_id
+from consumer.errors import (
+    HandlerEndedTransaction,
+    InvalidPublish,
+    OutboxMisuse,
+    PermanentError,
+    TransientError,
+)
+from consumer.outbox import FOLLOW_UP_NAMESPACE, Publishes, enqueue, follow_up_id
 from consumer.pipeline.calls import HandlerCaller, HandlerCalls
 from consumer.pipeline.follow_ups import FollowUpWriter
 from consumer.pipeline.ready import Ready
@@ -164,7 +170,16 @@ def test_a_refused_publish_keeps_its_position() -> None:
 
 @pytest.mark.parametrize(
     ("event_type", "payload"),
-    [("bad type!", {}), ("", {}), ("t." + "x" * 300, {}), ("t.x", {"when": object()})],
+    [
+        ("bad type!", {}),
+        ("", {}),
+        ("t." + "x" * 300, {}),
+        ("t.x", {"when": object()}),
+        # JSON has no NaN nor infinity: the service's own parser takes such a body for poison
+        ("t.x", {"ratio": float("nan")}),
+        ("t.x", {"ratio": float("inf")}),
+        ("t.unkeyed", {"ratio": float("-inf")}),
+    ],
 )
 def test_no_type_or_no_json_is_refused(event_type: str, payload: Any) -> None:
     with pytest.raises(InvalidPublish):
@@ -303,3 +318,24 @@ async def test_a_handler_that_ended_the_transaction_writes_nothing() -> None:
     with pytest.raises(HandlerEndedTransaction):
         await _caller().run(cast(Any, conn), _ready_for(handler, _cause()))
     assert conn.written == []
+
+
+class _InTransaction:
+    """A connection in a transaction that records enqueue's statement."""
+
+    def __init__(self) -> None:
+        self.executed: list[tuple[Any, ...]] = []
+
+    def is_in_transaction(self) -> bool:
+        return True
+
+    async def execute(self, query: str, *arguments: Any) -> None:
+        self.executed.append(arguments)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+async def test_enqueue_refuses_a_payload_json_cannot_carry(value: float) -> None:
+    conn = _InTransaction()
+    with pytest.raises(OutboxMisuse, match="not JSON"):
+        await enqueue(cast(Any, conn), "t.x", {"ratio": value})
+    assert conn.executed == []

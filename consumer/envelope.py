@@ -32,7 +32,7 @@ class FollowUps(Protocol):
     """Where :meth:`Envelope.publish` puts what a handler publishes: the outbox rows of one handler
     call (:class:`consumer.outbox.Publishes`), written when the call returns."""
 
-    def add(self, event_type: str, payload: Any, key: str | None) -> UUID: ...
+    def add(self, event_type: str, payload: Any, key: object) -> UUID: ...
 
 
 class Envelope(BaseModel, Generic[PayloadT]):
@@ -63,7 +63,7 @@ class Envelope(BaseModel, Generic[PayloadT]):
         slower fallback. Duplicates and isolated re-runs of the same delivery keep its number."""
         return self._attempt
 
-    async def publish(self, event_type: str, payload: Any, *, key: str | None = None) -> UUID:
+    async def publish(self, event_type: str, payload: Any, *, key: object = None) -> UUID:
         """Publish an event that this one caused, through the transactional outbox: its row is
         written in this event's own transaction when the handler returns, so it is published if
         and only if this event's effect commits. Returns the new event's ``event_id``.
@@ -71,7 +71,8 @@ class Envelope(BaseModel, Generic[PayloadT]):
         ``payload`` is a pydantic model or anything pydantic can turn into JSON (a dict). When
         this service has a handler for ``event_type``, the payload must pass that handler's model
         (else :class:`~consumer.errors.InvalidPublish`, and this event is dead-lettered). ``key``
-        orders the rows that share it (default: the target handler's ``key`` of the payload).
+        orders the rows that share it, as text (an order's int id is its ``str()``; default: the
+        target handler's ``key`` of the payload, as text too).
 
         The id is derived from this event's id, the consumer and the publish's position in the
         call (first, second...), so a handler run again writes the same ids. Only inside a

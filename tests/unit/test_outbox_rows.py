@@ -339,3 +339,24 @@ async def test_enqueue_refuses_a_payload_json_cannot_carry(value: float) -> None
     with pytest.raises(OutboxMisuse, match="not JSON"):
         await enqueue(cast(Any, conn), "t.x", {"ratio": value})
     assert conn.executed == []
+
+
+@pytest.mark.parametrize("key", [7, uuid.UUID(int=7)])
+async def test_a_key_that_is_no_text_is_written_as_its_text(key: object) -> None:
+    # Given a handler that passes an order's id as it is, not as text
+    async def keyed(event: Envelope[Any], conn: Any) -> None:
+        await event.publish("t.unkeyed", {}, key=key)
+
+    handler = Handler("t.cause", keyed, TypeAdapter(dict))
+    conn = _Recording()
+
+    # When it is called, then its row's key is the id's text, as the column takes it (a value of
+    # another type fails the statement, and the event with it)
+    await _caller().run(cast(Any, conn), _ready_for(handler, _cause()))
+    (records,) = conn.written
+    assert [record[2] for record in records] == [str(key)]
+
+    # And so is an application's
+    enqueued = _InTransaction()
+    await enqueue(cast(Any, enqueued), "t.x", {}, key=key)
+    assert enqueued.executed[0][2] == str(key)

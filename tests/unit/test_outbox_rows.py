@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any, cast
 
+import asyncpg
 import pytest
 from pydantic import BaseModel, TypeAdapter, field_validator
 
@@ -19,6 +20,7 @@ from consumer.errors import (
     InvalidPublish,
     OutboxMisuse,
     PermanentError,
+    PipelineFault,
     TransientError,
 )
 from consumer.outbox import FOLLOW_UP_NAMESPACE, Publishes, enqueue, follow_up_id
@@ -360,3 +362,23 @@ async def test_a_key_that_is_no_text_is_written_as_its_text(key: object) -> None
     enqueued = _InTransaction()
     await enqueue(cast(Any, enqueued), "t.x", {}, key=key)
     assert enqueued.executed[0][2] == str(key)
+
+
+class _NoPartition(_Recording):
+    """A connection whose outbox has no partition for now (its upkeep failed for days)."""
+
+    async def executemany(self, query: str, records: list[tuple[Any, ...]]) -> None:
+        raise asyncpg.CheckViolationError('no partition of relation "outbox" found for row')
+
+
+async def test_an_outbox_that_cannot_take_the_rows_stops_the_service_not_the_event() -> None:
+    # Given a handler that publishes, and an outbox with no partition for the rows
+    async def publishes(event: Envelope[Any], conn: Any) -> None:
+        await event.publish("t.unkeyed", {})
+
+    handler = Handler("t.cause", publishes, TypeAdapter(dict))
+
+    # When it is called, then the failure is the service's (it stops; at its start the
+    # partitions are made), not the event's: no event is dead-lettered for it
+    with pytest.raises(PipelineFault, match="outbox"):
+        await _caller().run(cast(Any, _NoPartition()), _ready_for(handler, _cause()))

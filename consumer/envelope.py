@@ -32,7 +32,7 @@ class FollowUps(Protocol):
     """Where :meth:`Envelope.publish` puts what a handler publishes: the outbox rows of one handler
     call (:class:`consumer.outbox.Publishes`), written when the call returns."""
 
-    def add(self, event_type: str, payload: Any, key: str | None) -> UUID: ...
+    def add(self, event_type: str, payload: Any, key: object) -> UUID: ...
 
 
 class Envelope(BaseModel, Generic[PayloadT]):
@@ -63,7 +63,7 @@ class Envelope(BaseModel, Generic[PayloadT]):
         slower fallback. Duplicates and isolated re-runs of the same delivery keep its number."""
         return self._attempt
 
-    async def publish(self, event_type: str, payload: Any, *, key: str | None = None) -> UUID:
+    async def publish(self, event_type: str, payload: Any, *, key: object = None) -> UUID:
         """Publish an event that this one caused, through the transactional outbox: its row is
         written in this event's own transaction when the handler returns, so it is published if
         and only if this event's effect commits. Returns the new event's ``event_id``.
@@ -71,7 +71,8 @@ class Envelope(BaseModel, Generic[PayloadT]):
         ``payload`` is a pydantic model or anything pydantic can turn into JSON (a dict). When
         this service has a handler for ``event_type``, the payload must pass that handler's model
         (else :class:`~consumer.errors.InvalidPublish`, and this event is dead-lettered). ``key``
-        orders the rows that share it (default: the target handler's ``key`` of the payload).
+        orders the rows that share it, as text (an order's int id is its ``str()``; default: the
+        target handler's ``key`` of the payload, as text too).
 
         The id is derived from this event's id, the consumer and the publish's position in the
         call (first, second...), so a handler run again writes the same ids. Only inside a
@@ -103,7 +104,11 @@ def set_attempt(event: Envelope[Any], attempt: int) -> None:
 
 def set_follow_ups(event: Envelope[Any], follow_ups: FollowUps | None) -> None:
     """Where :meth:`Envelope.publish` collects, for one handler call (None after it)."""
-    event._follow_ups = follow_ups
+    # Into pydantic's store of private attributes itself: the pipeline sets this twice in every
+    # handler call, publishing or not, and BaseModel.__setattr__ costs several times more.
+    private = event.__pydantic_private__
+    assert private is not None  # a model with private attributes always has the store
+    private["_follow_ups"] = follow_ups
 
 
 def envelope_body(
@@ -114,7 +119,9 @@ def envelope_body(
     occurred_at: datetime | None = None,
     correlation_id: str | None = None,
 ) -> bytes:
-    """The JSON envelope producers publish (``payload`` already JSON: a dict, a list...)."""
+    """The JSON envelope producers publish (``payload`` already JSON: a dict, a list...).
+    ``ValueError`` for a NaN or an infinity in it: JSON has no way to write them, and the
+    service's parser takes a body with one for poison."""
     envelope: dict[str, Any] = {
         "event_id": str(event_id),
         "type": event_type,
@@ -123,4 +130,4 @@ def envelope_body(
     }
     if correlation_id is not None:
         envelope["correlation_id"] = correlation_id
-    return json.dumps(envelope, separators=(",", ":")).encode()
+    return json.dumps(envelope, separators=(",", ":"), allow_nan=False).encode()

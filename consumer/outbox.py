@@ -116,7 +116,7 @@ class Publishes:
         self._calls = 0
         self.rows: list[OutboxRow] = []
 
-    def add(self, event_type: str, payload: Any, key: str | None) -> uuid.UUID:
+    def add(self, event_type: str, payload: Any, key: object) -> uuid.UUID:
         """The row for one publish, appended; its event id. :class:`InvalidPublish` for one that
         cannot be sent as asked (it still takes its position, so the ids after it stay put)."""
         position = self._calls
@@ -136,23 +136,30 @@ class Publishes:
                     f"published {event_type} with a payload its handler "
                     f"{handler.qualname} refuses: {refusal}"
                 )
-            if key is None:
-                key = _order_key(handler, data)
+        # As text, whatever the handler passed (an int or a UUID id): the column is text, and
+        # the same id then orders as the target's own key function's, which is made text too.
+        order_key = str(key) if key is not None else None
+        if handler is not None and order_key is None:
+            order_key = _order_key(handler, data)
         cause = self._cause
         event_id = follow_up_id(cause.event_id, self._consumer, position)
-        body = envelope_body(
-            event_type,
-            data,
-            event_id=event_id,
-            occurred_at=datetime.now(UTC),
-            correlation_id=cause.correlation_id or str(cause.event_id),
-        )
+        try:
+            body = envelope_body(
+                event_type,
+                data,
+                event_id=event_id,
+                occurred_at=datetime.now(UTC),
+                correlation_id=cause.correlation_id or str(cause.event_id),
+            )
+        except ValueError as error:
+            problem = f"the payload is not JSON: {error}"
+            raise InvalidPublish(f"published {event_type}: {problem}") from None
         self.rows.append(
             OutboxRow(
                 event_id=event_id,
                 type=event_type,
                 body=body,
-                order_key=key,
+                order_key=order_key,
                 caused_by=cause.event_id,
                 caused_by_consumer=self._consumer,
             )
@@ -181,7 +188,7 @@ async def enqueue(
     type: str,
     payload: Any,
     *,
-    key: str | None = None,
+    key: object = None,
     event_id: uuid.UUID | None = None,
     correlation_id: str | None = None,
     occurred_at: datetime | None = None,
@@ -191,7 +198,8 @@ async def enqueue(
     to publish once that transaction commits; its ``event_id`` (``event_id`` or a new UUIDv4).
 
     ``payload``: a pydantic model or anything pydantic can turn into JSON. ``key``: rows that
-    share it are published in the order written. ``headers``: AMQP headers to send with it.
+    share it are published in the order written (as text: an int id is its ``str()``).
+    ``headers``: AMQP headers to send with it.
 
     ::
 
@@ -216,11 +224,18 @@ async def enqueue(
     except ValueError as error:
         raise OutboxMisuse(f"{type}: {error}") from None
     event_id = event_id or uuid.uuid4()
-    body = envelope_body(
-        type, data, event_id=event_id, occurred_at=occurred_at, correlation_id=correlation_id
-    )
+    try:
+        body = envelope_body(
+            type, data, event_id=event_id, occurred_at=occurred_at, correlation_id=correlation_id
+        )
+    except ValueError as error:
+        raise OutboxMisuse(f"{type}: the payload is not JSON: {error}") from None
     row = OutboxRow(
-        event_id=event_id, type=type, body=body, order_key=key, headers=dict(headers or {})
+        event_id=event_id,
+        type=type,
+        body=body,
+        order_key=str(key) if key is not None else None,
+        headers=dict(headers or {}),
     )
     await conn.execute(_INSERT, *row.record())
     return event_id

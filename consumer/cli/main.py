@@ -11,6 +11,7 @@ import json
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import NoReturn
 from uuid import UUID, uuid4
 
 import asyncpg
@@ -270,12 +271,17 @@ def _handlers_if_loadable(settings: Settings) -> HandlerRegistry | None:
         return None
 
 
+def _no_constant(name: str) -> NoReturn:
+    # JSON has no NaN nor infinity (json.loads takes them): the envelope could not carry them.
+    raise ValueError(f"{name} is no JSON value")
+
+
 async def _publish(settings: Settings, arguments: argparse.Namespace) -> int:
     registry: HandlerRegistry | None = None
     if arguments.payload is not None:
         try:
-            payload = json.loads(arguments.payload)
-        except json.JSONDecodeError as error:
+            payload = json.loads(arguments.payload, parse_constant=_no_constant)
+        except ValueError as error:
             fail(f"--payload is not JSON: {error}", EXIT_CONFIG)
         if not isinstance(payload, dict):
             fail("--payload must be a JSON object", EXIT_CONFIG)

@@ -199,7 +199,11 @@ class HandlerCaller:
                         # large write is the handler's doing; a stalled server is told apart by
                         # the time limit's probe). Never once it ended the transaction: the rows
                         # would commit alone (the check below fails the call).
-                        if publishes is not None and conn.is_in_transaction():
+                        if (
+                            publishes is not None
+                            and _published(publishes)
+                            and conn.is_in_transaction()
+                        ):
                             await self._write(conn, publishes, applied, result)
                 finally:
                     calls.leave(task)
@@ -255,6 +259,11 @@ class HandlerCaller:
             oks = applied(result)
             publishes = [one for one, ok in zip(publishes, oks, strict=True) if ok]
         await self._follow_ups.write(conn, publishes)
+
+
+def _published(publishes: list[Publishes]) -> bool:
+    """Whether the call published anything: most handlers never do, and skip the write."""
+    return any(one.rows for one in publishes)
 
 
 def _applied(results: list[Exception | None]) -> list[bool]:

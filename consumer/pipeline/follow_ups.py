@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 
 from consumer.envelope import set_follow_ups
+from consumer.errors import PipelineFault
 from consumer.outbox import Publishes, write_rows
 from consumer.pipeline.ready import Ready
 from consumer.registry import Handler
@@ -53,5 +54,12 @@ class FollowUpWriter:
         """The rows of the events ``applied``, in one statement (none without a row). Not under
         the service's stall guard: the caller runs it within the handler's time limit."""
         rows = [row for publishes in applied for row in publishes.rows]
-        if rows:
+        if not rows:
+            return
+        try:
             await write_rows(conn, rows)
+        except (asyncpg.CheckViolationError, asyncpg.UndefinedTableError) as error:
+            # No partition for now (their upkeep has failed for days) or no table: the
+            # service's fault, not the event's, so stop rather than dead-letter every event that
+            # publishes; a start makes the partitions before it consumes.
+            raise PipelineFault(f"cannot write outbox rows: {error}") from error

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import platform
 import subprocess
 import sys
 import tomllib
+from typing import Any, cast
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 import consumer
+import consumer.cli.main as main_module
 from consumer.cli.main import main
+from consumer.config.startup import EXIT_CONFIG
 from consumer.observe.metrics import Metrics
 from tests.support import REPO
 
@@ -84,3 +88,17 @@ def test_usage_names_the_consumer_command(capsys: pytest.CaptureFixture[str]) ->
     paragraph = usage.split("\n\n")[0]
     for command in ("run", "migrate", "topology", "publish", "dlq", "receipts", "catalogue"):
         assert command in paragraph
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+async def test_publish_refuses_a_payload_json_has_no_way_to_write(
+    constant: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a --payload with a constant json.loads takes but JSON has not
+    arguments = argparse.Namespace(payload=f'{{"ratio": {constant}}}')
+
+    # Then the command stops with one line before it loads anything or connects
+    with pytest.raises(SystemExit) as stopped:
+        await main_module._publish(cast(Any, None), arguments)
+    assert stopped.value.code == EXIT_CONFIG
+    assert f"--payload is not JSON: {constant} is no JSON value" in capsys.readouterr().err

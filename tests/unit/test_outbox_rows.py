@@ -9,13 +9,21 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any, cast
 
+import asyncpg
 import pytest
 from pydantic import BaseModel, TypeAdapter, field_validator
 
 from consumer import Envelope, register
 from consumer.envelope import envelope_body, set_follow_ups
-from consumer.errors import HandlerEndedTransaction, InvalidPublish, PermanentError, TransientError
-from consumer.outbox import FOLLOW_UP_NAMESPACE, Publishes, follow_up_id
+from consumer.errors import (
+    HandlerEndedTransaction,
+    InvalidPublish,
+    OutboxMisuse,
+    PermanentError,
+    PipelineFault,
+    TransientError,
+)
+from consumer.outbox import FOLLOW_UP_NAMESPACE, Publishes, enqueue, follow_up_id
 from consumer.pipeline.calls import HandlerCaller, HandlerCalls
 from consumer.pipeline.follow_ups import FollowUpWriter
 from consumer.pipeline.ready import Ready
@@ -164,7 +172,16 @@ def test_a_refused_publish_keeps_its_position() -> None:
 
 @pytest.mark.parametrize(
     ("event_type", "payload"),
-    [("bad type!", {}), ("", {}), ("t." + "x" * 300, {}), ("t.x", {"when": object()})],
+    [
+        ("bad type!", {}),
+        ("", {}),
+        ("t." + "x" * 300, {}),
+        ("t.x", {"when": object()}),
+        # JSON has no NaN nor infinity: the service's own parser takes such a body for poison
+        ("t.x", {"ratio": float("nan")}),
+        ("t.x", {"ratio": float("inf")}),
+        ("t.unkeyed", {"ratio": float("-inf")}),
+    ],
 )
 def test_no_type_or_no_json_is_refused(event_type: str, payload: Any) -> None:
     with pytest.raises(InvalidPublish):
@@ -303,3 +320,65 @@ async def test_a_handler_that_ended_the_transaction_writes_nothing() -> None:
     with pytest.raises(HandlerEndedTransaction):
         await _caller().run(cast(Any, conn), _ready_for(handler, _cause()))
     assert conn.written == []
+
+
+class _InTransaction:
+    """A connection in a transaction that records enqueue's statement."""
+
+    def __init__(self) -> None:
+        self.executed: list[tuple[Any, ...]] = []
+
+    def is_in_transaction(self) -> bool:
+        return True
+
+    async def execute(self, query: str, *arguments: Any) -> None:
+        self.executed.append(arguments)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+async def test_enqueue_refuses_a_payload_json_cannot_carry(value: float) -> None:
+    conn = _InTransaction()
+    with pytest.raises(OutboxMisuse, match="not JSON"):
+        await enqueue(cast(Any, conn), "t.x", {"ratio": value})
+    assert conn.executed == []
+
+
+@pytest.mark.parametrize("key", [7, uuid.UUID(int=7)])
+async def test_a_key_that_is_no_text_is_written_as_its_text(key: object) -> None:
+    # Given a handler that passes an order's id as it is, not as text
+    async def keyed(event: Envelope[Any], conn: Any) -> None:
+        await event.publish("t.unkeyed", {}, key=key)
+
+    handler = Handler("t.cause", keyed, TypeAdapter(dict))
+    conn = _Recording()
+
+    # When it is called, then its row's key is the id's text, as the column takes it (a value of
+    # another type fails the statement, and the event with it)
+    await _caller().run(cast(Any, conn), _ready_for(handler, _cause()))
+    (records,) = conn.written
+    assert [record[2] for record in records] == [str(key)]
+
+    # And so is an application's
+    enqueued = _InTransaction()
+    await enqueue(cast(Any, enqueued), "t.x", {}, key=key)
+    assert enqueued.executed[0][2] == str(key)
+
+
+class _NoPartition(_Recording):
+    """A connection whose outbox has no partition for now (its upkeep failed for days)."""
+
+    async def executemany(self, query: str, records: list[tuple[Any, ...]]) -> None:
+        raise asyncpg.CheckViolationError('no partition of relation "outbox" found for row')
+
+
+async def test_an_outbox_that_cannot_take_the_rows_stops_the_service_not_the_event() -> None:
+    # Given a handler that publishes, and an outbox with no partition for the rows
+    async def publishes(event: Envelope[Any], conn: Any) -> None:
+        await event.publish("t.unkeyed", {})
+
+    handler = Handler("t.cause", publishes, TypeAdapter(dict))
+
+    # When it is called, then the failure is the service's (it stops; at its start the
+    # partitions are made), not the event's: no event is dead-lettered for it
+    with pytest.raises(PipelineFault, match="outbox"):
+        await _caller().run(cast(Any, _NoPartition()), _ready_for(handler, _cause()))

@@ -1,4 +1,4 @@
-"""``consumer {run,migrate,topology,publish,dlq,events,catalogue}`` and ``consumer --version``.
+"""``consumer {run,migrate,topology,publish,dlq,events,outbox,catalogue}``, ``consumer --version``.
 
 ``python -m consumer`` is the same command.
 """
@@ -116,6 +116,7 @@ def _parser() -> argparse.ArgumentParser:
     from consumer.cli.catalogue import add_catalogue_parser
     from consumer.cli.dlq.main import add_dlq_parser
     from consumer.cli.events import add_events_parser
+    from consumer.cli.outbox import add_outbox_parser
     from consumer.cli.receipts import add_receipts_parser
     from consumer.cli.topology.main import add_topology_parser
 
@@ -123,6 +124,7 @@ def _parser() -> argparse.ArgumentParser:
     add_dlq_parser(commands)
     add_receipts_parser(commands)
     add_events_parser(commands)
+    add_outbox_parser(commands)
     add_catalogue_parser(commands)
     return parser
 
@@ -170,6 +172,10 @@ def _command(argv: Sequence[str] | None) -> int:
         from consumer.cli.events import run_events
 
         return run_events(settings, arguments)
+    if arguments.command == "outbox":
+        from consumer.cli.outbox import run_outbox
+
+        return run_outbox(settings, arguments)
     if arguments.command == "catalogue":
         from consumer.cli import catalogue
 

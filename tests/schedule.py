@@ -28,6 +28,7 @@ MEASURED: dict[str, float] = {
     "tests/integration/test_dlq_scale.py": 120,
     "tests/integration/test_dlq_scan_end.py": 90,
     "tests/integration/test_no_table_migrate.py": 40,
+    "tests/integration/test_outbox_cli.py": 35,
     "tests/security/test_no_password_leaks.py": 40,
     "tests/deploy/test_scale_out.py": 36,
     "tests/deploy/test_prometheus_scrape.py": 33,

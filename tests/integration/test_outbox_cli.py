@@ -3,6 +3,7 @@ full, failed rows given back to the relay as the run-time role, and the error pa
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from typing import Any
@@ -11,7 +12,8 @@ import asyncpg
 
 from consumer.db.outbox_admin import retry_failed
 from consumer.outbox import enqueue
-from tests.support import TestEnv, fetch, run_cli
+from tests.integration.test_outbox_relay import RESTOCK, relay, sent
+from tests.support import TestEnv, drain_queue, fetch, run_cli, wait_until
 
 _REFUSED = "unroutable: no queue is bound for t.refused"
 
@@ -221,6 +223,40 @@ async def test_the_commands_run_as_the_role_the_database_url_names(env: TestEnv)
     assert result.returncode == 1
     assert result.stderr.startswith("error: cannot read or update the outbox: ")
     assert "permission denied" in result.stderr
+
+
+async def test_a_row_given_back_is_published_by_the_relay(env: TestEnv) -> None:
+    # Given a failed row of a type the topology routes, and a row owed after it
+    await env.apply_topology()
+    conn = await asyncpg.connect(env.database_url)
+    try:
+        async with conn.transaction():
+            failed = await enqueue(conn, RESTOCK, {"sku": "A", "qty": 1})
+            await conn.execute(
+                "UPDATE outbox SET failed_at = now(), attempts = 1, last_error = $2 "
+                "WHERE event_id = $1",
+                failed,
+                _REFUSED,
+            )
+        async with conn.transaction():
+            after = await enqueue(conn, RESTOCK, {"sku": "B", "qty": 1})
+    finally:
+        await conn.close()
+
+    # (a short poll: an UPDATE notifies nobody, so the relay finds the row given back at its poll)
+    async with relay(env, poll=0.5):
+        # When the relay has sent the row owed, passing the failed one by
+        await wait_until(lambda: sent(env, after), what="the row owed sent")
+        assert not await sent(env, failed)
+        # And the failed row is given back, as the run-time role
+        result = await asyncio.to_thread(_outbox, env, "retry", str(failed), role="consumer_app")
+        assert result.returncode == 0, result.stderr
+
+        # Then the relay publishes it at its next round
+        await wait_until(lambda: sent(env, failed), what="the row given back sent")
+
+    messages = await drain_queue(env.amqp_url, env.names.work)
+    assert [message.message_id for message in messages] == [str(after), str(failed)]
 
 
 def test_retry_needs_event_ids_or_all_failed(env: TestEnv) -> None:

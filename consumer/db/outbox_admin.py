@@ -16,6 +16,8 @@ from uuid import UUID
 
 import asyncpg
 
+from consumer.db.outbox_rows import NOTIFY_CHANNEL
+
 __all__ = [
     "Listing",
     "OutboxEntry",
@@ -47,6 +49,7 @@ SELECT event_id FROM outbox
 WHERE {_FAILED} AND ($1::uuid[] IS NULL OR event_id = ANY($1::uuid[]))
 ORDER BY id
 """
+_WAKE_RELAYS = f"SELECT pg_notify('{NOTIFY_CHANNEL}', '')"
 _SELECT = f"SELECT {_COLUMNS} FROM outbox"
 _OF_EVENT = f"{_SELECT} WHERE event_id = $1 ORDER BY id"
 _OLDEST = "ORDER BY id LIMIT $1"
@@ -154,6 +157,10 @@ async def retry_failed(
             records = [] if unknown else await conn.fetch(_WOULD_RETRY, asked)
         else:
             records = await conn.fetch(_RETRY, asked)
+            if records:
+                # The trigger notifies inserts only: wake the relays at this commit, as an
+                # insert would, rather than at their next poll.
+                await conn.execute(_WAKE_RELAYS)
     return Retried([record["event_id"] for record in records], unknown)
 
 

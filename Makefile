@@ -122,7 +122,7 @@ test: install services tools
 # throughput and p99 at prefetch 1, 10, 400 x a handler awaiting 0, 5 ms, 2 s; its own target, as
 # `make bench` already runs for most of an hour. More flags in BENCH_QUEUES_ARGS.
 # `make bench-outbox`: the outbox relay's commit-to-confirmed latency at 500 and 1,000 rows/s and
-# its top throughput from a backlog (about a minute); more flags in BENCH_OUTBOX_ARGS.
+# its top throughput from a backlog (a minute or two); more flags in BENCH_OUTBOX_ARGS.
 .PHONY: bench bench-queues bench-outbox soak
 
 bench: install services

@@ -121,13 +121,18 @@ test: install services tools
 # `make bench-queues`: the queue table's figures (README "Several queues in one service"):
 # throughput and p99 at prefetch 1, 10, 400 x a handler awaiting 0, 5 ms, 2 s; its own target, as
 # `make bench` already runs for most of an hour. More flags in BENCH_QUEUES_ARGS.
-.PHONY: bench bench-queues soak
+# `make bench-outbox`: the outbox relay's commit-to-confirmed latency at 500 and 1,000 rows/s and
+# its top throughput from a backlog (a minute or two); more flags in BENCH_OUTBOX_ARGS.
+.PHONY: bench bench-queues bench-outbox soak
 
 bench: install services
 	@$(PY) -m bench run $(BENCH_ARGS)
 
 bench-queues: install services
 	@$(PY) -m bench.queue_rows $(BENCH_QUEUES_ARGS)
+
+bench-outbox: install services
+	@$(PY) -m bench.outbox $(BENCH_OUTBOX_ARGS)
 
 soak: install services
 	@$(PY) -m bench soak $(SOAK_ARGS)

@@ -192,13 +192,6 @@ def _run(settings: Settings, queues: str | None) -> int:
             table = table.subset([name.strip() for name in queues.split(",") if name.strip()])
         except ConfigError as error:
             fail(str(error), EXIT_CONFIG)
-    for queue in table.sharded:
-        # Its topology exists to be applied ahead; no consumer of it would take every shard.
-        fail(
-            f"queue {queue.label}: shards = {queue.shards}: sharded consumption is not built yet, "
-            "so consumer run does not start (--queues runs the table's other queues)",
-            EXIT_CONFIG,
-        )
     try:
         check_queue_budgets({queue.label: memory_budget(queue.settings) for queue in table.queues})
         # The header limits hold only if pamqp reads tables through the decoders installed in

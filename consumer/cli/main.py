@@ -193,7 +193,9 @@ def _run(settings: Settings, queues: str | None) -> int:
         except ConfigError as error:
             fail(str(error), EXIT_CONFIG)
     try:
-        check_queue_budgets({queue.label: memory_budget(queue.settings) for queue in table.queues})
+        check_queue_budgets(
+            {queue.label: memory_budget(queue.settings, queue.shards) for queue in table.queues}
+        )
         # The header limits hold only if pamqp reads tables through the decoders installed in
         # its place: checked once, before any connection (consumer.amqp.wire).
         broker = broker_config(settings)

@@ -412,7 +412,7 @@ async def serve_table(
         handlers=list(registry),
         queues={queue.label: list(queue.types) for queue in table.queues},
         memory_budget_bytes=worst_case_of_queues(
-            memory_budget(queue.settings) for queue in table.queues
+            memory_budget(queue.settings, queue.shards) for queue in table.queues
         ),
         tuned_allocator=tuned_allocator,
     )

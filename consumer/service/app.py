@@ -161,11 +161,8 @@ def build_service(
     # A sharded queue: each shard on a channel of its own, with the queue's prefetch each, all
     # feeding this queue's workers.
     consumed = (
-        [
-            Consumed(work_queue, shard_label(shard))
-            for shard, work_queue in enumerate(spec.work_queues, 1)
-        ]
-        if spec.shards > 1
+        [Consumed(names.shard(shard), shard_label(shard)) for shard in queue.consumed_shards]
+        if queue is not None and queue.shards > 1
         else [Consumed(names.work)]
     )
     parts = build_pipeline(
@@ -412,7 +409,7 @@ async def serve_table(
         handlers=list(registry),
         queues={queue.label: list(queue.types) for queue in table.queues},
         memory_budget_bytes=worst_case_of_queues(
-            memory_budget(queue.settings, queue.shards) for queue in table.queues
+            memory_budget(queue.settings, len(queue.consumed_shards)) for queue in table.queues
         ),
         tuned_allocator=tuned_allocator,
     )

@@ -1,8 +1,8 @@
 """``consumer run`` with a sharded queue (issue 36, step 2), on the real broker and database: every
-shard is consumed, each event with a key published through the ingress is applied exactly once, a
-retried event comes back to its own shard and is applied once, and a permanent failure lands in
-the queue's one dead-letter queue naming its shard. No timed assertion: rows and depths, waited
-for."""
+shard is consumed (or, with ``--shards``, those named: replicas split them), each event with a
+key published through the ingress is applied exactly once, a retried event comes back to its own
+shard and is applied once, and a permanent failure lands in the queue's one dead-letter queue
+naming its shard. No timed assertion: rows and depths, waited for."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 from consumer.amqp import headers as h
 from consumer.cli.producer import envelope_body
+from tests.servers import free_port
 from tests.support import (
     ServiceProcess,
     TestEnv,
@@ -116,3 +117,43 @@ async def test_every_shard_is_consumed_and_each_event_applied_once(
     assert sorted(depths) == [0] * (SHARDS - 1) + [1], depths
     assert headers[SHARD] == f"s{depths.index(1) + 1}"
     await drain_queue(env.amqp_url, shard_names(env)[depths.index(1)])
+
+
+async def test_replicas_split_the_shards_with_shards(env: TestEnv, tmp_path: Path) -> None:
+    # Given the table applied, and events of 12 keys waiting in its shards
+    env.use_queue_table(TABLE, tmp_path)
+    applied = run_cli("topology", "apply", env=env.env())
+    assert applied.returncode == 0, applied.stderr
+    events = [await publish(env, f"k{n % KEYS}") for n in range(KEYS * PER_KEY)]
+
+    # When one replica runs shards 1 and 3, and another shard 2
+    one = await ServiceProcess(env, "one", run_args=("--shards", "1,3")).start().wait_ready()
+    s1, s2, s3 = shard_names(env)
+    assert [await queue_consumers(env.amqp_url, shard) for shard in (s1, s2, s3)] == [1, 0, 1]
+
+    async def s2_only_left() -> bool:
+        return (await queue_depth(env.amqp_url, s1), await queue_depth(env.amqp_url, s3)) == (0, 0)
+
+    await wait_until(s2_only_left, timeout=60, what="shards 1 and 3 drained")
+    assert await queue_depth(env.amqp_url, s2) > 0
+    port = str(free_port())
+    two = ServiceProcess(env, "two", run_args=("--shards", "2"), HTTP_PORT=port)
+    await two.start().wait_ready()
+
+    # Then between them every event is applied exactly once
+    async def all_applied() -> bool:
+        return await effects(env) == len(events)
+
+    await wait_until(all_applied, timeout=90, what="every event applied")
+    await assert_applied_once(env.database_url, events)
+    assert await one.stop() == 0
+    assert await two.stop() == 0
+
+
+def test_a_shard_the_table_has_not_stops_run_with_one_line(env: TestEnv, tmp_path: Path) -> None:
+    env.use_queue_table(TABLE, tmp_path)
+
+    result = run_cli("consumer", "run", "--shards", "2,5", env=env.env())
+
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == ["error: --shards: queue work has shards 1 to 3, not 5"]

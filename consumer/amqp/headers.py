@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from topology.names import ORIGINAL_ROUTING_KEY, RETRY_RUNG, SHARD_KEY
+from topology.names import ORIGINAL_ROUTING_KEY, RETRY_RUNG, SHARD, SHARD_KEY
 
 __all__ = [
     "ATTEMPT",
@@ -98,18 +98,27 @@ def text(value: object) -> str | None:
     return str(value)
 
 
-def trusted_headers(headers: Mapping[str, Any] | None, *, trusted: bool) -> Headers:
+def trusted_headers(
+    headers: Mapping[str, Any] | None, *, trusted: bool, shard: str | None = None
+) -> Headers:
     """``headers`` without the service's own names unless ``trusted`` (the message came back from
-    the service's own retry ladder)."""
+    the service's own retry ladder); with ``shard`` (a sharded queue's shard it was consumed from,
+    ``s2``), :data:`~topology.names.SHARD` set to it, whatever a copy said: the retry copies and
+    dead letters made of the delivery carry it, and the queue's redeliver exchange routes a
+    retry copy back to that shard by it (without it, no binding matches and the copy is lost)."""
     if not headers:
-        return {}
-    if trusted:
-        return dict(headers)
-    return {
-        key: value
-        for key, value in headers.items()
-        if not key.startswith(OWN_PREFIX) or key in _FROM_ANYONE
-    }
+        kept: Headers = {}
+    elif trusted:
+        kept = dict(headers)
+    else:
+        kept = {
+            key: value
+            for key, value in headers.items()
+            if not key.startswith(OWN_PREFIX) or key in _FROM_ANYONE
+        }
+    if shard is not None:
+        kept[SHARD] = shard
+    return kept
 
 
 def attempts_so_far(headers: Mapping[str, Any] | None) -> int:

@@ -75,6 +75,11 @@ def _parser() -> argparse.ArgumentParser:
         help="consume only these queues of the queue table (CONSUMER_QUEUES_FILE): one "
         "deployment per class of work",
     )
+    run_cmd.add_argument(
+        "--shards",
+        metavar="1,3",
+        help="consume only these shards of the table's sharded queues, so that replicas split them",
+    )
 
     migrate_cmd = commands.add_parser(
         "migrate",
@@ -155,7 +160,7 @@ def _command(argv: Sequence[str] | None) -> int:
     arguments = _parser().parse_args(argv)
     settings = load_settings()
     if arguments.command == "run":
-        return _run(settings, arguments.queues)
+        return _run(settings, arguments.queues, arguments.shards)
     if arguments.command == "migrate":
         return _migrate_command(settings, create_database=arguments.create_database)
     if arguments.command == "publish":
@@ -188,7 +193,7 @@ def _command(argv: Sequence[str] | None) -> int:
 # -- run ----------------------------------------------------------------------------------------
 
 
-def _run(settings: Settings, queues: str | None) -> int:
+def _run(settings: Settings, queues: str | None, shards: str | None = None) -> int:
     registry = load_handlers(settings)
     table = load_queue_table(settings, registry)
     if queues is not None:
@@ -198,15 +203,20 @@ def _run(settings: Settings, queues: str | None) -> int:
             table = table.subset([name.strip() for name in queues.split(",") if name.strip()])
         except ConfigError as error:
             fail(str(error), EXIT_CONFIG)
-    for queue in table.sharded:
-        # Its topology exists to be applied ahead; no consumer of it would take every shard.
-        fail(
-            f"queue {queue.label}: shards = {queue.shards}: sharded consumption is not built yet, "
-            "so consumer run does not start (--queues runs the table's other queues)",
-            EXIT_CONFIG,
-        )
+    if shards is not None:
+        if table.path is None:
+            fail("--shards needs a queue table: set CONSUMER_QUEUES_FILE", EXIT_CONFIG)
+        try:
+            table = table.shard_subset(_shard_numbers(shards))
+        except ConfigError as error:
+            fail(str(error), EXIT_CONFIG)
     try:
-        check_queue_budgets({queue.label: memory_budget(queue.settings) for queue in table.queues})
+        check_queue_budgets(
+            {
+                queue.label: memory_budget(queue.settings, len(queue.consumed_shards))
+                for queue in table.queues
+            }
+        )
         # The header limits hold only if pamqp reads tables through the decoders installed in
         # its place: checked once, before any connection (consumer.amqp.wire).
         broker = broker_config(settings)
@@ -217,6 +227,15 @@ def _run(settings: Settings, queues: str | None) -> int:
     except ConfigError as error:
         fail(str(error), EXIT_CONFIG)
     return run(settings, registry, table)
+
+
+def _shard_numbers(text: str) -> list[int]:
+    """``--shards 1,3``: the shard numbers, or one line saying what is not one."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    wrong = [part for part in parts if not (part.isascii() and part.isdigit())]
+    if wrong:
+        fail(f"--shards: {', '.join(map(repr, wrong))} is no shard number (1, 2, ...)", EXIT_CONFIG)
+    return [int(part) for part in parts]
 
 
 # -- migrate ------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ import difflib
 import re
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -113,6 +113,13 @@ class QueueSpec:
     shards: int = 1
     """How many work queues the queue's events are spread over by key (1: one work queue,
     with today's names)."""
+    only_shards: tuple[int, ...] = ()
+    """The shards this process consumes (``consumer run --shards``); empty: every one."""
+
+    @property
+    def consumed_shards(self) -> tuple[int, ...]:
+        """The shards (counted from 1) this process consumes of a sharded queue."""
+        return self.only_shards or tuple(range(1, self.shards + 1))
 
     @property
     def label(self) -> str:
@@ -175,6 +182,30 @@ class QueueTable:
         wanted = set(names)
         return QueueTable(
             tuple(q for q in self.queues if q.label in wanted), self.path, self.receipt_retention
+        )
+
+    def shard_subset(self, shards: Sequence[int]) -> QueueTable:
+        """The table ``consumer run --shards 1,3`` runs: of each sharded queue, only those shards
+        (so that replicas split them); the unsharded queues whole. A shard beyond a sharded
+        queue's count, or a table with no sharded queue, is an error."""
+        if not self.sharded:
+            raise QueueTableError(f"--shards: {self._where()} has no sharded queue")
+        if not shards:
+            raise QueueTableError("--shards names no shard")
+        wanted = tuple(sorted(set(shards)))
+        for queue in self.sharded:
+            beyond = [shard for shard in wanted if not 1 <= shard <= queue.shards]
+            if beyond:
+                raise QueueTableError(
+                    f"--shards: queue {queue.label} has shards 1 to {queue.shards}, "
+                    f"not {', '.join(map(str, beyond))}"
+                )
+        return replace(
+            self,
+            queues=tuple(
+                replace(queue, only_shards=wanted) if queue.shards > 1 else queue
+                for queue in self.queues
+            ),
         )
 
     def check_shared_waits(self) -> None:

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from consumer.allocator import keep_frame_buffers_on_heap
 from consumer.amqp import fast_paths
+from consumer.amqp.session import Consumed
 from consumer.config.queue_table import QueueSpec, QueueTable
 from consumer.config.settings import Settings
 from consumer.config.startup import EXIT_CONFIG, EXIT_FAILURE
@@ -63,7 +64,6 @@ from consumer.service.components import (
     memory_budget,
     names_for,
     receipt_window,
-    topology_for,
     topology_spec,
 )
 from consumer.service.concurrency import Concurrency
@@ -76,7 +76,7 @@ from consumer.service.supervisor import Service, ServiceConfig
 from consumer.service.watchdog import LoopWatchdog
 from consumer.service.window import PrefetchWindow
 from consumer.service.workers import Workers
-from topology.names import rung_label
+from topology.names import rung_label, shard_label
 from topology.plan import build_topology
 
 __all__ = ["build_service", "run", "serve", "serve_table"]
@@ -152,10 +152,18 @@ def build_service(
     in flight beside it (crash attribution, :mod:`consumer.db.crashes`)."""
     name = queue.name if queue is not None else None
     names = names_for(settings, name)
-    topology = (
-        topology_for(settings, registry)
+    spec = (
+        topology_spec(settings, registry)
         if queue is None
-        else build_topology(topology_spec(settings, queue.types, name))
+        else topology_spec(settings, queue.types, name, queue.shards)
+    )
+    topology = build_topology(spec)
+    # A sharded queue: each shard on a channel of its own, with the queue's prefetch each, all
+    # feeding this queue's workers.
+    consumed = (
+        [Consumed(names.shard(shard), shard_label(shard)) for shard in queue.consumed_shards]
+        if queue is not None and queue.shards > 1
+        else [Consumed(names.work)]
     )
     parts = build_pipeline(
         settings,
@@ -172,7 +180,7 @@ def build_service(
         parts.pipeline,
         parts.settler,
     )
-    window = PrefetchWindow(settings.prefetch)
+    window = PrefetchWindow(settings.prefetch * len(consumed))
     dispatcher = Dispatcher(
         workers=max_workers(settings),
         batch_size=batch_size(settings),
@@ -280,6 +288,7 @@ def build_service(
         if prune
         else None,
         relay=relay,
+        consumed=consumed,
     )
 
 
@@ -400,7 +409,7 @@ async def serve_table(
         handlers=list(registry),
         queues={queue.label: list(queue.types) for queue in table.queues},
         memory_budget_bytes=worst_case_of_queues(
-            memory_budget(queue.settings) for queue in table.queues
+            memory_budget(queue.settings, len(queue.consumed_shards)) for queue in table.queues
         ),
         tuned_allocator=tuned_allocator,
     )

@@ -206,9 +206,11 @@ def envelope_limits(settings: Settings) -> EnvelopeLimits:
     )
 
 
-def memory_budget(settings: Settings) -> MemoryBudget:
+def memory_budget(settings: Settings, shards: int = 1) -> MemoryBudget:
+    """What the process may hold at ``settings``; ``shards``: a sharded queue's, each shard a
+    consume channel with a prefetch window of its own."""
     return MemoryBudget(
-        prefetch=settings.prefetch,
+        prefetch=settings.prefetch * shards,
         max_body_bytes=settings.max_body_bytes,
         workers=max_workers(settings),
         limit=settings.memory_limit,

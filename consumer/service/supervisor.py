@@ -16,6 +16,7 @@ and the pool.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -23,7 +24,7 @@ import aiormq
 
 from consumer.amqp.connect import BrokerConfig
 from consumer.amqp.delivery import Delivery
-from consumer.amqp.session import BrokerSession
+from consumer.amqp.session import BrokerSession, Consumed
 from consumer.db.clock import read_clocks
 from consumer.db.crashes import Liveness
 from consumer.db.database import Database
@@ -96,8 +97,11 @@ class Service:
         metrics: Metrics,
         pruner: PeriodicPruner | None = None,
         relay: OutboxRelay | None = None,
+        consumed: Sequence[Consumed] = (),
     ) -> None:
         self._config = config
+        # What the session consumes: the work queue, or each shard of a sharded one.
+        self._consumed = tuple(consumed) or (Consumed(names.work),)
         self._pruner = pruner
         self._relay = relay
         self._names = names
@@ -217,7 +221,7 @@ class Service:
                 async with BrokerSession(
                     self._config.broker,
                     self._topology,
-                    self._names.work,
+                    self._consumed,
                     self._names.redeliver,
                     self._on_delivery,
                     self._metrics.settle_lost.inc,
@@ -230,6 +234,7 @@ class Service:
                         "connected to RabbitMQ",
                         url=self._config.broker.safe_url,
                         queue=self._names.work,
+                        consumed=[consumed.queue for consumed in self._consumed],
                         prefetch=self._config.broker.prefetch,
                     )
                     connected_once = True

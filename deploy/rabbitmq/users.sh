@@ -57,10 +57,14 @@ ensure_user "$bootstrap_user" "${BOOTSTRAP_PASSWORD_FILE:-}"
 
 # configure: nothing (it only declares passively, which needs no permission);
 # write: the exchanges it republishes failed events to; read: the queue it consumes, of any
-# generation (CONSUMER_WORK_QUEUE_VERSION: <name>.work, <name>.work.v2, ...).
+# generation (CONSUMER_WORK_QUEUE_VERSION: <name>.work, <name>.work.v2, ...). With a queue table,
+# each queue's own (<name>.<queue>.retry, <name>.<queue>.work), and a sharded queue's shards
+# (<name>.<queue>.work.s1, ...).
+q='([A-Za-z0-9][A-Za-z0-9_-]*\.)?'
 "$ctl" --quiet set_permissions -p "$vhost" "$consumer_user" \
-    '^$' "^$n\\.(retry|dlx)\$" "^$n\\.work(\\.v[0-9]+)?\$"
-echo "user $consumer_user: configure ^\$, write $name.retry and $name.dlx, read $name.work[.vN]"
+    '^$' "^$n\\.$q(retry|dlx)\$" "^$n\\.${q}work(\\.v[0-9]+)?(\\.s[0-9]+)?\$"
+echo "user $consumer_user: configure ^\$, write $name.[<queue>.]retry and .dlx," \
+    "read $name.[<queue>.]work[.vN][.sK]"
 
 # Everything the service owns, and the ingress exchange (declared, bound from, replayed to).
 owned="^($n\\..*|$x)\$"

@@ -1,7 +1,7 @@
 """Sharded work queues on the real broker (issue 36, step 1): ``consumer topology apply`` declares
 a sharded queue's hash exchange and shard queues, each key lands in one shard and always the same
 one, a retry comes back to its own shard, and a broker without the plugin stops ``apply`` with
-one line before anything is declared. Consuming the shards is not built: ``consumer run`` refuses.
+one line before anything is declared. Consuming the shards: ``test_shards_run.py``.
 """
 
 from __future__ import annotations
@@ -184,18 +184,6 @@ async def test_fewer_shards_than_the_broker_has_stop_apply_and_fail_check(
         "shard count is not built yet"
     ) in check.stdout.splitlines()
     assert "in place" not in check.stdout
-
-
-async def test_consumer_run_refuses_a_sharded_table(env: TestEnv, tmp_path: Path) -> None:
-    env.use_queue_table(TABLE, tmp_path)
-
-    result = run_cli("consumer", "run", env=env.env())
-
-    assert result.returncode == 2
-    assert result.stderr.splitlines() == [
-        f"error: queue stock: shards = {SHARDS}: sharded consumption is not built yet, so "
-        "consumer run does not start (--queues runs the table's other queues)"
-    ]
 
 
 @pytest.fixture

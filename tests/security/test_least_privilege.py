@@ -4,6 +4,7 @@ deploy/postgres/roles.sql (run for real), and what a missing permission looks li
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,10 +220,18 @@ async def test_each_account_can_do_only_its_own_part(
         {
             "vhost": "/",
             "configure": "^$",
-            "write": f"^{n}\\.(retry|dlx)$",
-            "read": f"^{n}\\.work(\\.v[0-9]+)?$",
+            "write": f"^{n}\\.([A-Za-z0-9][A-Za-z0-9_-]*\\.)?(retry|dlx)$",
+            "read": f"^{n}\\.([A-Za-z0-9][A-Za-z0-9_-]*\\.)?work(\\.v[0-9]+)?(\\.s[0-9]+)?$",
         }
     ]
+    # which cover a queue table's queues and a sharded queue's shards, and nothing beside them
+    (permissions,) = json.loads(listed.stdout)
+    readable = [f"{n}.work", f"{n}.work.v2", f"{n}.orders.work", f"{n}.orders.work.v2.s3"]
+    assert all(re.search(permissions["read"], queue) for queue in readable)
+    unreadable = [f"{n}.dead", f"{n}.orders.dead", f"{n}.orders.retry.1s", f"{n}.a.b.work"]
+    assert not any(re.search(permissions["read"], queue) for queue in unreadable)
+    assert re.search(permissions["write"], f"{n}.orders.retry")
+    assert not re.search(permissions["write"], f"{n}.orders.redeliver")
 
     # consumer_app cannot migrate, write the ledger or create anything; it reads the ledger
     # (consumer run refuses to start while a migration is pending)

@@ -3,7 +3,7 @@ from datetime import UTC, datetime
 import pytest
 
 from consumer.amqp import headers as h
-from topology.names import RETRY_RUNG
+from topology.names import RETRY_RUNG, SHARD, SHARD_KEY
 
 NOW = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 
@@ -83,3 +83,38 @@ def test_replay_resets_attempts_and_counts_replays() -> None:
     assert once["tenant"] == "acme"
     assert once[h.REPLAYS] == 1
     assert h.replay_headers(once)[h.REPLAYS] == 2
+
+
+def test_a_shards_delivery_carries_its_shard_into_its_retry_and_dead_letter_copies() -> None:
+    # A producer's own shard header is dropped on arrival; the shard the service consumed the
+    # event from takes its place, whatever a copy said, and the shard key is the producer's
+    producer = {SHARD: "s9", SHARD_KEY: "SKU-7", h.ATTEMPT: 3}
+    assert h.trusted_headers(producer, trusted=False) == {SHARD_KEY: "SKU-7"}
+    arrived = h.trusted_headers(producer, trusted=False, shard="s2")
+    assert arrived == {SHARD_KEY: "SKU-7", SHARD: "s2"}
+    assert h.trusted_headers({SHARD: "s1"}, trusted=True, shard="s3")[SHARD] == "s3"
+    assert h.trusted_headers(None, trusted=False, shard="s1") == {SHARD: "s1"}
+
+    retry = h.retry_headers(
+        arrived,
+        attempt=1,
+        rung="1s",
+        error_class="TransientError",
+        error_message="later",
+        original_exchange="events",
+        original_routing_key="inventory.reserve",
+        now=NOW,
+    )
+    assert (retry[SHARD], retry[SHARD_KEY]) == ("s2", "SKU-7")
+    dead = h.dead_letter_headers(
+        arrived,
+        reason="permanent_failure",
+        attempts=0,
+        error_class="PermanentError",
+        error_message="never",
+        original_exchange="events",
+        original_routing_key="inventory.reserve",
+        service="svc",
+        now=NOW,
+    )
+    assert dead[SHARD] == "s2"

@@ -323,3 +323,24 @@ def test_a_queue_held_behind_a_long_neighbour_past_its_ack_timeout_is_refused(
     read_queue_table(
         write(tmp_path, text.replace('hard_timeout = "6m"', 'hard_timeout = "4m"')), Settings()
     ).check_shared_waits()
+
+
+def test_a_shard_subset_takes_those_shards_of_each_sharded_queue(tmp_path: Path) -> None:
+    sharded = TABLE + '\n[queues.stock]\ntypes = ["inventory.reserve"]\nshards = 3\n'
+    table = read_queue_table(write(tmp_path, sharded), Settings())
+    stock = {queue.label: queue for queue in table.queues}["stock"]
+    assert stock.consumed_shards == (1, 2, 3)
+
+    subset = table.shard_subset([3, 1, 3])
+
+    queues = {queue.label: queue for queue in subset.queues}
+    assert queues["stock"].consumed_shards == (1, 3)
+    # The unsharded queues run whole, and the table keeps its file and retention
+    assert queues["sms"].consumed_shards == (1,)
+    assert (subset.path, subset.receipt_retention) == (table.path, table.receipt_retention)
+    with pytest.raises(QueueTableError, match="--shards: queue stock has shards 1 to 3, not 0, 4"):
+        table.shard_subset([4, 0, 1])
+    with pytest.raises(QueueTableError, match="--shards names no shard"):
+        table.shard_subset([])
+    with pytest.raises(QueueTableError, match="has no sharded queue"):
+        read_queue_table(write(tmp_path, TABLE), Settings()).shard_subset([1])

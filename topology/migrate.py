@@ -110,7 +110,11 @@ class _Runner:
                 await channel.declare_queue(item.name, durable=item.durable, arguments=arguments)
             else:
                 await channel.declare_exchange(
-                    item.name, AmqpExchangeType(item.type.value), durable=item.durable
+                    item.name,
+                    AmqpExchangeType(item.type.value),
+                    durable=item.durable,
+                    # A hash exchange's hash-header: RabbitMQ keeps an exchange's first arguments.
+                    arguments=dict(item.arguments) or None,
                 )
         finally:
             await channel.close()
@@ -118,7 +122,9 @@ class _Runner:
 
     async def _bind(self, step: Bind | Unbind) -> StepResult:
         binding = step.binding
-        if not step.to_exchange and await queue_state(self._connection, binding.queue) is None:
+        # A plan's own binding to an exchange (the ingress's to a hash exchange) says so itself.
+        to_exchange = step.to_exchange or binding.to_exchange
+        if not to_exchange and await queue_state(self._connection, binding.queue) is None:
             # Unbinding from a queue already deleted: its bindings went with it.
             if isinstance(step, Unbind):
                 return StepResult(step, "gone")
@@ -128,13 +134,13 @@ class _Runner:
             underlay = await channel.get_underlay_channel()
             arguments = dict(binding.arguments)
             key = binding.routing_key
-            if isinstance(step, Bind) and step.to_exchange:
+            if isinstance(step, Bind) and to_exchange:
                 await underlay.exchange_bind(
                     binding.queue, binding.exchange, key, arguments=arguments
                 )
             elif isinstance(step, Bind):
                 await underlay.queue_bind(binding.queue, binding.exchange, key, arguments=arguments)
-            elif step.to_exchange:
+            elif to_exchange:
                 await underlay.exchange_unbind(
                     binding.queue, binding.exchange, key, arguments=arguments
                 )

@@ -116,13 +116,6 @@ class TableMigration:
 
 def _by_queue(specs: Sequence[TopologySpec], which: str) -> dict[str | None, TopologySpec]:
     """Each queue's plan by its name; the service without a table is one queue named ``None``."""
-    for spec in specs:
-        if spec.shards > 1:
-            # The steps know one work queue per queue: a shard's messages would be left behind.
-            raise MigrationRefused(
-                f"queue {spec.names.queue} has shards = {spec.shards} in the {which} table: "
-                "migrating a sharded queue (resharding too) is not built yet"
-            )
     queues = {spec.names.queue: spec for spec in specs}
     if None in queues and len(specs) > 1:
         raise MigrationRefused(
@@ -284,6 +277,12 @@ def plan_table_migration(
             steps += _entering(spec, old)
     for name, spec in before.items():
         if name not in after:
+            if spec.shards > 1:
+                # Its leaving moves one work queue: the shards' messages would be left behind.
+                raise MigrationRefused(
+                    f"queue {name} has shards = {spec.shards} and leaves the table: not built; "
+                    "keep it in the table until its shards are drained"
+                )
             steps += _leaving(spec, _heirs(spec, new))
     # A stable sort: each queue's own steps keep their order within a phase.
     steps.sort(key=lambda step: _PHASES.index(type(step)))

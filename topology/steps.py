@@ -47,7 +47,7 @@ class Bind:
     to_exchange: bool = False
 
     def describe(self) -> str:
-        return self.binding.describe() + (" (exchange)" if self.to_exchange else "")
+        return self.binding.describe() + _exchange_note(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +56,12 @@ class Unbind:
     to_exchange: bool = False
 
     def describe(self) -> str:
-        return "un" + self.binding.describe() + (" (exchange)" if self.to_exchange else "")
+        return "un" + self.binding.describe() + _exchange_note(self)
+
+
+def _exchange_note(step: Bind | Unbind) -> str:
+    # A plan's own binding to an exchange says so in its description already.
+    return " (exchange)" if step.to_exchange and not step.binding.to_exchange else ""
 
 
 def _to(exchange: str, rung: str | None) -> str:

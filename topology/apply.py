@@ -242,6 +242,23 @@ async def apply_topology(connection: AbstractConnection, topology: Topology) -> 
                     routing_key=binding.routing_key,
                     arguments=dict(binding.arguments),
                 )
+        # After the bindings, so that nothing is routed nowhere meanwhile; RabbitMQ takes the
+        # removal of a binding it does not have as done.
+        for binding in topology.unbindings:
+            if binding.to_exchange:
+                await underlay.exchange_unbind(
+                    destination=binding.queue,
+                    source=binding.exchange,
+                    routing_key=binding.routing_key,
+                    arguments=dict(binding.arguments),
+                )
+            else:
+                await underlay.queue_unbind(
+                    queue=binding.queue,
+                    exchange=binding.exchange,
+                    routing_key=binding.routing_key,
+                    arguments=dict(binding.arguments),
+                )
     finally:
         if not channel.is_closed:
             await channel.close()

@@ -34,7 +34,8 @@ Fewer shards (N -> M):
 
 The bindings of step 1 stay: a retry of a leaving shard may wait in a rung for as long as the
 ladder's longest delay, and the migration cannot see the rungs' headers. They route only a header
-no shard of the queue has; ``consumer topology check`` does not count them against the plan.
+no shard of the queue has; ``consumer topology check`` does not count them against the plan, and
+``consumer topology apply`` of a table that has the shard again removes its redirect.
 
 A queue of one shard is the unsharded work queue, whose redeliver exchange is a fanout exchange,
 not a headers one: RabbitMQ cannot change an exchange's type, so 1 -> N and N -> 1 are refused.
@@ -46,7 +47,7 @@ from dataclasses import dataclass
 
 from topology.model import Binding
 from topology.names import SHARD, shard_label
-from topology.plan import SHARD_WEIGHT, TopologySpec
+from topology.plan import SHARD_WEIGHT, TopologySpec, shard_redirect
 from topology.steps import Bind, Delete, Move, Unbind
 
 __all__ = ["Reshard", "plan_reshard", "redirect_binding", "reshard_refusal"]
@@ -55,9 +56,7 @@ __all__ = ["Reshard", "plan_reshard", "redirect_binding", "reshard_refusal"]
 def redirect_binding(spec: TopologySpec, shard: int) -> Binding:
     """The redeliver exchange's binding that sends a retry of ``shard`` (one the queue no longer
     has) to the hash exchange, to be hashed by its key."""
-    names = spec.names
-    arguments = {"x-match": "all", SHARD: shard_label(shard)}
-    return Binding(names.redeliver, names.hash, arguments=arguments, to_exchange=True)
+    return shard_redirect(spec.names, shard)
 
 
 def _return_binding(spec: TopologySpec, shard: int) -> Binding:

@@ -272,3 +272,28 @@ async def test_what_leaving_shards_hold_goes_to_the_shard_its_key_has_now(
         )
     depths = [await queue_depth(env.amqp_url, q) for q in shards(env, range(1, 5))]
     assert depths == [0, 0, 0, 1]
+
+
+async def test_apply_of_more_shards_after_a_reshard_to_fewer_removes_the_redirect(
+    env: TestEnv, tmp_path: Path
+) -> None:
+    # Given a queue taken from 3 shards to 2 by the migration: a retry of s3 goes to the hash
+    three, two = tables(env, tmp_path, 3, 2)
+    code, output = await migrate(env, three, two)
+    assert code == 0, output
+
+    # When the table goes back to 3 shards by apply, not by the migration
+    applied = run_cli("consumer", "topology", "apply", env=env.env(queues_file=str(three)))
+
+    # Then a retry of s3 comes back to s3 alone, not hashed as well
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    async with env.producer() as producer:
+        body = envelope_body("test.behave", behave("k"), event_id=uuid.uuid4())
+        await producer.send_raw(
+            body,
+            "test.behave",
+            headers={SHARD: "s3", SHARD_KEY: "k"},
+            exchange=f"{env.name}.work.redeliver",
+        )
+    depths = [await queue_depth(env.amqp_url, q) for q in shards(env, range(1, 4))]
+    assert depths == [0, 0, 1]

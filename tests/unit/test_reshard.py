@@ -274,3 +274,10 @@ def test_check_still_names_a_redirect_of_a_shard_the_plan_has() -> None:
     differences = compare_bindings(plan, [*plan.bindings, redirect(2)])
 
     assert differences.describe() == [f"not in the plan: {redirect(2).describe()}"]
+
+
+def test_apply_removes_the_redirects_of_the_plan_s_own_shards_and_only_a_sharded_plan() -> None:
+    # a table grown back by apply after a migration to fewer shards: each shard's retries must
+    # come back to it alone
+    assert build_topology(queue(3)).unbindings == (redirect(1), redirect(2), redirect(3))
+    assert build_topology(TopologySpec(Names("svc", "events"), LADDER, 20, ("t",))).unbindings == ()

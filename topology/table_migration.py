@@ -283,7 +283,22 @@ def plan_table_migration(
                     f"queue {name} has shards = {spec.shards} and leaves the table: not built; "
                     "keep it in the table until its shards are drained"
                 )
-            steps += _leaving(spec, _heirs(spec, new))
+            heirs = _heirs(spec, new)
+            sharded = sorted(
+                {
+                    str(h.names.queue)
+                    for h in (heirs.heir, *dict(heirs.by_type).values())
+                    if h.shards > 1
+                }
+            )
+            if sharded:
+                # Its messages and retries would reach a sharded queue's redeliver exchange with
+                # no shard to return to, and be dropped there.
+                raise MigrationRefused(
+                    f"{_queue(name)} leaves the table for sharded queue {', '.join(sharded)}: "
+                    "not built; keep it in the table"
+                )
+            steps += _leaving(spec, heirs)
     # A stable sort: each queue's own steps keep their order within a phase.
     steps.sort(key=lambda step: _PHASES.index(type(step)))
     return TableMigration(MigrationPlan(tuple(steps)), _moves(old, new))

@@ -297,3 +297,35 @@ async def test_apply_of_more_shards_after_a_reshard_to_fewer_removes_the_redirec
         )
     depths = [await queue_depth(env.amqp_url, q) for q in shards(env, range(1, 4))]
     assert depths == [0, 0, 1]
+
+
+async def test_a_sharded_queue_new_to_the_table_takes_a_type_from_an_unsharded_one(
+    env: TestEnv, tmp_path: Path
+) -> None:
+    # Given a table whose queue "work" is unsharded, and a new table where a new queue of 2
+    # shards takes test.behave from it
+    old = tables(env, tmp_path, 1)[0]
+    new = tmp_path / "queues-new.toml"
+    new.write_text(
+        table(1).replace('["test.behave", ', "[")
+        + '\n[queues.keyed]\ntypes = ["test.behave"]\nshards = 2\n'
+    )
+    env.topologies.append(table_topology(read_queue_table(new, env.settings())))
+
+    # When the migration runs
+    code, output = await migrate(env, old, new)
+
+    # Then the new queue is declared whole, its hash exchange hashing the shard key: a key's
+    # events go to one shard, and 20 keys to both
+    assert code == 0, output
+    assert "moved test.behave: from queue work to queue keyed" in output
+    await _publish_keys(env, [f"key-{n}" for n in range(20)], 2)
+    keyed = [f"{env.name}.keyed.work.s{n}" for n in (1, 2)]
+    found = {}
+    for queue in keyed:
+        messages = await drain_queue(env.amqp_url, queue)
+        found[queue] = {str(message.headers[SHARD_KEY]) for message in messages}
+        assert len(messages) == 2 * len(found[queue]), queue
+    assert all(found.values()), found
+    assert not found[keyed[0]] & found[keyed[1]]
+    assert await queue_depth(env.amqp_url, f"{env.name}.work.work") == 0

@@ -281,3 +281,39 @@ def test_apply_removes_the_redirects_of_the_plan_s_own_shards_and_only_a_sharded
     # come back to it alone
     assert build_topology(queue(3)).unbindings == (redirect(1), redirect(2), redirect(3))
     assert build_topology(TopologySpec(Names("svc", "events"), LADDER, 20, ("t",))).unbindings == ()
+
+
+def test_a_queue_leaving_the_table_for_a_sharded_queue_is_refused_with_one_line() -> None:
+    # its messages and an old replica's retries would reach the sharded queue's redeliver
+    # exchange with no consumer-shard header, and be dropped at the end of a rung
+    old = [queue(3, "q", "t.one"), queue(1, "r", "t.two")]
+    new = [queue(3, "q", "t.one", "t.two")]
+
+    with pytest.raises(MigrationRefused) as refused:
+        plan_table_migration(old, new)
+
+    assert str(refused.value) == (
+        "queue r leaves the table for sharded queue q: not built; keep it in the table"
+    )
+
+
+def test_a_sharded_queue_new_to_the_table_is_declared_whole_with_its_hash_exchange() -> None:
+    old = [queue(1, "r", "t.one", "t.two")]
+    new = [queue(1, "r", "t.one"), queue(3, "q", "t.two")]
+
+    plan = plan_table_migration(old, new).plan
+    declared = [step.describe() for step in plan.steps if type(step).__name__ == "DeclareExchange"]
+
+    assert (
+        "declare exchange svc.q.hash (x-consistent-hash, durable; hash-header=consumer-shard-key)"
+        in declared
+    )
+    assert [step.queue.name for step in plan.steps if isinstance(step, Declare)][1:4] == [
+        "svc.q.work.s1",
+        "svc.q.work.s2",
+        "svc.q.work.s3",
+    ]
+    binds = [step.binding for step in plan.steps if isinstance(step, Bind)]
+    assert Binding("events", "svc.q.hash", "t.two", to_exchange=True) in binds
+    unbind = Unbind(Binding("events", "svc.r.work", "t.two"))
+    assert plan.steps.index(unbind) > max(plan.steps.index(Bind(b)) for b in binds)

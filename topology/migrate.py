@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.abc import ExchangeType as AmqpExchangeType
 
-from topology.apply import find_conflicts, missing
+from topology.apply import find_conflicts, missing, set_binding
 from topology.migration_plan import (
     Bind,
     Declare,
@@ -132,20 +132,8 @@ class _Runner:
         channel = await self._channel()
         try:
             underlay = await channel.get_underlay_channel()
-            arguments = dict(binding.arguments)
-            key = binding.routing_key
-            if isinstance(step, Bind) and to_exchange:
-                await underlay.exchange_bind(
-                    binding.queue, binding.exchange, key, arguments=arguments
-                )
-            elif isinstance(step, Bind):
-                await underlay.queue_bind(binding.queue, binding.exchange, key, arguments=arguments)
-            elif to_exchange:
-                await underlay.exchange_unbind(
-                    binding.queue, binding.exchange, key, arguments=arguments
-                )
-            else:
-                await underlay.queue_unbind(binding.queue, binding.exchange, key, arguments)
+            as_planned = replace(binding, to_exchange=to_exchange)
+            await set_binding(underlay, as_planned, remove=isinstance(step, Unbind))
         finally:
             if not channel.is_closed:
                 await channel.close()

@@ -197,6 +197,18 @@ async def _publish_keys(env: TestEnv, keys: Iterable[str], each: int) -> None:
                 await producer.send_raw(body, "test.behave", headers={SHARD_KEY: key})
 
 
+async def _retry_of(env: TestEnv, label: str, key: str) -> None:
+    """A retry copy of shard ``label`` at the end of its rung: into the redeliver exchange."""
+    async with env.producer() as producer:
+        body = envelope_body("test.behave", behave(key), event_id=uuid.uuid4())
+        await producer.send_raw(
+            body,
+            "test.behave",
+            headers={SHARD: label, SHARD_KEY: key},
+            exchange=f"{env.name}.work.redeliver",
+        )
+
+
 async def _keys_by_shard(env: TestEnv, numbers: Iterable[int]) -> dict[str, set[str]]:
     """Each shard's messages taken, by the shard key they carry."""
     found: dict[str, set[str]] = {}
@@ -245,14 +257,7 @@ async def test_what_leaving_shards_hold_goes_to_the_shard_its_key_has_now(
     assert await _keys_by_shard(env, (1, 2)) == before
 
     # And a retry of a removed shard (an old replica's, or one in a rung) goes to its key's shard
-    async with env.producer() as producer:
-        body = envelope_body("test.behave", behave(keys[0]), event_id=uuid.uuid4())
-        await producer.send_raw(
-            body,
-            "test.behave",
-            headers={SHARD: "s4", SHARD_KEY: keys[0]},
-            exchange=f"{env.name}.work.redeliver",
-        )
+    await _retry_of(env, "s4", keys[0])
     home = next(queue for queue, found in before.items() if keys[0] in found)
     assert await queue_depth(env.amqp_url, home) == 1
     assert len(await drain_queue(env.amqp_url, home)) == 1
@@ -262,14 +267,7 @@ async def test_what_leaving_shards_hold_goes_to_the_shard_its_key_has_now(
 
     # Then s3 and s4 are back, the redirects gone: a retry of s4 returns to s4 alone
     assert code == 0, output
-    async with env.producer() as producer:
-        body = envelope_body("test.behave", behave(keys[0]), event_id=uuid.uuid4())
-        await producer.send_raw(
-            body,
-            "test.behave",
-            headers={SHARD: "s4", SHARD_KEY: keys[0]},
-            exchange=f"{env.name}.work.redeliver",
-        )
+    await _retry_of(env, "s4", keys[0])
     depths = [await queue_depth(env.amqp_url, q) for q in shards(env, range(1, 5))]
     assert depths == [0, 0, 0, 1]
 
@@ -287,14 +285,7 @@ async def test_apply_of_more_shards_after_a_reshard_to_fewer_removes_the_redirec
 
     # Then a retry of s3 comes back to s3 alone, not hashed as well
     assert applied.returncode == 0, applied.stdout + applied.stderr
-    async with env.producer() as producer:
-        body = envelope_body("test.behave", behave("k"), event_id=uuid.uuid4())
-        await producer.send_raw(
-            body,
-            "test.behave",
-            headers={SHARD: "s3", SHARD_KEY: "k"},
-            exchange=f"{env.name}.work.redeliver",
-        )
+    await _retry_of(env, "s3", "k")
     depths = [await queue_depth(env.amqp_url, q) for q in shards(env, range(1, 4))]
     assert depths == [0, 0, 1]
 

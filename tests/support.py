@@ -648,6 +648,17 @@ async def drain_queue(
     return messages
 
 
+def queue_of(env: TestEnv, queue: str | None, part: str = "work") -> str:
+    """The name of ``part`` (``work``, ``dead``, ``retry.1s``...) of queue ``queue`` of the test's
+    queue table; with ``None``, of the one queue the service has without a table."""
+    return f"{env.name}.{part}" if queue is None else f"{env.name}.{queue}.{part}"
+
+
+async def depth_is(env: TestEnv, queue: str | None, depth: int) -> bool:
+    """For polling: the work queue of ``queue`` (:func:`queue_of`) holds ``depth`` messages."""
+    return await queue_depth(env.amqp_url, queue_of(env, queue)) == depth
+
+
 async def queue_exists(url: str, queue: str) -> bool:
     connection = await aio_pika.connect(url)
     try:
@@ -675,6 +686,11 @@ async def fetch(dsn: str, query: str, *args: Any) -> list[asyncpg.Record]:
         return list(await conn.fetch(query, *args))
     finally:
         await conn.close()
+
+
+async def count_rows(env: TestEnv, table: str) -> int:
+    """The rows of ``table`` (a name the test gives, never input) in the test's database."""
+    return int(await fetchval(env.database_url, f"SELECT count(*) FROM {table}"))
 
 
 async def effect_counts(dsn: str, table: str = "test_effects") -> dict[uuid.UUID, int]:

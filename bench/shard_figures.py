@@ -64,10 +64,10 @@ def consumer_channels(assignment: Sequence[tuple[int, ...] | None], shards: int)
 
 
 def shards_label(assignment: Sequence[tuple[int, ...] | None]) -> str:
-    """``1,4 | 2,5 | 3,6``; ``all`` when every process runs every shard."""
+    """``1,4 / 2,5 / 3,6``; ``all`` when every process runs every shard."""
     if all(part is None for part in assignment):
         return "all" if len(assignment) == 1 else f"all x{len(assignment)}"
-    return " | ".join(",".join(map(str, part or ())) for part in assignment)
+    return " / ".join(",".join(map(str, part or ())) for part in assignment)
 
 
 def _key(cell: Mapping[str, Any]) -> tuple[int, int]:
@@ -98,8 +98,9 @@ def per_core(cell: Mapping[str, Any]) -> dict[str, float | None]:
       (rate / (service CPU % / 100));
     - ``beam_consume_ms``: the three nodes' CPU per event while draining (delivery, acks, the
       Raft log of the settlements on every replica), ``beam_publish_ms`` the same while the
-      backlog was published (the enqueue and its replication), ``leader_node_ms`` the busiest
-      node's share while draining (``leader_node_publish_ms`` while publishing);
+      backlog was published (the enqueue and its replication), ``leader_node_ms`` the share of
+      the node leading a one-shard queue (of the busiest node for more shards) while draining
+      (``leader_node_publish_ms`` while publishing);
     - ``postgres_ms``: the run database's backends' CPU per event, ``postgres_commit_ms`` per
       effect transaction; ``events_per_commit``; ``commits_s``.
     """
@@ -115,6 +116,9 @@ def per_core(cell: Mapping[str, Any]) -> dict[str, float | None]:
         return None if percent is None else percent / 100 / rate * 1000
 
     service = cpu.get("service")
+    leaders: Sequence[int] = cell.get("leaders") or []
+    # A one-shard queue's leader's node (the publisher's node too); else the busiest node.
+    leader = f"beam{leaders[0]}" if len(leaders) == 1 and leaders[0] >= 0 else None
     nodes = [value for label, value in cpu.items() if label.startswith("beam") and label[4:]]
     publish = cell.get("publish") or {}
     publish_cpu: Mapping[str, float] = publish.get("cpu") or {}
@@ -122,6 +126,9 @@ def per_core(cell: Mapping[str, Any]) -> dict[str, float | None]:
     publish_nodes = [
         v for label, v in publish_cpu.items() if label.startswith("beam") and label[4:]
     ]
+    if leader is not None:
+        nodes = [cpu.get(leader, 0.0)]
+        publish_nodes = [publish_cpu.get(leader, 0.0)]
     publish_rate = publish["events"] / publish["seconds"] if publish.get("seconds") else None
 
     def publish_ms(percent: float | None) -> float | None:
@@ -149,9 +156,9 @@ class ScaleInputs:
     beam_ms_per_event: float
     """The cluster's CPU per event, publish side and consume side, all three replicas."""
     leader_node_ms: float
-    """The CPU per event of the busiest node of a one-shard queue (its leader's, which the
-    publisher was connected to as well), publishing plus draining: what one leader's node spends
-    per event, an upper bound on the queue's own Raft process."""
+    """The CPU per event of the node leading a one-shard queue (which the publisher was connected
+    to as well), publishing plus draining: what one leader's node spends per event, an upper
+    bound on the queue's own Raft process."""
     postgres_ms: float
     events_per_commit: float
 
@@ -163,7 +170,7 @@ def _median(values: Sequence[float | None]) -> float | None:
 
 def scale_inputs(cells: Sequence[Mapping[str, Any]]) -> ScaleInputs | None:
     """The medians over ``cells`` of their per-core figures; the leader's node from the
-    one-shard cells (their one leader's node is the busiest one); None if a figure is missing."""
+    one-shard cells; None if a figure is missing."""
     figures = [per_core(cell) for cell in cells]
     service = _median([f.get("service_events_per_core_s") for f in figures])
     consume = _median([f.get("beam_consume_ms") for f in figures])
@@ -192,6 +199,11 @@ def scale_inputs(cells: Sequence[Mapping[str, Any]]) -> ScaleInputs | None:
     )
 
 
+def _up(value: float) -> int:
+    """Rounded up, a float's last-digit noise aside (70.00000000001 is 70)."""
+    return math.ceil(round(value, 6))
+
+
 def scale_model(
     inputs: ScaleInputs, *, target: float = 100_000, headroom: float = 0.7, node_cores: int = 8
 ) -> list[tuple[str, float]]:
@@ -201,12 +213,12 @@ def scale_model(
     if not 0 < headroom <= 1 or target <= 0 or node_cores < 1:
         raise ValueError("headroom in (0, 1], target and node_cores positive")
     service_cores = target / inputs.service_events_per_core_s / headroom
-    processes = math.ceil(service_cores)
+    processes = _up(service_cores)
     leader_events_s = 1000 / inputs.leader_node_ms * headroom
-    shards_for_leaders = math.ceil(target / leader_events_s)
+    shards_for_leaders = _up(target / leader_events_s)
     shards = max(shards_for_leaders, processes)
     broker_cores = target * inputs.beam_ms_per_event / 1000 / headroom
-    nodes = max(3, math.ceil(broker_cores / node_cores), math.ceil(shards / node_cores))
+    nodes = max(3, _up(broker_cores / node_cores), _up(shards / node_cores))
     commits_s = target / inputs.events_per_commit
     postgres_cores = target * inputs.postgres_ms / 1000 / headroom
     t, h = f"{target:,.0f}", f"{headroom:g}"
@@ -271,7 +283,8 @@ def shard_lines(result: Mapping[str, Any]) -> list[str]:
         core = per_core(cell)
         load = cell.get("load") or []
         lines.append(
-            f"| {key[0]} | {key[1]} | {cell.get('assignment', '')} | {_num(cell.get('rate'))} | "
+            f"| {key[0]} | {key[1]} | {shards_label(assign_shards(*key))} | "
+            f"{_num(cell.get('rate'))} | "
             f"{_num(relative[key]['vs_one_shard'], 2)} | {_num(relative[key]['vs_one_by_one'], 2)}"
             f" | {_num(cpu.get('service'))} | {_num(cpu.get('beam'))} | "
             f"{_num(cpu.get('postgres'))} | {_num(cpu.get('machine'))} | "

@@ -95,7 +95,9 @@ def per_core(cell: Mapping[str, Any]) -> dict[str, float | None]:
     transactions:
 
     - ``service_events_per_core_s``: events a second one fully busy service core applies
-      (rate / (service CPU % / 100));
+      (rate / (service CPU % / 100)); ``stack_events_per_core_s`` the same for the service, the
+      nodes and PostgreSQL's backends together: on a machine whose cores others share, the cells
+      differ mostly by how much CPU they were given, and this shows it;
     - ``beam_consume_ms``: the three nodes' CPU per event while draining (delivery, acks, the
       Raft log of the settlements on every replica), ``beam_publish_ms`` the same while the
       backlog was published (the enqueue and its replication), ``leader_node_ms`` the share of
@@ -135,8 +137,10 @@ def per_core(cell: Mapping[str, Any]) -> dict[str, float | None]:
         return percent / 100 / publish_rate * 1000 if percent and publish_rate else None
 
     postgres = ms(cpu.get("postgres"))
+    stack = sum(cpu.get(group) or 0.0 for group in ("service", "beam", "postgres"))
     return {
         "service_events_per_core_s": rate / (service / 100) if service else None,
+        "stack_events_per_core_s": rate / (stack / 100) if stack else None,
         "beam_consume_ms": ms(cpu.get("beam")),
         "beam_publish_ms": publish_ms(publish_beam),
         "leader_node_ms": ms(max(nodes)) if nodes else None,
@@ -271,8 +275,9 @@ def shard_lines(result: Mapping[str, Any]) -> list[str]:
         f"inventory.reserve events over {result.get('skus', 0):,} keys, {result.get('machine')}",
         "",
         "| processes | shards | --shards | events/s | vs 1 shard | vs 1x1 | service % | "
-        "beam % | postgres % | machine % | svc events/s/core | events/commit | load |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "beam % | postgres % | machine % | svc events/s/core | all events/s/core | "
+        "events/commit | load |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for cell in cells:
         key = _key(cell)
@@ -289,6 +294,7 @@ def shard_lines(result: Mapping[str, Any]) -> list[str]:
             f" | {_num(cpu.get('service'))} | {_num(cpu.get('beam'))} | "
             f"{_num(cpu.get('postgres'))} | {_num(cpu.get('machine'))} | "
             f"{_num(core.get('service_events_per_core_s'))} | "
+            f"{_num(core.get('stack_events_per_core_s'))} | "
             f"{_num(core.get('events_per_commit'), 1)} | "
             f"{' -> '.join(f'{value:.1f}' for value in load)} |"
         )

@@ -129,6 +129,7 @@ def test_per_core_figures_come_from_the_rate_and_the_cpu_shares() -> None:
     assert figures == pytest.approx(
         {
             "service_events_per_core_s": 5000.0,  # 2,000/s on 0.4 of a core
+            "stack_events_per_core_s": 2857.142857,  # 2,000/s on 0.4 + 0.2 + 0.1 of a core
             "beam_consume_ms": 0.1,  # 0.2 core-s a second / 2,000 events
             "beam_publish_ms": 0.6,  # 0.6 core-s a second / 1,000 events
             "leader_node_ms": 0.05,
@@ -195,8 +196,8 @@ def test_the_table_has_a_row_per_cell_and_the_model_under_it() -> None:
     }
     lines = shard_lines(result)
     assert (
-        "| 1 | 1 | all | 2,000 | 1.00 | 1.00 | 40 | 20 | 10 | - | 5,000 | 50.0 | 1.0 -> 2.0 |"
-        in (lines)
+        "| 1 | 1 | all | 2,000 | 1.00 | 1.00 | 40 | 20 | 10 | - | 5,000 | 2,857 | 50.0 | "
+        "1.0 -> 2.0 |" in lines
     )
     assert "| 6 | 6 | FAILED: no progress |" in lines
     assert any(line.startswith("- service cores = 100,000") for line in lines)

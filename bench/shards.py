@@ -2,7 +2,7 @@
 processes draining a queue of 1, 3 and 6 shards, the same events in every cell, in one run.
 
     make bench-shards
-    .venv/bin/python -m bench.shards --events 20000 --processes 1,3,6 --shards 1,3,6
+    .venv/bin/python -m bench.shards --events 15000 --processes 1,3,6 --shards 1,3,6
 
 A throwaway three-node RabbitMQ cluster (``tests.servers.ThrowawayRabbitCluster``, the
 consistent-hash exchange's plugin enabled on each node, Erlang's scheduler busy-waiting off so
@@ -72,7 +72,7 @@ __all__ = ["main", "queue_table", "rotated", "run_shards", "window_end"]
 
 PROCESSES = (1, 3, 6)
 SHARDS = (1, 3, 6)
-EVENTS = 30_000
+EVENTS = 15_000
 SKUS = 10_000
 """Keys: enough that two batches of 50 in different processes seldom lock the same stock row
 (with 100 SKUs they mostly wait on each other: bench/README.md, Scale-out on a cluster), so a

@@ -417,11 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BenchError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    text = "\n".join(outbox_lines(result))
-    saved = report.save(result, text, options.results_dir, result["started"])
-    print(text)
-    print(f"saved {saved} and {saved.with_suffix('.txt').name}")
-    print(report.json_line(result))
+    report.publish(result, "\n".join(outbox_lines(result)), options.results_dir)
     return 0
 
 

@@ -10,6 +10,7 @@ consumers' receipts absorb the copy.
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -247,10 +248,15 @@ class OutboxRelay:
                     )
                     result.refused.append(Refusal(row.id, text, permanent=True))
                     continue
+                properties = _properties(row)
+                unsendable = _unsendable(properties, self._config.exchange, row.type)
+                if unsendable is not None:
+                    result.refused.append(Refusal(row.id, unsendable, permanent=True))
+                    continue
                 try:
                     await publisher.publish(
                         row.body,
-                        _properties(row),
+                        properties,
                         exchange=self._config.exchange,
                         routing_key=row.type,
                     )
@@ -307,6 +313,19 @@ def _chains(batch: Sequence[OutboxRow]) -> list[list[OutboxRow]]:
             keyed[row.order_key] = chain = [row]
             chains.append(chain)
     return chains
+
+
+def _unsendable(properties: Basic.Properties, exchange: str, routing_key: str) -> str | None:
+    """Why the row's publish cannot be put into AMQP frames at all, or None: a header value no
+    AMQP table can hold (an integer past 64 bits, which JSON and jsonb take), a type past 255
+    bytes (a row written with SQL). Such a publish raises the same encoder error every time:
+    counted transient, it would be tried for ever and hold every later row of its key behind it."""
+    try:
+        properties.marshal()
+        Basic.Publish(exchange=exchange, routing_key=routing_key).marshal()
+    except (TypeError, ValueError, struct.error) as error:
+        return f"not sendable as AMQP: {error}"
+    return None
 
 
 def _properties(row: OutboxRow) -> Basic.Properties:

@@ -86,6 +86,18 @@ async def sent(env: TestEnv, event_id: uuid.UUID) -> bool:
     )
 
 
+async def failed_once(conn: asyncpg.Connection[Any], event_id: uuid.UUID) -> str:
+    """Asserts that the row was refused for good at its first attempt, never sent: its error."""
+    (row,) = await conn.fetch(
+        "SELECT sent_at, failed_at, attempts, last_error FROM outbox WHERE event_id = $1",
+        event_id,
+    )
+    assert row["sent_at"] is None
+    assert row["failed_at"] is not None
+    assert row["attempts"] == 1
+    return str(row["last_error"])
+
+
 def relay_name(env: TestEnv, label: str) -> str:
     return f"{env.name}-{label}"
 
@@ -297,16 +309,10 @@ async def test_an_unroutable_row_fails_for_good_and_the_rows_after_it_go(env: Te
             after = await enqueue(conn, {"sku": "A", "qty": 1}, key="K")
             await wait_until(lambda: sent(env, after), what="the row after the unroutable one")
             # Then the unroutable row is failed for good, its error kept, and never sent
-            (row,) = await conn.fetch(
-                "SELECT sent_at, failed_at, attempts, last_error FROM outbox WHERE event_id = $1",
-                lost,
-            )
+            error = await failed_once(conn, lost)
         finally:
             await conn.close()
-        assert row["sent_at"] is None
-        assert row["failed_at"] is not None
-        assert row["attempts"] == 1
-        assert "could not route 'nobody.listens'" in row["last_error"]
+        assert "could not route 'nobody.listens'" in error
         assert metrics.outbox_refused.labels(kind="permanent")._value.get() == 1
     messages = await drain_queue(env.amqp_url, env.names.work)
     assert [message.message_id for message in messages] == [str(after)]

@@ -238,6 +238,8 @@ def build_service(
                 poll=settings.outbox_poll.total_seconds(),
                 reconnect_max_delay=settings.reconnect_max_delay.total_seconds(),
                 statement_timeout=settings.hard_timeout.total_seconds() * 3,
+                # Three confirms' time: a round's rows are locked while it waits for them.
+                publish_limit=settings.publish_timeout.total_seconds() * 3,
                 stop_grace=settings.publish_timeout.total_seconds(),
                 max_body_bytes=settings.max_body_bytes,
             ),

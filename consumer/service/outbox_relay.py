@@ -56,6 +56,11 @@ class RelayConfig:
     reconnect_max_delay: float = 30.0
     statement_timeout: float = 60.0
     """The longest one of the relay's statements may take before its connection counts as lost."""
+    publish_limit: float = 30.0
+    """The longest a round's publishes may take, its transaction open and its rows locked
+    meanwhile (against the other replicas, and holding back the outbox's prune and the database's
+    vacuum): past it, the rows not yet confirmed are released, unsent, for a later round. A
+    confirm the broker holds back (a memory or disk alarm) is otherwise waited for without end."""
     stop_grace: float = 10.0
     """How long a stop waits for the round in progress (its publishes confirmed and marked)."""
     max_body_bytes: int | None = None
@@ -234,13 +239,17 @@ class OutboxRelay:
     ) -> list[int]:
         """Every row published, the ids confirmed. A key's rows go one after another, each after
         the confirm of the one before, and a key stops at its first transient failure (its later
-        rows must not overtake it); rows without a key, and different keys, go side by side."""
+        rows must not overtake it); rows without a key, and different keys, go side by side. A
+        chain still waiting after ``publish_limit`` is cut there: the row it waits for counts as
+        a transient failure, and neither it nor the rest of its chain is marked."""
         started = time.monotonic()
         confirmed: list[int] = []
+        waiting: dict[int, OutboxRow] = {}
 
-        async def chain(rows: Sequence[OutboxRow]) -> None:
+        async def chain(number: int, rows: Sequence[OutboxRow]) -> None:
             limit = self._config.max_body_bytes
             for row in rows:
+                waiting[number] = row
                 if limit is not None and len(row.body) > limit:
                     text = (
                         f"a body of {len(row.body)} bytes, larger than CONSUMER_MAX_BODY_BYTES "
@@ -269,8 +278,26 @@ class OutboxRelay:
                     return
                 confirmed.append(row.id)
                 self._metrics.outbox_publish_latency.observe(row.age + time.monotonic() - started)
+            del waiting[number]
 
-        await asyncio.gather(*(chain(rows) for rows in _chains(batch)))
+        chains = [
+            asyncio.create_task(chain(number, rows)) for number, rows in enumerate(_chains(batch))
+        ]
+        try:
+            _, late = await asyncio.wait(chains, timeout=self._config.publish_limit)
+        finally:
+            # Also on the round's own cancel (a stop past its grace): no chain outlives it.
+            for task in chains:
+                task.cancel()
+            await asyncio.gather(*chains, return_exceptions=True)
+        for number, task in enumerate(chains):
+            row = waiting.get(number)
+            if task in late and row is not None:
+                text = (
+                    f"no confirm within the round's limit ({self._config.publish_limit:g}s): "
+                    "the broker blocking the connection?"
+                )
+                result.refused.append(Refusal(row.id, text, permanent=False))
         return confirmed
 
     async def _observe_depth(self, conn: asyncpg.Connection[Any], *, force: bool) -> None:

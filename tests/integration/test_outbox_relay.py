@@ -104,7 +104,12 @@ def relay_name(env: TestEnv, label: str) -> str:
 
 @asynccontextmanager
 async def relay(
-    env: TestEnv, label: str = "relay", *, poll: float = NEVER_POLLS, batch_size: int = 100
+    env: TestEnv,
+    label: str = "relay",
+    *,
+    poll: float = NEVER_POLLS,
+    batch_size: int = 100,
+    publish_limit: float = 30.0,
 ) -> AsyncIterator[Metrics]:
     """A relay on a broker connection of its own (confirms, mandatory publishes, as the
     service's publishing channel), its database sessions named ``<test>-<label>``."""
@@ -124,6 +129,7 @@ async def relay(
             batch_size=batch_size,
             poll=poll,
             reconnect_max_delay=1.0,
+            publish_limit=publish_limit,
         )
         async with OutboxRelay(
             config,

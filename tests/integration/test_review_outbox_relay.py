@@ -3,9 +3,13 @@ and database. Each test names the defect it was written for."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import asyncpg
 
 from tests.integration.test_outbox_relay import enqueue, failed_once, relay, sent
+from tests.integration.test_review_blocked_publish import memory_alarm
+from tests.servers import ThrowawayRabbit
 from tests.support import TestEnv, drain_queue, wait_until
 
 
@@ -33,3 +37,47 @@ async def test_a_row_whose_headers_amqp_cannot_carry_fails_for_good_and_frees_it
         assert metrics.outbox_refused.labels(kind="permanent")._value.get() == 1
     messages = await drain_queue(env.amqp_url, env.names.work)
     assert [message.message_id for message in messages] == [str(after)]
+
+
+async def test_a_round_whose_confirms_a_broker_alarm_holds_back_ends_and_releases_its_rows(
+    env: TestEnv, rabbit: ThrowawayRabbit
+) -> None:
+    # The defect: the publisher waits for a confirm without end while the broker blocks its
+    # connection (a memory or disk alarm), and the relay's round waited with it, its transaction
+    # open: its rows stayed locked, and the outbox's prune (which needs the table's lock) and the
+    # database's vacuum (the transaction's xid) were held back for as long as the alarm lasted.
+    # On a throwaway RabbitMQ node of the test's own.
+    env = dataclasses.replace(env, amqp_url=rabbit.url, topologies=[])
+    env.overrides["exchange"] = f"{env.name}.events"
+    await env.apply_topology()
+    conn = await asyncpg.connect(env.database_url)
+    alarm_on = False
+    try:
+        async with relay(env, publish_limit=1.0) as metrics:
+            # Given a broker alarm that blocks the relay's publishing connection
+            memory_alarm(rabbit, on=True)
+            alarm_on = True
+            # When a row commits
+            event_id = await enqueue(conn, {"sku": "A", "qty": 1})
+
+            # Then the round ends while the alarm lasts: the row's attempt counted, unsent
+            async def attempted() -> bool:
+                attempts = await conn.fetchval(
+                    "SELECT attempts FROM outbox WHERE event_id = $1", event_id
+                )
+                return int(attempts) >= 1
+
+            await wait_until(attempted, timeout=60, what="the blocked round to end")
+            assert not await sent(env, event_id)
+            assert metrics.outbox_refused.labels(kind="transient")._value.get() >= 1
+            # and once the alarm clears, the row is sent
+            memory_alarm(rabbit, on=False)
+            alarm_on = False
+            await wait_until(lambda: sent(env, event_id), timeout=60, what="the row sent")
+    finally:
+        if alarm_on:
+            memory_alarm(rabbit, on=False)
+        await conn.close()
+    # and it reached the queue (more than once, perhaps: the consumers' receipts absorb copies)
+    messages = await drain_queue(env.amqp_url, env.names.work)
+    assert {message.message_id for message in messages} == {str(event_id)}

@@ -36,6 +36,7 @@ from consumer.errors import Unroutable
 from consumer.logs import Logger
 from consumer.observe.metrics import Metrics
 from consumer.service.backoff import Backoff
+from consumer.service.outbox_resting import RestingRows
 from topology.names import SHARD_KEY
 
 __all__ = ["OutboxRelay", "RelayConfig", "RoundResult"]
@@ -79,12 +80,20 @@ class RoundResult:
     held: int = 0
     full: bool = False
     no_publisher: bool = False
+    resting: bool = False
+    """Rows refused for the moment were left out of the claim, for a while."""
 
     @property
     def again_soon(self) -> bool:
         """Rows are owed that a short wait may let through (a transient failure, another
-        replica's round holding a key's earlier row, the broker connection being made)."""
-        return self.no_publisher or self.held > 0 or any(not r.permanent for r in self.refused)
+        replica's round holding a key's earlier row, the broker connection being made, rows
+        resting after a refusal)."""
+        return (
+            self.no_publisher
+            or self.resting
+            or self.held > 0
+            or any(not r.permanent for r in self.refused)
+        )
 
 
 class OutboxRelay:
@@ -110,6 +119,7 @@ class OutboxRelay:
         self._stopped = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._last_depth = float("-inf")
+        self._resting = RestingRows(_RETRY_FIRST, config.poll)
 
     async def __aenter__(self) -> OutboxRelay:
         if self._task is not None or self._stopped.is_set():
@@ -208,10 +218,17 @@ class OutboxRelay:
         async with asyncio.timeout(timeout):
             if not await any_owed(conn):
                 return RoundResult()
+        skipped = self._resting.skipped()
         async with conn.transaction():
             async with asyncio.timeout(timeout):
-                batch, held = await claim_batch(conn, self._config.batch_size)
-            result = RoundResult(held=held, full=len(batch) + held >= self._config.batch_size)
+                batch, held = await claim_batch(
+                    conn, self._config.batch_size, skip_ids=skipped.ids, skip_keys=skipped.keys
+                )
+            result = RoundResult(
+                held=held,
+                full=len(batch) + held >= self._config.batch_size,
+                resting=bool(skipped.ids),
+            )
             if not batch:
                 return result
             confirmed = await self._publish_all(publisher, batch, result)
@@ -220,6 +237,14 @@ class OutboxRelay:
                     await mark_sent(conn, confirmed)
                 await mark_refused(conn, result.refused)
         result.published = len(confirmed)
+        keys = {row.id: row.order_key for row in batch}
+        for row_id in confirmed:
+            self._resting.done(row_id)
+        for refusal in result.refused:
+            if refusal.permanent:
+                self._resting.done(refusal.id)
+            else:
+                self._resting.refused(refusal.id, keys[refusal.id])
         self._metrics.outbox_published.inc(len(confirmed))
         for refusal in result.refused:
             self._metrics.outbox_refused.labels(

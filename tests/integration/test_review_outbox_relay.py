@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import aio_pika
 import asyncpg
 
 from tests.integration.test_outbox_relay import enqueue, failed_once, relay, sent
@@ -81,3 +82,45 @@ async def test_a_round_whose_confirms_a_broker_alarm_holds_back_ends_and_release
     # and it reached the queue (more than once, perhaps: the consumers' receipts absorb copies)
     messages = await drain_queue(env.amqp_url, env.names.work)
     assert {message.message_id for message in messages} == {str(event_id)}
+
+
+async def test_rows_the_broker_keeps_refusing_do_not_starve_the_rows_behind_them(
+    env: TestEnv,
+) -> None:
+    # The defect: a round claims the first rows owed, in id order. Rows that fail transiently
+    # (nacked: a queue full with reject-publish overflow, a quorum queue without its quorum) stay
+    # first, so once a whole batch of them had piled up, every round took only them, and the
+    # rows behind them (other types, other queues, healthy) were never published for as long as
+    # the refusal lasted.
+    await env.apply_topology()
+    full = f"{env.name}.full"
+    connection = await aio_pika.connect(env.amqp_url)
+    try:
+        channel = await connection.channel()
+        # Given a type whose only queue refuses every publish (full at length 0: nacked)
+        queue = await channel.declare_queue(
+            full, durable=True, arguments={"x-max-length": 0, "x-overflow": "reject-publish"}
+        )
+        await queue.bind(env.settings().exchange, routing_key="test.full")
+        conn = await asyncpg.connect(env.database_url)
+        try:
+            async with relay(env, batch_size=3):
+                # When more rows of that type than a batch holds commit, then a row of another
+                # type, and another of the refused type's key after them
+                refused = [await enqueue(conn, {"n": n}, event_type="test.full") for n in range(4)]
+                keyed = await enqueue(conn, {"n": 9}, key="F", event_type="test.full")
+                healthy = await enqueue(conn, {"sku": "A", "qty": 1})
+                # Then the row of the other type is sent while the broker refuses the others
+                await wait_until(lambda: sent(env, healthy), what="the healthy row sent")
+                attempts = await conn.fetch(
+                    "SELECT attempts, sent_at FROM outbox WHERE event_id = ANY($1::uuid[])",
+                    [*refused, keyed],
+                )
+        finally:
+            await conn.close()
+        assert all(row["sent_at"] is None and row["attempts"] >= 1 for row in attempts)
+    finally:
+        await queue.delete(if_unused=False, if_empty=False)
+        await connection.close()
+    messages = await drain_queue(env.amqp_url, env.names.work)
+    assert [message.message_id for message in messages] == [str(healthy)]

@@ -10,6 +10,7 @@ consumers' receipts absorb the copy.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -194,7 +195,15 @@ class OutboxRelay:
             if self._stopped.is_set():
                 return
             self._wake.clear()
-            result = await self._round(conn)
+            try:
+                result = await self._round(conn)
+            except Exception:
+                # Counted all the same, if the session still answers a read (a read-only one, a
+                # grant missing): with every round failing, the rows owed and their age must
+                # still show, or no alert on them could fire.
+                with contextlib.suppress(Exception):
+                    await self._observe_depth(conn, force=False)
+                raise
             backoff.reset()
             await self._observe_depth(conn, force=not woken)
             if result.full and not result.again_soon:

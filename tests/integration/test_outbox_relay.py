@@ -110,6 +110,7 @@ async def relay(
     poll: float = NEVER_POLLS,
     batch_size: int = 100,
     publish_limit: float = 30.0,
+    server_settings: dict[str, str] | None = None,
 ) -> AsyncIterator[Metrics]:
     """A relay on a broker connection of its own (confirms, mandatory publishes, as the
     service's publishing channel), its database sessions named ``<test>-<label>``."""
@@ -121,7 +122,11 @@ async def relay(
 
         async def connect() -> asyncpg.Connection[Any]:
             return await asyncpg.connect(
-                env.database_url, server_settings={"application_name": relay_name(env, label)}
+                env.database_url,
+                server_settings={
+                    "application_name": relay_name(env, label),
+                    **(server_settings or {}),
+                },
             )
 
         config = RelayConfig(

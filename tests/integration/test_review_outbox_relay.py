@@ -8,7 +8,7 @@ import dataclasses
 import aio_pika
 import asyncpg
 
-from tests.integration.test_outbox_relay import enqueue, failed_once, relay, sent
+from tests.integration.test_outbox_relay import enqueue, failed_once, relay, sent, unsent
 from tests.integration.test_review_blocked_publish import memory_alarm
 from tests.servers import ThrowawayRabbit
 from tests.support import TestEnv, drain_queue, wait_until
@@ -124,3 +124,28 @@ async def test_rows_the_broker_keeps_refusing_do_not_starve_the_rows_behind_them
         await connection.close()
     messages = await drain_queue(env.amqp_url, env.names.work)
     assert [message.message_id for message in messages] == [str(healthy)]
+
+
+async def test_the_depth_and_age_are_counted_while_every_round_fails(env: TestEnv) -> None:
+    # The defect: the depth and the oldest row's age were counted only after a round that
+    # returned. A relay whose every round failed (its session read-only: connected to a standby
+    # after a failover; a grant missing) never counted them: the gauges kept their last figure
+    # (0, from the start), and OutboxRelayBehind, which reads the age, could not fire while
+    # nothing was sent.
+    await env.apply_topology()
+    conn = await asyncpg.connect(env.database_url)
+    try:
+        # Given a row owed
+        await enqueue(conn, {"sku": "A", "qty": 1})
+        # When a relay runs on a read-only session, where a round's claim always fails
+        async with relay(env, server_settings={"default_transaction_read_only": "on"}) as metrics:
+            # Then the rows owed and the age of the oldest are counted all the same
+            async def counted() -> bool:
+                depth = float(metrics.outbox_depth._value.get())
+                return depth == 1 and float(metrics.outbox_oldest_age._value.get()) > 0
+
+            await wait_until(counted, what="the depth and age counted")
+            assert metrics.outbox_relay_errors._value.get() >= 1
+    finally:
+        await conn.close()
+    assert await unsent(env) == 1

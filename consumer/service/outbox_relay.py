@@ -206,7 +206,11 @@ class OutboxRelay:
                 raise
             backoff.reset()
             await self._observe_depth(conn, force=not woken)
-            if result.full and not result.again_soon:
+            if result.published:
+                # The broker takes rows: what it refused meanwhile (resting now) or a key held
+                # elsewhere waits a short while again, not a wait doubled round after round.
+                retry.reset()
+            if result.full and (result.published or not result.again_soon):
                 self._wake.set()
                 retry.reset()
             elif result.again_soon:

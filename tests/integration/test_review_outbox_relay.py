@@ -4,6 +4,8 @@ and database. Each test names the defect it was written for."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import aio_pika
 import asyncpg
@@ -12,6 +14,27 @@ from tests.integration.test_outbox_relay import enqueue, failed_once, relay, sen
 from tests.integration.test_review_blocked_publish import memory_alarm
 from tests.servers import ThrowawayRabbit
 from tests.support import TestEnv, drain_queue, wait_until
+
+
+@asynccontextmanager
+async def refusing_queue(env: TestEnv, event_type: str) -> AsyncIterator[None]:
+    """The only queue bound for ``event_type``: full at a length of 0, with reject-publish
+    overflow, so that the broker nacks every publish of the type; deleted afterwards."""
+    connection = await aio_pika.connect(env.amqp_url)
+    try:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(
+            f"{env.name}.full",
+            durable=True,
+            arguments={"x-max-length": 0, "x-overflow": "reject-publish"},
+        )
+        await queue.bind(env.settings().exchange, routing_key=event_type)
+        try:
+            yield
+        finally:
+            await queue.delete(if_unused=False, if_empty=False)
+    finally:
+        await connection.close()
 
 
 async def test_a_row_whose_headers_amqp_cannot_carry_fails_for_good_and_frees_its_key(
@@ -93,15 +116,8 @@ async def test_rows_the_broker_keeps_refusing_do_not_starve_the_rows_behind_them
     # rows behind them (other types, other queues, healthy) were never published for as long as
     # the refusal lasted.
     await env.apply_topology()
-    full = f"{env.name}.full"
-    connection = await aio_pika.connect(env.amqp_url)
-    try:
-        channel = await connection.channel()
-        # Given a type whose only queue refuses every publish (full at length 0: nacked)
-        queue = await channel.declare_queue(
-            full, durable=True, arguments={"x-max-length": 0, "x-overflow": "reject-publish"}
-        )
-        await queue.bind(env.settings().exchange, routing_key="test.full")
+    # Given a type whose only queue refuses every publish
+    async with refusing_queue(env, "test.full"):
         conn = await asyncpg.connect(env.database_url)
         try:
             async with relay(env, batch_size=3):
@@ -119,9 +135,6 @@ async def test_rows_the_broker_keeps_refusing_do_not_starve_the_rows_behind_them
         finally:
             await conn.close()
         assert all(row["sent_at"] is None and row["attempts"] >= 1 for row in attempts)
-    finally:
-        await queue.delete(if_unused=False, if_empty=False)
-        await connection.close()
     messages = await drain_queue(env.amqp_url, env.names.work)
     assert [message.message_id for message in messages] == [str(healthy)]
 
@@ -149,3 +162,31 @@ async def test_the_depth_and_age_are_counted_while_every_round_fails(env: TestEn
     finally:
         await conn.close()
     assert await unsent(env) == 1
+
+
+async def test_rounds_that_publish_go_on_at_once_whatever_else_the_broker_refuses(
+    env: TestEnv,
+) -> None:
+    # The defect: a round with any row refused (or held for its key) was followed by a wait that
+    # doubled with each such round, reset only by a round without one. With rows the broker
+    # kept refusing, every round had one, so the rows it could publish went one batch per wait,
+    # the wait growing to the poll interval (here ten minutes): a backlog crawled.
+    await env.apply_topology()
+    # Given a type whose only queue refuses every publish
+    async with refusing_queue(env, "test.full"):
+        conn = await asyncpg.connect(env.database_url)
+        try:
+            async with relay(env, batch_size=3):
+                # When rows of it and a backlog of other rows, many batches' worth, commit
+                async with conn.transaction():
+                    for n in range(3):
+                        await enqueue(conn, {"n": n}, event_type="test.full")
+                    healthy = [await enqueue(conn, {"sku": "A", "qty": n}) for n in range(45)]
+
+                # Then the backlog is sent while the broker refuses the others
+                async def backlog_sent() -> bool:
+                    return all([await sent(env, event_id) for event_id in healthy])
+
+                await wait_until(backlog_sent, timeout=60, what="the backlog sent")
+        finally:
+            await conn.close()

@@ -197,10 +197,11 @@ class OutboxRelay:
             self._wake.clear()
             try:
                 result = await self._round(conn)
-            except Exception:
-                # Counted all the same, if the session still answers a read (a read-only one, a
-                # grant missing): with every round failing, the rows owed and their age must
-                # still show, or no alert on them could fire.
+            except asyncpg.PostgresError:
+                # The server answered with an error (a read-only session, a grant missing): the
+                # rows owed and their age are counted all the same, or with every round failing
+                # they would never show, and no alert on them could fire. (Not after a timeout
+                # or a lost session: it would only put off the new session.)
                 with contextlib.suppress(Exception):
                     await self._observe_depth(conn, force=False)
                 raise

@@ -9,7 +9,10 @@ from contextlib import asynccontextmanager
 
 import aio_pika
 import asyncpg
+import pytest
 
+from consumer import outbox
+from consumer.errors import OutboxMisuse
 from tests.integration.test_outbox_relay import enqueue, failed_once, relay, sent, unsent
 from tests.integration.test_review_blocked_publish import memory_alarm
 from tests.servers import ThrowawayRabbit
@@ -190,3 +193,18 @@ async def test_rounds_that_publish_go_on_at_once_whatever_else_the_broker_refuse
                 await wait_until(backlog_sent, timeout=60, what="the backlog sent")
         finally:
             await conn.close()
+
+
+async def test_enqueue_refuses_headers_amqp_cannot_carry(env: TestEnv) -> None:
+    # The defect's other half: `consumer.outbox.enqueue` took any JSON headers, so the
+    # application learnt only from `consumer outbox list --failed` that its row could never be
+    # sent. It is told at once now, in its own transaction.
+    conn = await asyncpg.connect(env.database_url)
+    try:
+        async with conn.transaction():
+            with pytest.raises(OutboxMisuse, match="header"):
+                await outbox.enqueue(conn, "t.bad", {}, headers={"n": 2**70})
+            await outbox.enqueue(conn, "t.good", {}, headers={"n": 2**40, "s": "x", "l": [1.5]})
+        assert await conn.fetchval("SELECT array_agg(type) FROM outbox") == ["t.good"]
+    finally:
+        await conn.close()

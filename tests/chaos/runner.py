@@ -40,6 +40,7 @@ from tests.chaos.observe import (
     QueueProbe,
     list_dead_letters,
     read_database,
+    read_republished,
     sample_messages,
     take_dead_letters,
 )
@@ -211,6 +212,7 @@ async def run(
                 "cluster_events": None,
                 "pruning_events": None,
                 "net_events": None,
+                "outbox_events": None,
             }
         )
     scenarios = chosen(profile, only)
@@ -389,6 +391,7 @@ async def run_scenario(
         ),
         proxy_control=log_dir / "proxy-control" if scenario.via_proxy else None,
         first_node=scenario.first_node,
+        wraps_relay=scenario.wraps_relay,
     )
     events = scenario.events or profile.events
     progress = asyncio.create_task(world.progress.run(), name="progress")
@@ -528,12 +531,15 @@ async def run_scenario(
             await list_dead_letters(env.env(), state, label or None)
             await take_dead_letters(env.amqp_url, dead, state, label)
         await read_database(env.database_url, name, state)
+        if scenario.wraps_relay:
+            await read_republished(env.database_url, world.relay_kill_records(), state)
         verdict = check(
             workload,
             log,
             state,
             extra_dead_allowed=scenario.cuts_broker_links,
             expired_copies=_expiry_age(env) if scenario.expired_copies else None,
+            consumer=name,
         )
         result.metrics, failures = world.metrics_check(
             state.applied,
@@ -547,6 +553,8 @@ async def run_scenario(
         if scenario.losses_reported:
             excuse_losses(verdict, "reported, not a violation: asynchronous replication")
         verdict.violations += world.unexpected_exits + world.violations
+        if scenario.relays_all:
+            verdict.violations += _relays_idle(world, verdict)
         verdict.figures.restarts = world.restarts
         verdict.figures.stranded = stranding.stranded
         verdict.figures.recovered = stranding.recovered
@@ -647,6 +655,22 @@ async def _until_applied(dsn: str, event_ids: list[uuid.UUID], deadline: float) 
         await conn.close()
 
 
+def _relays_idle(world: World, verdict: Verdict) -> list[str]:
+    """Where several replicas must relay side by side: each one's rows published (the last
+    scrape of each of its processes), in a note; a consumer whose relay published none is a
+    violation."""
+    published = world.relay_published()
+    verdict.notes.append(
+        "outbox rows published by each consumer's relay: "
+        + ", ".join(f"consumer-{index} {count:.0f}" for index, count in sorted(published.items()))
+    )
+    return [
+        f"consumer-{index}'s relay published no row"
+        for index in range(len(world.services))
+        if not published.get(index)
+    ]
+
+
 def _broken_links(world: World) -> list[str]:
     """Where no fault touches the broker: every lost connection and every redelivery."""
     losses = world.broker_losses()
@@ -664,7 +688,7 @@ async def _inject(
     fault: Fault
     for gate, (share, fault) in enumerate(scenario.schedule()):
         on_time = await _wait_for_share(
-            world, math.ceil(share * workload.to_apply), gates.reached[gate], deadline
+            world, math.ceil(share * workload.effects_due), gates.reached[gate], deadline
         )
         applied_at = world.progress.applied
         began = time.monotonic()
@@ -726,7 +750,7 @@ async def _settle(
             busy += await world.in_flight()
             dead = sum(depth or 0 for depth in depths[len(busy_queues) :])
             applied = world.progress.applied
-            if busy == 0 and applied >= workload.to_apply and dead >= expected_dead:
+            if busy == 0 and applied >= workload.effects_due and dead >= expected_dead:
                 settled_polls += 1
                 if settled_polls >= 2:
                     return None
@@ -738,7 +762,8 @@ async def _settle(
             elif busy == 0 and time.monotonic() - changed > QUIET_FOR:
                 return (
                     f"stopped waiting: queues empty and nothing moved for {QUIET_FOR:.0f}s with "
-                    f"{applied} of {workload.to_apply} effects and {dead} of {expected_dead} dead"
+                    f"{applied} of {workload.effects_due} effects and {dead} of {expected_dead} "
+                    "dead"
                 )
             await asyncio.sleep(0.3)
     finally:

@@ -300,6 +300,7 @@ PROFILES = {
         probe=2_000,
         named_only=frozenset({"handler-faults"}),
         pruning_events=5_000,
+        relay_kills=8,
         stalls=20,
         storm=2_000,
         settle_timeout=300,

@@ -302,6 +302,9 @@ async def run(
                 f"scenario {scenario.slug}: {'invariants hold' if result.ok else 'FAILED'} "
                 f"in {result.seconds:.0f}s"
             )
+            if result.verdict is not None and not result.ok:
+                for violation in result.verdict.violations[:5]:
+                    _say(f"  violated: {violation[:300]}")
             if result.ok and not keep_logs:
                 shutil.rmtree(log_root / scenario.slug, ignore_errors=True)
     finally:
@@ -748,6 +751,13 @@ async def _settle(
                 continue
             busy = sum(depth or 0 for depth in depths[: len(busy_queues)])
             busy += await world.in_flight()
+            if workload.effects_due > workload.to_apply:
+                # Follow-ups owed by the relays are work too: not yet in any queue.
+                owed = await _owed_rows(world.env.database_url)
+                if owed is None:
+                    await asyncio.sleep(0.5)
+                    continue
+                busy += owed
             dead = sum(depth or 0 for depth in depths[len(busy_queues) :])
             applied = world.progress.applied
             if busy == 0 and applied >= workload.effects_due and dead >= expected_dead:
@@ -769,6 +779,25 @@ async def _settle(
     finally:
         await probe.close()
     return f"not settled within {timeout:.0f}s"
+
+
+async def _owed_rows(dsn: str) -> int | None:
+    """Outbox rows neither sent nor failed; None while the database cannot say."""
+    try:
+        conn = await asyncpg.connect(dsn, timeout=5)
+    except Exception:
+        return None
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT count(*) FROM outbox WHERE sent_at IS NULL AND failed_at IS NULL",
+                timeout=5,
+            )
+        )
+    except Exception:
+        return None
+    finally:
+        conn.terminate()
 
 
 def _busy_queues(env: TestEnv) -> list[str]:

@@ -130,7 +130,11 @@ class Progress:
                         self.applied = value
                         self._changed.set()
                     await asyncio.sleep(0.2)
-            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            except Exception:
+                # Any failure of the connection (a restart can leave asyncpg's protocol in a
+                # state it reports as InternalClientError, no PostgresError nor
+                # InterfaceError): connect again. A count that stops moving would hold every
+                # fault's gate and end the settling early.
                 await asyncio.sleep(0.5)
             finally:
                 if conn is not None:

@@ -106,6 +106,10 @@ tables and 32 MiB bodies."""
 GATE_GRACE = 10.0
 """The stream waits at a fault's gate; if its share of effects is not reached this long after,
 the fault strikes anyway (and the report says it was late)."""
+FAULT_HOLD = 30.0
+"""What the stream's deadline allows per fault beyond :data:`GATE_GRACE`: the fault and the
+consumers' readiness after it (a RabbitMQ restart took 28-34s at a load average of 18, eight
+relay kills and restarts 2-20s each: issue 34's long runs, whose streams ran out of time)."""
 
 
 def _say(message: str) -> None:
@@ -468,9 +472,14 @@ async def run_scenario(
                 resources.bodies, bodies_log = await _measure(world, blocks[2])
                 _say(f"  among oversized bodies: {_rate(resources.bodies)}")
                 block_logs.append(bodies_log)
-        # Publishing takes events / rate; faults and a slow machine can stretch it, within bounds.
+        # Publishing takes events / rate; faults and a slow machine can stretch it, within bounds:
+        # the stream waits at each fault's gate (up to GATE_GRACE) and for the consumers to be
+        # ready again after it (30s and more for a restart on a loaded machine).
         rate = scenario.rate or profile.rate
-        publish_deadline = min(run_deadline + 60, time.monotonic() + events / rate * 3 + 90)
+        holding = len(scenario.faults) * (GATE_GRACE + FAULT_HOLD)
+        publish_deadline = min(
+            run_deadline + 60, time.monotonic() + events / rate * 3 + 90 + holding
+        )
         producer = ResilientProducer(env.amqp_url, env.settings().exchange)
         stream = [p for p in workload.publications if p.event.kind is not Kind.ID_CONFLICT]
         total = len(stream)

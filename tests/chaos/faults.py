@@ -11,7 +11,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import ClassVar, Literal, Protocol
 
 from tests.chaos.relay_kill import kills_recorded
 from tests.chaos.world import World
@@ -62,6 +62,11 @@ class RelayKill:
 
     consumer: int = 0
     land_within: float = 60.0
+    needs_stream: ClassVar[bool] = True
+    """The runner opens the stream's gate before this fault, not after: it strikes at the
+    relay's next round with rows, and a stream held at the gate could leave the relay none (the
+    consumers drain the few events past the fault's point within a fraction of a second on a
+    quiet machine)."""
 
     @property
     def label(self) -> str:

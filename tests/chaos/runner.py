@@ -705,6 +705,8 @@ async def _inject(
         applied_at = world.progress.applied
         began = time.monotonic()
         _say(f"  {fault.label} at {applied_at} applied")
+        if getattr(fault, "needs_stream", False):
+            gates.open(gate)  # it waits for events to flow (faults.RelayKill)
         await fault.inject(world)
         gates.open(gate)
         records.append(

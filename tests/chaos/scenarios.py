@@ -262,6 +262,10 @@ PROFILES = {
             }
         ),
         alarm_s=3.0,
+        # `outbox-relay-kill` in `make test`: 18-33s with 2,000 events at load averages of 7-10
+        # here, 86s at 15 (each relay kill's restart 1-7s, the follow-ups about 40% more
+        # effects); half of that for the suite's other work.
+        outbox_events=1_000,
         node_freeze_s=10.0,
         node_partition_s=25.0,
         cluster_events=1_500,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import tomllib
 
 from consumer.durations import parse_duration
+from tests.chaos.faults import Kill
 from tests.chaos.netfaults import NodePartition
 from tests.chaos.netsite import NET_TICKTIME
 from tests.chaos.scenarios import (
@@ -16,6 +17,7 @@ from tests.chaos.scenarios import (
     NET_NAMED_ONLY,
     PROFILES,
     QUEUE_TABLE_ALONE,
+    QUEUE_TABLE_PROCESSES,
     chosen,
     scenarios_for,
 )
@@ -192,3 +194,33 @@ def test_the_queue_table_s_troubles_alone_run_long_and_only_when_named_short() -
             assert not scenario.faults
             assert scenario.faulty_queue == "faulty"
             assert len(tomllib.loads(scenario.queue_table)["queues"]) == 3
+
+
+def test_the_queue_table_over_processes_has_queue_table_s_troubles_and_spares_the_others() -> None:
+    assert QUEUE_TABLE_PROCESSES in PROFILES["short"].named_only
+    assert QUEUE_TABLE_PROCESSES in {s.slug for s in chosen(PROFILES["long"])}
+    for profile in PROFILES.values():
+        every = {s.slug: s for s in scenarios_for(profile)}
+        one, split = every["queue-table"], every[QUEUE_TABLE_PROCESSES]
+        # The same table, troubles, stream and faults' shares as the one-process scenario
+        assert (split.queue_table, split.faulty_queue, split.trouble) == (
+            one.queue_table,
+            one.faulty_queue,
+            one.trouble,
+        )
+        assert (split.mix_in, split.events, split.rate, split.shares) == (
+            one.mix_in,
+            one.events,
+            one.rate,
+            one.shares,
+        )
+        assert split.self_exits == one.self_exits
+        # Every queue of the table in exactly one process; the faulty queue alone in consumer-0,
+        # which the SIGKILL takes
+        queues = [name for names in split.processes for name in names.split(",")]
+        assert sorted(queues) == sorted(tomllib.loads(split.queue_table)["queues"])
+        assert split.processes[0] == split.faulty_queue
+        assert split.consumers == len(split.processes) == 2
+        kill = split.faults[0]
+        assert isinstance(kill, Kill)
+        assert kill.consumer == 0

@@ -63,6 +63,9 @@ class PublishLog:
     unsent: list[Publication] = field(default_factory=list)
     """Publications never confirmed before the deadline."""
     reconnects: int = 0
+    confirmed_at: dict[str, float] = field(default_factory=dict)
+    """When each confirmed attempt's confirm came (wall clock, ``time.time()``): how long an
+    event then waited for its commit (``queue-table*``'s figures)."""
 
     @property
     def resent(self) -> int:
@@ -77,6 +80,7 @@ def merged(*logs: PublishLog) -> PublishLog:
         out.published += log.published
         out.unsent += log.unsent
         out.reconnects += log.reconnects
+        out.confirmed_at.update(log.confirmed_at)
     return out
 
 
@@ -201,6 +205,7 @@ class ResilientProducer:
                     failed.append((publication, attempt + 1))
                 else:
                     self.log.attempts[attempt_id(publication, attempt)] = Attempt.CONFIRMED
+                    self.log.confirmed_at[attempt_id(publication, attempt)] = time.time()
             if failed:
                 await self._reset()
                 await asyncio.sleep(0.25)

@@ -30,6 +30,7 @@ from typing import Any
 
 import asyncpg
 
+from consumer.config.queue_table import QueueTable
 from consumer.db.migrations import migrate
 from tests.chaos import table
 from tests.chaos.faults import Fault
@@ -399,6 +400,7 @@ async def run_scenario(
         proxy_control=log_dir / "proxy-control" if scenario.via_proxy else None,
         first_node=scenario.first_node,
         wraps_relay=scenario.wraps_relay,
+        queues_of=scenario.processes,
     )
     events = scenario.events or profile.events
     progress = asyncio.create_task(world.progress.run(), name="progress")
@@ -561,7 +563,7 @@ async def run_scenario(
         )
         verdict.violations += failures
         if scenario.queue_table:
-            verdict.notes += await _queue_by_queue(env, scenario, workload, state, verdict)
+            verdict.notes += await _queue_by_queue(world, scenario, workload, log, state, verdict)
         if scenario.losses_reported:
             excuse_losses(verdict, "reported, not a violation: asynchronous replication")
         verdict.violations += world.unexpected_exits + world.violations
@@ -816,10 +818,16 @@ def _busy_queues(env: TestEnv) -> list[str]:
 
 
 async def _queue_by_queue(
-    env: TestEnv, scenario: Scenario, workload: Workload, state: EndState, verdict: Verdict
+    world: World,
+    scenario: Scenario,
+    workload: Workload,
+    log: PublishLog,
+    state: EndState,
+    verdict: Verdict,
 ) -> list[str]:
     """The checks queue by queue (violations into ``verdict``), and each queue's commits a
     second before, during and after the faulty queue's trouble (notes, not invariants)."""
+    env = world.env
     queues = table.read_table(env)
     assert queues is not None
     table.by_queue_checked(workload, state, verdict, queues, scenario.faulty_queue)
@@ -827,7 +835,42 @@ async def _queue_by_queue(
     if stretch is None:
         return ["the faulty queue's events were never called: no throughput around them"]
     rates = await table.throughput_around(env.database_url, env.name, queues, stretch)
-    return table.describe_throughput(rates, stretch, scenario.faulty_queue)
+    lines = table.describe_throughput(rates, stretch, scenario.faulty_queue)
+    return lines + await _isolation(world, scenario, workload, log, queues, verdict)
+
+
+async def _isolation(
+    world: World,
+    scenario: Scenario,
+    workload: Workload,
+    log: PublishLog,
+    queues: QueueTable,
+    verdict: Verdict,
+) -> list[str]:
+    """What the faulty queue's crash loops cost the other queues (notes), and a violation for
+    each process without the faulty queue that ended by itself: process isolation's promise."""
+    for index, names in enumerate(world.queues_of):
+        if scenario.faulty_queue not in names.split(",") and world.restarted[index]:
+            verdict.violations.append(
+                f"consumer-{index} (--queues {names}) exited by itself and was restarted "
+                f"{world.restarted[index]}x: queue {scenario.faulty_queue}'s trouble reached it"
+            )
+    crashes = await table.trouble_of(world.env.database_url, workload, {Kind.CRASH})
+    if crashes is None:
+        return []
+    windows = await table.isolation(
+        world.env.database_url,
+        world.env.name,
+        queues,
+        workload,
+        log.confirmed_at,
+        crashes,
+        scenario.faulty_queue,
+    )
+    hosts = {label: world.hosts(label) for label in queues.names}
+    restarts = {label: sum(world.restarted[i] for i in hosts[label]) for label in queues.names}
+    processes = {label: ", ".join(f"consumer-{i}" for i in hosts[label]) for label in queues.names}
+    return table.describe_isolation(windows, crashes, scenario.faulty_queue, restarts, processes)
 
 
 async def _count_leftovers(env: TestEnv, state: EndState) -> None:

@@ -143,6 +143,10 @@ OUTBOX = (
 
 OUTBOX_NAMED_ONLY = tuple(slug for slug in OUTBOX if slug != "outbox-relay-kill")
 """Run in the short profile only when named: one outbox scenario runs in `make test`."""
+QUEUE_TABLE_PROCESSES = "queue-table-processes"
+"""``queue-table``'s table, troubles and faults with its queues split over two processes of the
+service (``--queues faulty``, ``--queues batch,stock``): what process isolation buys, measured.
+Long profile; named in the short (about as long as ``queue-table``: a minute or more)."""
 
 
 NET_NAMED_ONLY = ("net-broker-cut", "net-pg-request-lost", "clock-behind", "net-clean")
@@ -259,6 +263,7 @@ PROFILES = {
                 # One outbox scenario in `make test` (the relay killed in its window); the
                 # broker's and the database's restarts and the replicas long only.
                 *OUTBOX_NAMED_ONLY,
+                QUEUE_TABLE_PROCESSES,
             }
         ),
         alarm_s=3.0,
@@ -374,6 +379,9 @@ class Scenario:
     anywhere: the stream before that stretch is clean of them."""
     settle_timeout: float | None = None
     """After publishing, how long the consumers get to finish, where not the profile's."""
+    processes: tuple[str, ...] = ()
+    """With :attr:`queue_table`: consumer ``n`` runs ``consumer run --queues processes[n]`` (a
+    process per class of work, as a deployment per queue does); empty: each runs every queue."""
     shares: tuple[float, ...] = ()
     """The share of the effects at which each fault strikes, where not spread evenly."""
     first_node: int = 1
@@ -559,6 +567,7 @@ def scenarios_for(profile: Profile) -> list[Scenario]:
         ),
         queue_table(profile),
         *queue_table_alone(profile),
+        queue_table_processes(profile),
         *beyond_one_machine(profile),
         *in_the_lab(profile),
         *skewed_clocks(profile),
@@ -703,6 +712,28 @@ def queue_table_alone(profile: Profile) -> list[Scenario]:
         )
         for name, what, mix_in in troubles
     ]
+
+
+def queue_table_processes(profile: Profile) -> Scenario:
+    """:func:`queue_table` with the faulty queue in a process of its own and the other two in
+    another: the crash loops end only the faulty queue's process. The SIGKILL is that process's
+    too; the broker's connection drop hits both."""
+    p = profile
+    processes = (FAULTY, "batch,stock")
+    return Scenario(
+        QUEUE_TABLE_PROCESSES,
+        f"queue table of 3 queues over 2 processes (--queues {' / --queues '.join(processes)}): "
+        f"in queue {FAULTY}, {p.crashes} crash loops, {p.stalls} stalled handlers, a storm of "
+        f"{p.storm} dead letters; then SIGKILL of {FAULTY}'s process, broker closes all "
+        "connections",
+        consumers=len(processes),
+        processes=processes,
+        faults=[Kill(0), CloseConnections()],
+        shares=(0.65, 0.8),
+        mix_in={Kind.CRASH: p.crashes, Kind.STALL: p.stalls, Kind.ODD_POISON: p.storm},
+        self_exits=frozenset({EXIT_CRASH}),
+        **_on_the_table(p),
+    )
 
 
 CLOCK_SETTINGS = {"receipt_prune_interval": "1s"}

@@ -4,6 +4,8 @@ during and after one queue's trouble (from the receipts' and the handler calls' 
 
 from __future__ import annotations
 
+import statistics
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -14,7 +16,7 @@ from consumer.config.queue_table import QueueTable, read_queue_table
 from consumer.service.components import names_for
 from tests.chaos.observe import EndState
 from tests.chaos.verify import Verdict, by_queue
-from tests.chaos.workload import UNKNOWN, Kind, PlannedEvent, Workload
+from tests.chaos.workload import UNKNOWN, Kind, PlannedEvent, Workload, publication_of
 from tests.support import TestEnv, connect_any
 from topology.apply import apply_topology
 
@@ -106,18 +108,25 @@ async def trouble_of(dsn: str, workload: Workload, kinds: set[Kind]) -> Stretch 
     return Stretch(row[0], row[1])
 
 
+async def _receipts(dsn: str, consumer: str) -> list[Any]:
+    """The scenario's receipts: each event's type, id and ``received_at``."""
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        return list(
+            await conn.fetch(
+                "SELECT type, event_id, received_at FROM receipts WHERE consumer = $1", consumer
+            )
+        )
+    finally:
+        await conn.close()
+
+
 async def throughput_around(
     dsn: str, consumer: str, table: QueueTable, stretch: Stretch
 ) -> dict[str, dict[str, float]]:
     """Each queue's fresh commits a second (receipts by ``received_at``, by type) before the
     stretch (from the first receipt), during it, and after it (to the last receipt)."""
-    conn = await asyncpg.connect(dsn, timeout=10)
-    try:
-        rows: list[Any] = await conn.fetch(
-            "SELECT type, received_at FROM receipts WHERE consumer = $1", consumer
-        )
-    finally:
-        await conn.close()
+    rows = await _receipts(dsn, consumer)
     if not rows:
         return {}
     first = min(row["received_at"] for row in rows)
@@ -158,3 +167,100 @@ def by_queue_checked(
     by_queue(
         workload, state, verdict, lambda event: queue_of(table, event, unknown_to), table.names
     )
+
+
+@dataclass(frozen=True)
+class Window:
+    """One queue's events that must apply, over a stretch of wall clock: effects committed in it
+    and publications confirmed in it, a second; and how long those publications waited for their
+    commit (median and 95th percentile, seconds), which a paused stream does not flatter."""
+
+    effects: float
+    published: float
+    wait_median: float | None
+    wait_p95: float | None
+
+
+def window_of(
+    commits: list[float], waits: list[tuple[float, float]], start: float, end: float
+) -> Window:
+    seconds = end - start
+    if seconds <= 0:
+        return Window(0.0, 0.0, None, None)
+    done = sum(1 for at in commits if start <= at < end)
+    waited = sorted(wait for sent, wait in waits if start <= sent < end)
+    return Window(
+        done / seconds,
+        len(waited) / seconds,
+        statistics.median(waited) if waited else None,
+        waited[min(len(waited) - 1, int(0.95 * len(waited)))] if waited else None,
+    )
+
+
+async def isolation(
+    dsn: str,
+    consumer: str,
+    table: QueueTable,
+    workload: Workload,
+    confirmed_at: dict[str, float],
+    stretch: Stretch,
+    unknown_to: str,
+) -> dict[str, tuple[Window, Window]]:
+    """Each queue's :class:`Window` before ``stretch`` (from the first confirm) and during it."""
+    rows = await _receipts(dsn, consumer)
+    received: dict[uuid.UUID, float] = {
+        row["event_id"]: row["received_at"].timestamp() for row in rows
+    }
+    sent: dict[str, float] = {}
+    for attempt, confirmed in confirmed_at.items():
+        key = publication_of(attempt).rsplit(".", 1)[0]
+        sent[key] = min(confirmed, sent.get(key, confirmed))
+    commits: dict[str, list[float]] = {label: [] for label in table.names}
+    waits: dict[str, list[tuple[float, float]]] = {label: [] for label in table.names}
+    for event in workload.events:
+        at = received.get(event.event_id) if event.kind.applies and event.event_id else None
+        if at is None or event.key not in sent:
+            continue
+        label = queue_of(table, event, unknown_to)
+        commits[label].append(at)
+        waits[label].append((sent[event.key], at - sent[event.key]))
+    if not sent:
+        return {}
+    first, began, ended = min(sent.values()), stretch.began.timestamp(), stretch.ended.timestamp()
+    return {
+        label: (
+            window_of(commits[label], waits[label], first, began),
+            window_of(commits[label], waits[label], began, ended),
+        )
+        for label in table.names
+    }
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}s"
+
+
+def describe_isolation(
+    windows: dict[str, tuple[Window, Window]],
+    stretch: Stretch,
+    faulty: str,
+    restarts: dict[str, int],
+    processes: dict[str, str],
+) -> list[str]:
+    """What the faulty queue's crash loops cost each queue, before them and during them (first to
+    last handler call of the crash events), and how often the process that runs it ended by
+    itself and was started again (``processes``: which process runs each)."""
+    seconds = (stretch.ended - stretch.began).total_seconds()
+    lines = [f"queue {faulty}'s crash loops: {seconds:.1f}s (first to last call of its crashes)"]
+    for label, (before, during) in windows.items():
+        kept = f" ({during.effects / before.effects:.0%})" if before.effects > 0 else ""
+        lines.append(
+            f"isolation: queue {label}{' (faulty)' if label == faulty else ''} in "
+            f"{processes[label]}: effects a second before / during the crash loops "
+            f"{before.effects:.1f} / {during.effects:.1f}{kept}; published a second "
+            f"{before.published:.1f} / {during.published:.1f}; publication to commit, median "
+            f"{_seconds(before.wait_median)} / {_seconds(during.wait_median)}, p95 "
+            f"{_seconds(before.wait_p95)} / {_seconds(during.wait_p95)}; its process restarted "
+            f"after exiting by itself {restarts[label]}x"
+        )
+    return lines

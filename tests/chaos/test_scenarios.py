@@ -7,7 +7,7 @@ import signal
 import tomllib
 
 from consumer.durations import parse_duration
-from tests.chaos.faults import RelayKill, RestartPostgres, RestartRabbit
+from tests.chaos.faults import Kill, RelayKill, RestartPostgres, RestartRabbit
 from tests.chaos.netfaults import NodePartition
 from tests.chaos.netsite import NET_TICKTIME
 from tests.chaos.scenarios import (
@@ -19,6 +19,7 @@ from tests.chaos.scenarios import (
     OUTBOX,
     PROFILES,
     QUEUE_TABLE_ALONE,
+    QUEUE_TABLE_PROCESSES,
     chosen,
     scenarios_for,
 )
@@ -230,3 +231,33 @@ def test_the_outbox_scenarios_run_one_short_and_all_long_with_their_causes_and_h
             assert not set(scenario.mix_in) & OUTBOX_CAUSES, scenario.slug
             assert "handlers" not in scenario.settings, scenario.slug
             assert not scenario.wraps_relay, scenario.slug
+
+
+def test_the_queue_table_over_processes_has_queue_table_s_troubles_and_spares_the_others() -> None:
+    assert QUEUE_TABLE_PROCESSES in PROFILES["short"].named_only
+    assert QUEUE_TABLE_PROCESSES in {s.slug for s in chosen(PROFILES["long"])}
+    for profile in PROFILES.values():
+        every = {s.slug: s for s in scenarios_for(profile)}
+        one, split = every["queue-table"], every[QUEUE_TABLE_PROCESSES]
+        # The same table, troubles, stream and faults' shares as the one-process scenario
+        assert (split.queue_table, split.faulty_queue, split.trouble) == (
+            one.queue_table,
+            one.faulty_queue,
+            one.trouble,
+        )
+        assert (split.mix_in, split.events, split.rate, split.shares) == (
+            one.mix_in,
+            one.events,
+            one.rate,
+            one.shares,
+        )
+        assert split.self_exits == one.self_exits
+        # Every queue of the table in exactly one process; the faulty queue alone in consumer-0,
+        # which the SIGKILL takes
+        queues = [name for names in split.processes for name in names.split(",")]
+        assert sorted(queues) == sorted(tomllib.loads(split.queue_table)["queues"])
+        assert split.processes[0] == split.faulty_queue
+        assert split.consumers == len(split.processes) == 2
+        kill = split.faults[0]
+        assert isinstance(kill, Kill)
+        assert kill.consumer == 0

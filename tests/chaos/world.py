@@ -17,6 +17,7 @@ import contextlib
 import re
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -172,11 +173,15 @@ class World:
         proxy_control: Path | None = None,
         first_node: int = 1,
         wraps_relay: bool = False,
+        queues_of: Sequence[str] = (),
     ) -> None:
         self.env = env
         self.wraps_relay = wraps_relay
         """The consumers run under :mod:`tests.chaos.relay_kill`: a fault can arm each one's
         relay to SIGKILL its process between a confirm and the mark (:meth:`relay_files`)."""
+        self.queues_of = tuple(queues_of)
+        """Consumer ``n``'s ``consumer run --queues`` (a process per class of work), where the
+        queue table is split over processes; empty: every consumer runs every queue."""
         self.first_node = first_node
         """On a cluster: consumer ``n``'s node list starts at node ``n + first_node``."""
         self.rabbit = rabbit
@@ -215,6 +220,8 @@ class World:
         """Exit codes with which a consumer may exit by itself here (restarted, reported)."""
         self.self_exits: Counter[str] = Counter()
         """Exits by themselves with an allowed code, by consumer and code: each one restarted."""
+        self.restarted: Counter[int] = Counter()
+        """Restarts after an exit by itself (allowed or not), by consumer index."""
 
     def _service(self, index: int, amqp_url: str | None) -> ServiceProcess:
         overrides: dict[str, str] = {"http_port": str(free_port())}
@@ -224,9 +231,12 @@ class World:
             overrides["amqp_url"] = amqp_url
         if self.service_database_url is not None:
             overrides["database_url"] = self.service_database_url
+        run_args = ("--queues", self.queues_of[index]) if self.queues_of else ()
         if self.net is None:
             launcher = relay_kill.launcher() if self.wraps_relay else []
-            service = ServiceProcess(self.env, f"consumer-{index}", launcher=launcher, **overrides)
+            service = ServiceProcess(
+                self.env, f"consumer-{index}", launcher=launcher, run_args=run_args, **overrides
+            )
             if self.wraps_relay:
                 arm, record = self.relay_files(index)
                 service.environment[relay_kill.ARM] = str(arm)
@@ -251,6 +261,12 @@ class World:
     def alive(self, index: int) -> bool:
         service = self.services[index]
         return service.process is not None and service.process.poll() is None
+
+    def hosts(self, queue: str) -> list[int]:
+        """The consumers that run queue ``queue`` of the table."""
+        if not self.queues_of:
+            return list(range(len(self.services)))
+        return [i for i, names in enumerate(self.queues_of) if queue in names.split(",")]
 
     def pids(self) -> list[int]:
         """The running consumers' process ids."""
@@ -358,6 +374,7 @@ class World:
                 else:
                     self.unexpected_exits.append(f"consumer-{index} exited by itself with {code}")
                 self._ended(index, "exited", code)
+                self.restarted[index] += 1
                 await self._start(index)
 
     async def supervise(self) -> None:

@@ -162,6 +162,13 @@ class ThrowawayRabbit:
         target.chmod(mode)
         return target
 
+    def enable_plugins(self, *plugins: str) -> None:
+        """Enable these plugins at the node's next start (its ``enabled_plugins`` file)."""
+        self._prepare()
+        target = self.base / "enabled_plugins"
+        target.write_text(f"[{','.join(plugins)}].\n")
+        shutil.chown(target, "rabbitmq", "rabbitmq")
+
     def start(self, timeout: float = 90) -> None:
         self._prepare()
         if self.config:
@@ -280,6 +287,11 @@ class ThrowawayRabbitCluster:
     def url_list(self) -> str:
         """The comma-separated list ``CONSUMER_AMQP_URL`` takes."""
         return ",".join(self.urls)
+
+    def enable_plugins(self, *plugins: str) -> None:
+        """Enable these plugins on every node, at its next start."""
+        for node in self.nodes:
+            node.enable_plugins(*plugins)
 
     def start(self) -> None:
         """Start every node (in parallel: each takes seconds) and join the others to the first."""

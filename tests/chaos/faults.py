@@ -228,9 +228,9 @@ class BrokerAlarm:
         await world.wait_ready()
 
 
-NodeChoice = Literal["leader", "connected"]
-"""Which cluster node a fault strikes: the one leading the work queue, or the one consumer-0 is
-connected to."""
+NodeChoice = Literal["leader", "connected", "shard-leader"]
+"""Which cluster node a fault strikes: the one leading the work queue, the one consumer-0 is
+connected to, or one leading shards of a sharded queue (:meth:`World.node_of`)."""
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import enum
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import aio_pika
@@ -23,6 +23,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange, 
 from tests.chaos import hostile
 from tests.chaos.workload import Publication, attempt_id
 from tests.support import connect_any
+from topology.names import SHARD_KEY
 
 PUBLISH_TIMEOUT = 10.0
 TICK = 0.05
@@ -83,10 +84,20 @@ def merged(*logs: PublishLog) -> PublishLog:
 class ResilientProducer:
     """Publishes a workload at a steady rate to ``exchange`` on ``url``."""
 
-    def __init__(self, url: str, exchange: str, *, window: int = 200) -> None:
+    def __init__(
+        self,
+        url: str,
+        exchange: str,
+        *,
+        window: int = 200,
+        shard_keys: Mapping[str, str] | None = None,
+    ) -> None:
+        """``shard_keys``: each event's ``consumer-shard-key`` by its plan key (a sharded
+        queue's hash exchange hashes it); an event not in it goes without."""
         self._url = url
         self._exchange_name = exchange
         self._window = window
+        self._shard_keys = shard_keys or {}
         self._connection: AbstractConnection | None = None
         self._exchange: AbstractExchange | None = None
         self.log = PublishLog()
@@ -127,7 +138,11 @@ class ResilientProducer:
         )
         # Set after construction: the constructor makes an empty-looking raw table ``{}``.
         headers = hostile.headers(event.wire)
-        message.headers = headers if headers is not None else {}
+        if headers is None:
+            headers = {}
+            if (key := self._shard_keys.get(event.key)) is not None:
+                headers[SHARD_KEY] = key
+        message.headers = headers
         # Set after construction: the constructor makes it a plain str, losing hostile bytes.
         message.message_id = hostile.message_id(event.wire, attempt_id(publication, attempt))
         await exchange.publish(

@@ -31,7 +31,7 @@ from typing import Any
 import asyncpg
 
 from consumer.db.migrations import migrate
-from tests.chaos import table
+from tests.chaos import shards, table
 from tests.chaos.faults import Fault
 from tests.chaos.netfaults import flow_findings, partition_findings
 from tests.chaos.netsite import NetSite, from_tester, net_site
@@ -221,6 +221,8 @@ async def run(
     rabbit = ThrowawayRabbit()
     postgres = ThrowawayPostgres()
     cluster = ThrowawayRabbitCluster() if any(s.site == "cluster" for s in scenarios) else None
+    if cluster is not None and any(shards.sharded(s.queue_table) for s in scenarios):
+        cluster.enable_plugins(shards.HASH_PLUGIN)
     lab = contextlib.AsyncExitStack()
     net: NetSite | None = None
     net_cluster: NetSite | None = None
@@ -421,6 +423,13 @@ async def run_scenario(
         )
         if scenario.trouble is not None:
             workload = gathered(workload, scenario.mix_in.keys(), *scenario.trouble)
+        keys: dict[str, str] = {}
+        placed: shards.Placement | None = None
+        if shards.sharded(scenario.queue_table) and on_cluster is not None:
+            keys = shards.shard_keys(workload)
+            queues = table.broker_queues(env)
+            [exchange] = queues.hash.values()
+            placed = await shards.place(on_cluster, exchange, queues.shards, workload, keys)
         if scenario.self_exits or scenario.supervised:
             supervisor = asyncio.create_task(world.supervise(), name="supervisor")
         blocks: list[Workload] = []
@@ -465,7 +474,7 @@ async def run_scenario(
         # Publishing takes events / rate; faults and a slow machine can stretch it, within bounds.
         rate = scenario.rate or profile.rate
         publish_deadline = min(run_deadline + 60, time.monotonic() + events / rate * 3 + 90)
-        producer = ResilientProducer(env.amqp_url, env.settings().exchange)
+        producer = ResilientProducer(env.amqp_url, env.settings().exchange, shard_keys=keys)
         stream = [p for p in workload.publications if p.event.kind is not Kind.ID_CONFLICT]
         total = len(stream)
         gates = Gates(
@@ -528,6 +537,8 @@ async def run_scenario(
             await list_dead_letters(env.env(), state, label or None)
             await take_dead_letters(env.amqp_url, dead, state, label)
         await read_database(env.database_url, name, state)
+        if placed is not None and on_cluster is not None:
+            world.notes += await _shard_findings(on_cluster, world, workload, placed, keys, state)
         verdict = check(
             workload,
             log,
@@ -758,11 +769,46 @@ async def _queue_by_queue(
     queues = table.read_table(env)
     assert queues is not None
     table.by_queue_checked(workload, state, verdict, queues, scenario.faulty_queue)
+    if not scenario.mix_in:
+        return []  # no trouble in any queue: no rates around it
     stretch = await table.trouble_of(env.database_url, workload, set(scenario.mix_in))
     if stretch is None:
         return ["the faulty queue's events were never called: no throughput around them"]
     rates = await table.throughput_around(env.database_url, env.name, queues, stretch)
     return table.describe_throughput(rates, stretch, scenario.faulty_queue)
+
+
+async def _shard_findings(
+    cluster: ThrowawayRabbitCluster,
+    world: World,
+    workload: Workload,
+    placed: shards.Placement,
+    keys: dict[str, str],
+    state: EndState,
+) -> list[str]:
+    """A sharded queue's figures (notes; a shard with no publication is a violation): where the
+    hash ring put the events at the start and at the end, the dead copies' shards against it, the
+    shard leaders struck and moved, and each shard's pause after the strike."""
+    queues = table.broker_queues(world.env)
+    [exchange] = queues.hash.values()
+    notes: list[str] = []
+    try:
+        await shards.place(cluster, exchange, queues.shards, workload, keys, placed)
+    except (RuntimeError, subprocess.SubprocessError) as error:
+        notes.append(f"the hash ring's placement at the end unknown: {error}")
+    found, violations = shards.placement_findings(placed, workload, state.dead)
+    notes += found
+    world.violations += violations
+    if world.strike is not None:
+        after = await asyncio.to_thread(shards.leaders, cluster, queues.shards)
+        names = [node.node for node in cluster.nodes]
+        notes.append(shards.describe_strike(world.strike, after, names))
+        notes.append(
+            await shards.pauses(
+                world.env.database_url, world.env.name, placed, workload, world.strike
+            )
+        )
+    return notes
 
 
 async def _count_leftovers(env: TestEnv, state: EndState) -> None:

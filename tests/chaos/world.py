@@ -18,12 +18,13 @@ import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
+from tests.chaos import shards, table
 from tests.chaos.netsite import NetSite
 from tests.servers import (
     PostgresServer,
@@ -204,6 +205,8 @@ class World:
         """Exit codes with which a consumer may exit by itself here (restarted, reported)."""
         self.self_exits: Counter[str] = Counter()
         """Exits by themselves with an allowed code, by consumer and code: each one restarted."""
+        self.strike: shards.Strike | None = None
+        """Where a fault struck a sharded queue's shard leader: the node, when, the leaders."""
 
     def _service(self, index: int, amqp_url: str | None) -> ServiceProcess:
         overrides: dict[str, str] = {"http_port": str(free_port())}
@@ -420,11 +423,21 @@ class World:
         return self.pair
 
     async def node_of(self, target: str) -> int:
-        """The index of the node leading the work queue (``leader``) or the one consumer-0 is
-        connected to (``connected``: by the port of its connection, named with its pid)."""
+        """The index of the node leading the work queue (``leader``), the one consumer-0 is
+        connected to (``connected``: by the port of its connection, named with its pid), or the
+        one a sharded queue's fault strikes (``shard-leader``: :func:`.shards.pick_shard_leader`,
+        recorded in :attr:`strike`)."""
         cluster = self.need_cluster()
         if target == "leader":
             return await asyncio.to_thread(cluster.leader_of, self.env.names.work)
+        if target == "shard-leader":
+            connected = await self.node_of("connected")
+            led = await asyncio.to_thread(
+                shards.leaders, cluster, table.broker_queues(self.env).shards
+            )
+            struck = shards.pick_shard_leader(led, connected)
+            self.strike = shards.Strike(struck, connected, datetime.now(UTC), led)
+            return struck
         ports = await asyncio.to_thread(cluster.connection_ports, f":{self.services[0].pid}")
         for index, node in enumerate(cluster.nodes):
             if node.port in ports:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import tomllib
 
 from consumer.durations import parse_duration
+from consumer.registry import HandlerRegistry
+from tests.chaos.faults import FreezeNode, KillNode
 from tests.chaos.netfaults import NodePartition
 from tests.chaos.netsite import NET_TICKTIME
 from tests.chaos.scenarios import (
@@ -16,6 +18,7 @@ from tests.chaos.scenarios import (
     NET_NAMED_ONLY,
     PROFILES,
     QUEUE_TABLE_ALONE,
+    SHARDED_CLUSTER,
     chosen,
     scenarios_for,
 )
@@ -31,6 +34,7 @@ from tests.chaos.workload import (
     Kind,
     check_faults,
 )
+from tests.support import TEST_HANDLERS
 
 
 def _seconds(text: str) -> float:
@@ -192,3 +196,24 @@ def test_the_queue_table_s_troubles_alone_run_long_and_only_when_named_short() -
             assert not scenario.faults
             assert scenario.faulty_queue == "faulty"
             assert len(tomllib.loads(scenario.queue_table)["queues"]) == 3
+
+
+def test_the_sharded_cluster_scenarios_strike_a_shard_leader_with_every_type_in_3_shards() -> None:
+    # Long only, as the other cluster scenarios (named in the short profile)
+    assert set(SHARDED_CLUSTER) <= set(BEYOND_ONE)
+    handled = set(HandlerRegistry.from_modules(TEST_HANDLERS.split(",")))
+    for profile in PROFILES.values():
+        found = {s.slug: s for s in scenarios_for(profile) if s.slug in SHARDED_CLUSTER}
+        assert list(found) == list(SHARDED_CLUSTER)
+        kill, freeze = found.values()
+        assert [type(f) for f in kill.faults] == [KillNode]
+        assert [type(f) for f in freeze.faults] == [FreezeNode]
+        for scenario in found.values():
+            [fault] = scenario.faults
+            assert isinstance(fault, KillNode | FreezeNode)
+            assert fault.target == "shard-leader"
+            assert scenario.site == "cluster"
+            [row] = tomllib.loads(scenario.queue_table)["queues"].values()
+            # The whole workload through the shards, so every shard sees every kind
+            assert row["shards"] == 3
+            assert set(row["types"]) == handled

@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from tests.chaos.world import World
 from tests.servers import ThrowawayRabbit
@@ -236,10 +237,13 @@ connected to, or one leading shards of a sharded queue (:meth:`World.node_of`)."
 @dataclass(frozen=True)
 class KillNode:
     """SIGKILL one node of the cluster (no goodbye to the others or to clients), then start it
-    again: it rejoins, and its replicas catch up."""
+    again: it rejoins, and its replicas catch up. ``flowing``: the stream is not held meanwhile
+    (the node's return runs in the background, :attr:`World.background`), so events keep coming
+    to the queues the node did not lead while it is down."""
 
     target: NodeChoice = "leader"
     down_s: float = 2.0
+    flowing: bool = False
 
     @property
     def label(self) -> str:
@@ -253,10 +257,14 @@ class KillNode:
         cluster = world.need_cluster()
         index = await world.node_of(self.target)
         await asyncio.to_thread(cluster.kill, index)
-        await asyncio.sleep(self.down_s)
-        await asyncio.to_thread(cluster.start_node, index)
-        await asyncio.to_thread(cluster.await_members, len(cluster.nodes))
-        await world.wait_ready()
+
+        async def back() -> None:
+            await asyncio.sleep(self.down_s)
+            await asyncio.to_thread(cluster.start_node, index)
+            await asyncio.to_thread(cluster.await_members, len(cluster.nodes))
+            await world.wait_ready()
+
+        await _after(world, back(), self.flowing, "node back")
 
 
 @dataclass(frozen=True)
@@ -266,6 +274,8 @@ class FreezeNode:
 
     seconds: float
     target: NodeChoice = "leader"
+    flowing: bool = False
+    """The stream is not held meanwhile (as :class:`KillNode`'s)."""
 
     @property
     def label(self) -> str:
@@ -279,12 +289,25 @@ class FreezeNode:
         cluster = world.need_cluster()
         index = await world.node_of(self.target)
         cluster.freeze(index)
-        try:
-            await asyncio.sleep(self.seconds)
-        finally:
-            cluster.thaw(index)
-        await asyncio.to_thread(cluster.await_members, len(cluster.nodes))
-        await world.wait_ready()
+
+        async def thawed() -> None:
+            try:
+                await asyncio.sleep(self.seconds)
+            finally:
+                cluster.thaw(index)
+            await asyncio.to_thread(cluster.await_members, len(cluster.nodes))
+            await world.wait_ready()
+
+        await _after(world, thawed(), self.flowing, "node thawed")
+
+
+async def _after(world: World, rest: Coroutine[Any, Any, None], flowing: bool, name: str) -> None:
+    """The rest of a node fault: awaited (the stream held at its gate meanwhile), or, flowing,
+    left to the background (the runner awaits it before the queues settle)."""
+    if flowing:
+        world.background.append(asyncio.create_task(rest, name=name))
+    else:
+        await rest
 
 
 @dataclass(frozen=True)

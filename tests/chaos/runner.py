@@ -800,7 +800,7 @@ async def _shard_findings(
     notes += found
     world.violations += violations
     if world.strike is not None:
-        after = await asyncio.to_thread(shards.leaders, cluster, queues.shards)
+        after = await asyncio.to_thread(cluster.leaders_of, queues.shards)
         names = [node.node for node in cluster.nodes]
         notes.append(shards.describe_strike(world.strike, after, names))
         notes.append(

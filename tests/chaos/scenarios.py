@@ -859,14 +859,20 @@ def sharded(profile: Profile) -> list[Scenario]:
     """:func:`beyond_one_machine`'s leader kill and node freeze with the work queue in
     :data:`SHARDS` shards, each led by the node the balanced locator gave it: the fault strikes
     the node leading the most shards among those consumer-0 is not connected to
-    (:func:`~tests.chaos.shards.pick_shard_leader`)."""
+    (:func:`~tests.chaos.shards.pick_shard_leader`). The stream is not held while the node is
+    down or frozen: the shards it does not lead keep taking events, and the report gives each
+    shard's longest pause in commits from the strike on."""
     p = profile
     faults: list[tuple[str, str, Fault]] = [
-        ("leader-kill", "SIGKILL of a shard's leader node + restart", KillNode("shard-leader")),
+        (
+            "leader-kill",
+            "SIGKILL of a shard's leader node + restart, the stream flowing",
+            KillNode("shard-leader", flowing=True),
+        ),
         (
             "node-freeze",
-            f"SIGSTOP of a shard's leader node {p.node_freeze_s:g}s",
-            FreezeNode(p.node_freeze_s, "shard-leader"),
+            f"SIGSTOP of a shard's leader node {p.node_freeze_s:g}s, the stream flowing",
+            FreezeNode(p.node_freeze_s, "shard-leader", flowing=True),
         ),
     ]
     return [

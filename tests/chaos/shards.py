@@ -230,11 +230,6 @@ def placement_findings(
 # -- leaders ---------------------------------------------------------------------------------
 
 
-def leaders(cluster: ThrowawayRabbitCluster, queues: Sequence[str]) -> dict[str, int]:
-    """The node index leading each of ``queues`` (quorum queues), asked of a live node."""
-    return {queue: cluster.leader_of(queue) for queue in queues}
-
-
 def pick_shard_leader(led: Mapping[str, int], connected: int) -> int:
     """The node a shard-leader fault strikes: of the nodes other than ``connected`` (consumer-0's,
     so its connection survives and only the shards' leadership is struck), the one leading the

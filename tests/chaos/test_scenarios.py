@@ -212,6 +212,7 @@ def test_the_sharded_cluster_scenarios_strike_a_shard_leader_with_every_type_in_
             [fault] = scenario.faults
             assert isinstance(fault, KillNode | FreezeNode)
             assert fault.target == "shard-leader"
+            assert fault.flowing  # the other shards keep taking events while it is down
             assert scenario.site == "cluster"
             [row] = tomllib.loads(scenario.queue_table)["queues"].values()
             # The whole workload through the shards, so every shard sees every kind

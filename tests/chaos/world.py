@@ -432,9 +432,7 @@ class World:
             return await asyncio.to_thread(cluster.leader_of, self.env.names.work)
         if target == "shard-leader":
             connected = await self.node_of("connected")
-            led = await asyncio.to_thread(
-                shards.leaders, cluster, table.broker_queues(self.env).shards
-            )
+            led = await asyncio.to_thread(cluster.leaders_of, table.broker_queues(self.env).shards)
             struck = shards.pick_shard_leader(led, connected)
             self.strike = shards.Strike(struck, connected, datetime.now(UTC), led)
             return struck

@@ -837,10 +837,19 @@ async def _stranded(cluster: ThrowawayRabbitCluster, env: TestEnv, world: World)
     the end (after the runbook's step, if it was needed): expired retry copies or rejected
     messages RabbitMQ has not forwarded. The checks, which see only ready messages, count the
     events held there as lost; this says where they are."""
-    for queue, held in (await held_back(cluster, _busy_queues(env), world.notes)).items():
+    busy = _busy_queues(env)
+    unknown: list[str] = []
+    held_at_end = await held_back(cluster, busy, unknown)
+    world.notes += unknown
+    for queue, held in held_at_end.items():
         world.notes.append(
             f"{queue}: RabbitMQ still holds {held} messages in its at-least-once dead-lettering "
             "at the end, not forwarded (not ready, so not 'left')"
+        )
+    if not held_at_end and not unknown:
+        world.notes.append(
+            f"at the end RabbitMQ held nothing for dead-lettering in any of the {len(busy)} work "
+            f"and delay queues ({', '.join(q.removeprefix(env.name + '.') for q in busy)})"
         )
 
 

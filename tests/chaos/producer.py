@@ -64,6 +64,9 @@ class PublishLog:
     unsent: list[Publication] = field(default_factory=list)
     """Publications never confirmed before the deadline."""
     reconnects: int = 0
+    sent_at: dict[str, float] = field(default_factory=dict)
+    """When each publication's first attempt went out (wall clock, epoch seconds), by its
+    message id."""
 
     @property
     def resent(self) -> int:
@@ -78,6 +81,7 @@ def merged(*logs: PublishLog) -> PublishLog:
         out.published += log.published
         out.unsent += log.unsent
         out.reconnects += log.reconnects
+        out.sent_at.update(log.sent_at)
     return out
 
 
@@ -191,6 +195,9 @@ class ResilientProducer:
     async def _publish_confirmed(self, batch: Sequence[Publication], deadline: float) -> bool:
         """Publish ``batch`` until every one is confirmed; False if the deadline came first."""
         pending = [(publication, 0) for publication in batch]
+        now = time.time()
+        for publication in batch:
+            self.log.sent_at.setdefault(publication.message_id, now)
         while pending:
             if time.monotonic() > deadline:
                 return False

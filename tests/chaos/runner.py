@@ -538,7 +538,9 @@ async def run_scenario(
             await take_dead_letters(env.amqp_url, dead, state, label)
         await read_database(env.database_url, name, state)
         if placed is not None and on_cluster is not None:
-            world.notes += await _shard_findings(on_cluster, world, workload, placed, keys, state)
+            world.notes += await _shard_findings(
+                on_cluster, world, workload, placed, keys, state, log.sent_at
+            )
         verdict = check(
             workload,
             log,
@@ -785,6 +787,7 @@ async def _shard_findings(
     placed: shards.Placement,
     keys: dict[str, str],
     state: EndState,
+    sent_at: dict[str, float],
 ) -> list[str]:
     """A sharded queue's figures (notes; a shard with no publication is a violation): where the
     hash ring put the events at the start and at the end, the dead copies' shards against it, the
@@ -805,7 +808,7 @@ async def _shard_findings(
         notes.append(shards.describe_strike(world.strike, after, names))
         notes.append(
             await shards.pauses(
-                world.env.database_url, world.env.name, placed, workload, world.strike
+                world.env.database_url, world.env.name, placed, workload, world.strike, sent_at
             )
         )
     return notes

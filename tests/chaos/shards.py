@@ -286,12 +286,24 @@ def describe_strike(strike: Strike, after: Mapping[str, int], names: Sequence[st
 
 
 async def pauses(
-    dsn: str, consumer: str, placed: Placement, workload: Workload, strike: Strike
+    dsn: str,
+    consumer: str,
+    placed: Placement,
+    workload: Workload,
+    strike: Strike,
+    sent_at: Mapping[str, float],
 ) -> str:
-    """Each shard's longest pause between fresh commits (receipts by ``received_at``) from the
-    strike on: how long each shard took to resume (the stream is held at the fault's gate
-    meanwhile, so a shard the fault did not touch pauses too once its backlog is applied)."""
+    """Each shard from the strike on: its longest pause between fresh commits (receipts by
+    ``received_at``), and when the first event first published after the strike was committed
+    (a delivery the consumer cannot have held already: for the struck shard, its new leader's).
+    The stream is not held at the fault, but the producer waits for every confirm of its window,
+    and a shard without a leader confirms nothing, so every shard's new events wait for it."""
     shard_of = {e.event_id: placed.at_start[e.key] for e in workload.events if e.event_id}
+    after = {
+        e.event_id
+        for e in workload.events
+        if e.event_id and sent_at.get(f"{e.key}.0", 0.0) > strike.at.timestamp()
+    }
     conn = await asyncpg.connect(dsn, timeout=10)
     try:
         rows: list[Any] = await conn.fetch(
@@ -304,9 +316,8 @@ async def pauses(
         await conn.close()
     parts = []
     for shard in placed.shards:
-        times = [strike.at] + [
-            r["received_at"] for r in rows if shard_of.get(r["event_id"]) == shard
-        ]
+        mine = [r for r in rows if shard_of.get(r["event_id"]) == shard]
+        times = [strike.at] + [r["received_at"] for r in mine]
         if len(times) == 1:
             parts.append(f"{shard}: no commit after the strike")
             continue
@@ -314,9 +325,15 @@ async def pauses(
             ((later - earlier).total_seconds(), later)
             for earlier, later in itertools.pairwise(times)
         )
-        first = (times[1] - strike.at).total_seconds()
+        new = next((r["received_at"] for r in mine if r["event_id"] in after), None)
+        first_new = (
+            f"first event published after it committed {(new - strike.at).total_seconds():.1f}s "
+            "after it"
+            if new is not None
+            else "no event published after it"
+        )
         parts.append(
-            f"{shard}: first commit {first:.1f}s after the strike, longest pause {gap:.1f}s "
-            f"(ended {(ended - strike.at).total_seconds():.1f}s after it)"
+            f"{shard}: longest pause {gap:.1f}s (ended {(ended - strike.at).total_seconds():.1f}s "
+            f"after the strike), {first_new}"
         )
     return "each shard's commits from the strike on: " + "; ".join(parts)

@@ -258,6 +258,8 @@ class Strike:
     connected: int
     at: datetime
     before: dict[str, int]
+    elected: dict[str, float] = field(default_factory=dict)
+    """Seconds from the strike until each shard the node led was seen led by another node."""
 
 
 def describe_strike(strike: Strike, after: Mapping[str, int], names: Sequence[str]) -> str:
@@ -278,10 +280,15 @@ def describe_strike(strike: Strike, after: Mapping[str, int], names: Sequence[st
         for q in sorted(strike.before, key=_shard_order)
         if q in after and after[q] != strike.before[q]
     ]
+    elected = [
+        f"{label_of(q)} {seconds:.1f}s"
+        for q, seconds in sorted(strike.elected.items(), key=lambda item: _shard_order(item[0]))
+    ]
     return (
         f"struck {names[strike.node]}, leading {', '.join(struck) or 'no shard'} "
         f"(consumer-0 on {names[strike.connected]}); shard leaders before: "
         f"{where(strike.before)}; at the end: {where(after)}; moved: {', '.join(moved) or 'none'}"
+        + (f"; another leader seen after the strike: {', '.join(elected)}" if elected else "")
     )
 
 
@@ -337,3 +344,24 @@ async def pauses(
             f"after the strike), {first_new}"
         )
     return "each shard's commits from the strike on: " + "; ".join(parts)
+
+
+async def watch_elections(
+    cluster: ThrowawayRabbitCluster, strike: Strike, *, timeout: float = 120.0
+) -> None:
+    """Ask the cluster, again and again, who leads each shard the struck node led, until each is
+    led by another node (or ``timeout``): the seconds from the strike into ``strike.elected``.
+    Each question is a ``rabbitmqctl`` of a second or more here, so the figure is an upper
+    bound."""
+    struck = [queue for queue, node in strike.before.items() if node == strike.node]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while struck and asyncio.get_running_loop().time() < deadline:
+        try:
+            led = await asyncio.to_thread(cluster.leaders_of, struck)
+        except (RuntimeError, subprocess.SubprocessError):
+            led = {}
+        seen = datetime.now(strike.at.tzinfo)
+        for queue in [q for q in struck if q in led and led[q] != strike.node]:
+            strike.elected[queue] = (seen - strike.at).total_seconds()
+            struck.remove(queue)
+        await asyncio.sleep(0.5)

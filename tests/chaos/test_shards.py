@@ -133,6 +133,12 @@ def test_the_strike_says_which_node_which_shards_and_which_leaders_moved() -> No
         "s2 on rabbit@b, s3 on rabbit@a; moved: s3 rabbit@c -> rabbit@a"
     )
 
+    # And, once watched, how soon another node led each shard the struck node led
+    strike.elected[S3] = 4.25
+    assert describe_strike(strike, {S1: 0, S2: 1, S3: 0}, ["a", "b", "c"]).endswith(
+        "moved: s3 c -> a; another leader seen after the strike: s3 4.2s"
+    )
+
 
 @pytest.fixture
 async def hashing_node() -> AsyncIterator[ThrowawayRabbit]:

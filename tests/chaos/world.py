@@ -435,6 +435,9 @@ class World:
             led = await asyncio.to_thread(cluster.leaders_of, table.broker_queues(self.env).shards)
             struck = shards.pick_shard_leader(led, connected)
             self.strike = shards.Strike(struck, connected, datetime.now(UTC), led)
+            self.background.append(
+                asyncio.create_task(shards.watch_elections(cluster, self.strike), name="elections")
+            )
             return struck
         ports = await asyncio.to_thread(cluster.connection_ports, f":{self.services[0].pid}")
         for index, node in enumerate(cluster.nodes):

@@ -123,7 +123,11 @@ test: install services tools
 # `make bench` already runs for most of an hour. More flags in BENCH_QUEUES_ARGS.
 # `make bench-outbox`: the outbox relay's commit-to-confirmed latency at 500 and 1,000 rows/s and
 # its top throughput from a backlog (a minute or two); more flags in BENCH_OUTBOX_ARGS.
-.PHONY: bench bench-queues bench-outbox soak
+# `make bench-shards`: sharded queues on a throwaway three-node cluster (README "Scale: shards,
+# processes, nodes"): 1, 3 and 6 processes x 1, 3 and 6 shards, the same events, in one run
+# (about ten minutes); more flags in BENCH_SHARDS_ARGS. It needs RabbitMQ's package (for the
+# throwaway nodes).
+.PHONY: bench bench-queues bench-outbox bench-shards soak
 
 bench: install services
 	@$(PY) -m bench run $(BENCH_ARGS)
@@ -133,6 +137,9 @@ bench-queues: install services
 
 bench-outbox: install services
 	@$(PY) -m bench.outbox $(BENCH_OUTBOX_ARGS)
+
+bench-shards: install services
+	@$(PY) -m bench.shards $(BENCH_SHARDS_ARGS)
 
 soak: install services
 	@$(PY) -m bench soak $(SOAK_ARGS)

@@ -238,15 +238,25 @@ class _Sink:
             await asyncio.sleep(0.1)
 
 
-async def _confirmed_ages(dsn: str, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, float]:
-    """``sent_at - created_at`` (seconds, the database's clock) of the sent rows among ``ids``."""
+async def _confirmed_ages(
+    dsn: str, ids: Sequence[uuid.UUID], limit_s: float = ARRIVAL_WAIT
+) -> dict[uuid.UUID, float]:
+    """``sent_at - created_at`` (seconds, the database's clock) of the sent rows among ``ids``,
+    once every one of them is marked sent (or ``limit_s`` has passed). A row reaches the sink
+    before the relay's round marks it (after the round's last confirm, then its commit): read at
+    once, the last rows would be left out, the slowest first."""
     conn = await asyncpg.connect(dsn)
+    deadline = time.monotonic() + limit_s
     try:
-        rows = await conn.fetch(
-            "SELECT event_id, extract(epoch FROM sent_at - created_at)::float8 AS age "
-            "FROM outbox WHERE event_id = ANY($1::uuid[]) AND sent_at IS NOT NULL",
-            list(ids),
-        )
+        while True:
+            rows = await conn.fetch(
+                "SELECT event_id, extract(epoch FROM sent_at - created_at)::float8 AS age "
+                "FROM outbox WHERE event_id = ANY($1::uuid[]) AND sent_at IS NOT NULL",
+                list(ids),
+            )
+            if len(rows) >= len(set(ids)) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
     finally:
         await conn.close()
     return {row["event_id"]: row["age"] for row in rows}
@@ -417,11 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BenchError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    text = "\n".join(outbox_lines(result))
-    saved = report.save(result, text, options.results_dir, result["started"])
-    print(text)
-    print(f"saved {saved} and {saved.with_suffix('.txt').name}")
-    print(report.json_line(result))
+    report.publish(result, "\n".join(outbox_lines(result)), options.results_dir)
     return 0
 
 

@@ -388,6 +388,15 @@ def save(result: dict[str, Any], text: str, directory: Path, stamp: str) -> Path
     return path
 
 
+def publish(result: dict[str, Any], text: str, directory: Path) -> None:
+    """A harness's ending: ``result`` and its printed ``text`` saved (:func:`save`, stamped with
+    ``result["started"]``), the text printed, where they went, and the summary line last."""
+    saved = save(result, text, directory, result["started"])
+    print(text)
+    print(f"saved {saved} and {saved.with_suffix('.txt').name}")
+    print(json_line(result))
+
+
 def json_line(result: dict[str, Any]) -> str:
     """The last line of stdout: the summary without the per-run details."""
 

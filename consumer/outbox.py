@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from pamqp.commands import Basic
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from consumer.envelope import EVENT_TYPE_PATTERN, Envelope, envelope_body
@@ -85,6 +86,17 @@ def _type_problem(event_type: object) -> str | None:
         return f"{event_type!r} is not an event type (dot-separated words of [A-Za-z0-9_-])"
     if len(event_type) > _MAX_TYPE:
         return f"an event type is at most {_MAX_TYPE} characters, not {len(event_type)}"
+    return None
+
+
+def _headers_problem(headers: Mapping[str, Any]) -> str | None:
+    """Why ``headers`` cannot go out as an AMQP table (an integer past 64 bits, a value that is
+    not JSON), or None: the relay would fail such a row for good, unsent."""
+    try:
+        json.dumps(dict(headers))
+        Basic.Properties(headers=dict(headers)).marshal()
+    except (TypeError, ValueError) as error:
+        return f"the headers cannot be sent as AMQP headers: {error}"
     return None
 
 
@@ -208,9 +220,10 @@ async def enqueue(
             await enqueue(conn, "payment.captured", {"order_id": order_id}, key=str(order_id))
 
     Raises :class:`~consumer.errors.OutboxMisuse` outside a transaction (the row would commit
-    on its own, whatever became of the rest), for a type that is no event type, or a payload
-    that is not JSON. The payload is not checked against any handler's model: the application
-    has no registry; the consumer of the type refuses what its model does."""
+    on its own, whatever became of the rest), for a type that is no event type, a payload
+    that is not JSON, or headers that cannot go out as an AMQP table. The payload is not checked
+    against any handler's model: the application has no registry; the consumer of the type
+    refuses what its model does."""
     if not conn.is_in_transaction():
         raise OutboxMisuse(
             "enqueue needs the caller's transaction open on the connection "
@@ -223,6 +236,9 @@ async def enqueue(
         data = _as_json(payload)
     except ValueError as error:
         raise OutboxMisuse(f"{type}: {error}") from None
+    problem = _headers_problem(headers or {})
+    if problem is not None:
+        raise OutboxMisuse(f"{type}: {problem}")
     event_id = event_id or uuid.uuid4()
     try:
         body = envelope_body(

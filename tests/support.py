@@ -30,6 +30,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from consumer.cli.producer import envelope_body
 from consumer.config.queue_table import read_queue_table
 from consumer.config.settings import Settings
+from consumer.envelope import Envelope, set_follow_ups
+from consumer.handlers.inventory import Reserve
+from consumer.outbox import Publishes
 from consumer.registry import HandlerRegistry
 from consumer.service.components import names_for, table_topology, topology_for
 from topology.apply import apply_topology
@@ -645,6 +648,17 @@ async def drain_queue(
     return messages
 
 
+def queue_of(env: TestEnv, queue: str | None, part: str = "work") -> str:
+    """The name of ``part`` (``work``, ``dead``, ``retry.1s``...) of queue ``queue`` of the test's
+    queue table; with ``None``, of the one queue the service has without a table."""
+    return f"{env.name}.{part}" if queue is None else f"{env.name}.{queue}.{part}"
+
+
+async def depth_is(env: TestEnv, queue: str | None, depth: int) -> bool:
+    """For polling: the work queue of ``queue`` (:func:`queue_of`) holds ``depth`` messages."""
+    return await queue_depth(env.amqp_url, queue_of(env, queue)) == depth
+
+
 async def queue_exists(url: str, queue: str) -> bool:
     connection = await aio_pika.connect(url)
     try:
@@ -672,6 +686,11 @@ async def fetch(dsn: str, query: str, *args: Any) -> list[asyncpg.Record]:
         return list(await conn.fetch(query, *args))
     finally:
         await conn.close()
+
+
+async def count_rows(env: TestEnv, table: str) -> int:
+    """The rows of ``table`` (a name the test gives, never input) in the test's database."""
+    return int(await fetchval(env.database_url, f"SELECT count(*) FROM {table}"))
 
 
 async def effect_counts(dsn: str, table: str = "test_effects") -> dict[uuid.UUID, int]:
@@ -740,6 +759,23 @@ Event = tuple[str, dict[str, object], uuid.UUID]
 def restocks(count: int) -> list[Event]:
     """``count`` restocks of one SKU, a unit each: each one's effect is a stock movement."""
     return [("inventory.restock", {"sku": "SKU", "qty": 1}, uuid.uuid4()) for _ in range(count)]
+
+
+def reservation_in_a_call(
+    payload: dict[str, Any], handlers: HandlerRegistry
+) -> tuple[Envelope[Reserve], Publishes]:
+    """An ``inventory.reserve`` event as a handler call the service makes gets it, for calling
+    the handler directly: its ``publish`` adds to the collection returned with it (consumer
+    ``svc``, the publishes checked against ``handlers``)."""
+    event = Envelope[Reserve](
+        event_id=uuid.uuid4(),
+        type="inventory.reserve",
+        occurred_at=datetime.now(UTC),
+        payload=Reserve.model_validate(payload),
+    )
+    publishes = Publishes(event, consumer="svc", handlers=handlers)
+    set_follow_ups(event, publishes)
+    return event, publishes
 
 
 async def movements(dsn: str) -> int:

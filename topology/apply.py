@@ -23,7 +23,7 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.abc import ExchangeType as AmqpExchangeType
 
-from topology.model import Exchange, Queue, QueueType, Topology
+from topology.model import Binding, Exchange, Queue, QueueType, Topology
 
 __all__ = [
     "ApplyReport",
@@ -33,6 +33,7 @@ __all__ = [
     "find_conflicts",
     "missing",
     "present_queues",
+    "set_binding",
 ]
 
 _INEQUIVALENT = re.compile(
@@ -228,24 +229,30 @@ async def apply_topology(connection: AbstractConnection, topology: Topology) -> 
             await _declare(channel, queue, _wanted(queue))
         underlay = await channel.get_underlay_channel()
         for binding in topology.bindings:
-            if binding.to_exchange:
-                await underlay.exchange_bind(
-                    destination=binding.queue,
-                    source=binding.exchange,
-                    routing_key=binding.routing_key,
-                    arguments=dict(binding.arguments),
-                )
-            else:
-                await underlay.queue_bind(
-                    queue=binding.queue,
-                    exchange=binding.exchange,
-                    routing_key=binding.routing_key,
-                    arguments=dict(binding.arguments),
-                )
+            await set_binding(underlay, binding)
+        # After the bindings, so that nothing is routed nowhere meanwhile; RabbitMQ takes the
+        # removal of a binding it does not have as done.
+        for binding in topology.unbindings:
+            await set_binding(underlay, binding, remove=True)
     finally:
         if not channel.is_closed:
             await channel.close()
     return ApplyReport(tuple(created), tuple(unchanged), len(topology.bindings))
+
+
+async def set_binding(underlay: Any, binding: Binding, *, remove: bool = False) -> None:
+    """Make ``binding`` (to a queue, or to an exchange) on the raw channel ``underlay``, or with
+    ``remove`` remove it."""
+    arguments = dict(binding.arguments)
+    key = binding.routing_key
+    if binding.to_exchange and remove:
+        await underlay.exchange_unbind(binding.queue, binding.exchange, key, arguments=arguments)
+    elif binding.to_exchange:
+        await underlay.exchange_bind(binding.queue, binding.exchange, key, arguments=arguments)
+    elif remove:
+        await underlay.queue_unbind(binding.queue, binding.exchange, key, arguments=arguments)
+    else:
+        await underlay.queue_bind(binding.queue, binding.exchange, key, arguments=arguments)
 
 
 async def present_queues(connection: AbstractConnection, names: Iterable[str]) -> list[str]:

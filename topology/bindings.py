@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 from topology.management import get_json
 from topology.model import Binding, ExchangeType, Topology
+from topology.names import SHARD
 
 __all__ = ["BindingDifferences", "compare_bindings", "read_bindings"]
 
@@ -38,6 +39,19 @@ def _key(binding: Binding) -> tuple[str, str, str, tuple[tuple[str, str], ...], 
     return binding.exchange, binding.queue, binding.routing_key, arguments, binding.to_exchange
 
 
+def _retired_shard(binding: Binding, hashing: set[str], labels: set[str]) -> bool:
+    """A redeliver exchange's binding to a hash exchange on a shard label the plan has not: a
+    migration to fewer shards left it, so that a retry of a removed shard is hashed by its key
+    (:mod:`topology.reshard`). It routes nothing the plan's shards are stamped with."""
+    label = binding.arguments.get(SHARD)
+    return (
+        binding.to_exchange
+        and binding.queue in hashing
+        and label is not None
+        and str(label) not in labels
+    )
+
+
 def compare_bindings(plan: Topology, present: Iterable[Binding]) -> BindingDifferences:
     """The plan's bindings the broker lacks, and the broker's bindings from one of the plan's
     exchanges to one of its queues (or exchanges), or from one of its hash exchanges to
@@ -51,12 +65,14 @@ def compare_bindings(plan: Topology, present: Iterable[Binding]) -> BindingDiffe
     # keys: a shard the plan has not (a table whose shards went down) counts too.
     hashing = {e.name for e in plan.exchanges if e.type is ExchangeType.CONSISTENT_HASH}
     missing = tuple(b for b in plan.bindings if _key(b) not in have)
+    labels = {str(b.arguments[SHARD]) for b in plan.bindings if SHARD in b.arguments}
     unplanned = tuple(
         b
         for b in present
         if b.exchange in exchanges
         and (b.exchange in hashing or b.queue in (exchanges if b.to_exchange else queues))
         and _key(b) not in wanted
+        and not _retired_shard(b, hashing, labels)
     )
     return BindingDifferences(missing, unplanned)
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.abc import ExchangeType as AmqpExchangeType
 
-from topology.apply import find_conflicts, missing
+from topology.apply import find_conflicts, missing, set_binding
 from topology.migration_plan import (
     Bind,
     Declare,
@@ -110,7 +110,11 @@ class _Runner:
                 await channel.declare_queue(item.name, durable=item.durable, arguments=arguments)
             else:
                 await channel.declare_exchange(
-                    item.name, AmqpExchangeType(item.type.value), durable=item.durable
+                    item.name,
+                    AmqpExchangeType(item.type.value),
+                    durable=item.durable,
+                    # A hash exchange's hash-header: RabbitMQ keeps an exchange's first arguments.
+                    arguments=dict(item.arguments) or None,
                 )
         finally:
             await channel.close()
@@ -118,7 +122,9 @@ class _Runner:
 
     async def _bind(self, step: Bind | Unbind) -> StepResult:
         binding = step.binding
-        if not step.to_exchange and await queue_state(self._connection, binding.queue) is None:
+        # A plan's own binding to an exchange (the ingress's to a hash exchange) says so itself.
+        to_exchange = step.to_exchange or binding.to_exchange
+        if not to_exchange and await queue_state(self._connection, binding.queue) is None:
             # Unbinding from a queue already deleted: its bindings went with it.
             if isinstance(step, Unbind):
                 return StepResult(step, "gone")
@@ -126,20 +132,8 @@ class _Runner:
         channel = await self._channel()
         try:
             underlay = await channel.get_underlay_channel()
-            arguments = dict(binding.arguments)
-            key = binding.routing_key
-            if isinstance(step, Bind) and step.to_exchange:
-                await underlay.exchange_bind(
-                    binding.queue, binding.exchange, key, arguments=arguments
-                )
-            elif isinstance(step, Bind):
-                await underlay.queue_bind(binding.queue, binding.exchange, key, arguments=arguments)
-            elif step.to_exchange:
-                await underlay.exchange_unbind(
-                    binding.queue, binding.exchange, key, arguments=arguments
-                )
-            else:
-                await underlay.queue_unbind(binding.queue, binding.exchange, key, arguments)
+            as_planned = replace(binding, to_exchange=to_exchange)
+            await set_binding(underlay, as_planned, remove=isinstance(step, Unbind))
         finally:
             if not channel.is_closed:
                 await channel.close()

@@ -16,17 +16,31 @@ Binding before unbinding leaves a moment in which an event is routed to both wor
 receipts make the second copy a duplicate. The other order would leave one in which it is routed
 to neither, and lost. Every step checks the broker before it acts, so running the same migration
 again resumes it, and migrating back (the same steps from the new plan to the old) rolls it back.
+
+A sharded queue whose shard count changes gains or loses shards by :mod:`topology.reshard`'s
+steps, each put among the steps of its kind.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import timedelta
 
-from topology.model import Binding, Exchange, Queue
+from topology.model import Binding
 from topology.names import RETRY_RUNG, rung_label
 from topology.plan import TopologySpec, build_topology
+from topology.reshard import plan_reshard, reshard_refusal
+from topology.steps import (
+    Bind,
+    Declare,
+    DeclareExchange,
+    Delete,
+    MigrationPlan,
+    Move,
+    Route,
+    Step,
+    Unbind,
+)
 
 __all__ = [
     "Bind",
@@ -47,128 +61,6 @@ __all__ = [
 
 class MigrationRefused(ValueError):
     """The two plans cannot be migrated between (the message says which setting to change)."""
-
-
-@dataclass(frozen=True, slots=True)
-class DeclareExchange:
-    """An exchange of a queue new to a queue table (:mod:`topology.table_migration`)."""
-
-    exchange: Exchange
-
-    def describe(self) -> str:
-        return f"declare {self.exchange.describe()}"
-
-
-@dataclass(frozen=True, slots=True)
-class Declare:
-    queue: Queue
-
-    def describe(self) -> str:
-        return f"declare {self.queue.describe()}"
-
-
-@dataclass(frozen=True, slots=True)
-class Bind:
-    """A binding to a queue, or (``to_exchange``) to an exchange: ``binding.queue`` names it."""
-
-    binding: Binding
-    to_exchange: bool = False
-
-    def describe(self) -> str:
-        return self.binding.describe() + (" (exchange)" if self.to_exchange else "")
-
-
-@dataclass(frozen=True, slots=True)
-class Unbind:
-    binding: Binding
-    to_exchange: bool = False
-
-    def describe(self) -> str:
-        return "un" + self.binding.describe() + (" (exchange)" if self.to_exchange else "")
-
-
-def _to(exchange: str, rung: str | None) -> str:
-    return f"rung {rung} through {exchange}" if rung else f"exchange {exchange}"
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    """Where a :class:`Move` sends the messages of one event type (their routing key) instead."""
-
-    event_type: str
-    exchange: str
-    rung: str | None
-
-    def describe(self) -> str:
-        return f"{self.event_type} to {_to(self.exchange, self.rung)}"
-
-
-@dataclass(frozen=True, slots=True)
-class Move:
-    """Every message of ``source`` to ``exchange``, each copy confirmed before its original is
-    acked, with its own routing key, and the header :data:`~topology.names.RETRY_RUNG` set to
-    ``rung`` when given (the retry exchange routes on it). ``from_work``: the source is a work
-    queue, whose messages are not all the service's own (see :mod:`topology.migrate`).
-    ``routes``: the event types that go elsewhere, picked by routing key (the queue of a service
-    without a table, whose types a queue table shares among several queues).
-
-    Never through the default exchange: the least-privileged bootstrap user may write only to
-    the service's own exchanges."""
-
-    source: str
-    exchange: str
-    rung: str | None
-    from_work: bool
-    routes: tuple[Route, ...] = ()
-
-    def destination(self, routing_key: str) -> tuple[str, str | None]:
-        """The exchange and rung a message with ``routing_key`` goes to."""
-        for route in self.routes:
-            if route.event_type == routing_key:
-                return route.exchange, route.rung
-        return self.exchange, self.rung
-
-    @property
-    def exchanges(self) -> tuple[str, ...]:
-        """Every exchange this move may publish to."""
-        return tuple(dict.fromkeys([self.exchange, *(route.exchange for route in self.routes)]))
-
-    def describe(self) -> str:
-        if not self.routes:
-            return f"move the messages of {self.source} to {_to(self.exchange, self.rung)}"
-        routes = ", ".join(route.describe() for route in self.routes)
-        return (
-            f"move the messages of {self.source} by event type: {routes}, the rest to "
-            f"{_to(self.exchange, self.rung)}"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Delete:
-    """Delete a queue once it holds nothing; ``unused``: and no one consumes it."""
-
-    queue: str
-    unused: bool
-
-    def describe(self) -> str:
-        when = "empty and without consumers" if self.unused else "empty"
-        return f"delete queue {self.queue} once {when}"
-
-
-Step = DeclareExchange | Declare | Bind | Unbind | Move | Delete
-
-
-@dataclass(frozen=True, slots=True)
-class MigrationPlan:
-    steps: tuple[Step, ...]
-
-    @property
-    def changes_nothing(self) -> bool:
-        return not self.steps
-
-    def describe(self) -> list[str]:
-        """One numbered line per step, as ``--dry-run`` prints them."""
-        return [f"{number:>2}. {step.describe()}" for number, step in enumerate(self.steps, 1)]
 
 
 def rung_binding(retry: str, queue: str, delay: timedelta) -> Binding:
@@ -202,7 +94,16 @@ def _check(old: TopologySpec, new: TopologySpec) -> None:
             "CONSUMER_QUORUM_INITIAL_GROUP_SIZE differs: it is fixed at a queue's creation "
             "(rabbitmq-queues grow/shrink changes replicas)"
         )
+    refusal = reshard_refusal(old, new)
+    if refusal is not None:
+        raise MigrationRefused(refusal)
     same_queue = old.names.work_version == new.names.work_version
+    if not same_queue and max(old.shards, new.shards) > 1:
+        # The move of an old generation knows one work queue: a shard's messages would stay.
+        raise MigrationRefused(
+            f"queue {new.names.queue} has shards = {max(old.shards, new.shards)}: a new "
+            "work_queue_version of a sharded queue is not built"
+        )
     if same_queue and old.delivery_limit != new.delivery_limit:
         raise MigrationRefused(
             f"CONSUMER_DELIVERY_LIMIT changes the arguments of {new.names.work}, which RabbitMQ "
@@ -226,6 +127,9 @@ def plan_migration(old: TopologySpec, new: TopologySpec) -> MigrationPlan:
     names = new.names
     old_plan, new_plan = build_topology(old), build_topology(new)
     old_queues = {queue.name for queue in old_plan.queues}
+    # The bindings of the shards that enter or leave are the reshard's, in an order of its own.
+    resharded = set(old.work_queues) ^ set(new.work_queues) if old.shards != new.shards else set()
+    reshard = plan_reshard(old, new)
     old_bindings = {_key(binding) for binding in old_plan.bindings}
     new_bindings = {_key(binding) for binding in new_plan.bindings}
     old_delays = {rung_label(delay): delay for delay in old.retry_delays}
@@ -234,7 +138,12 @@ def plan_migration(old: TopologySpec, new: TopologySpec) -> MigrationPlan:
     entering = [new_delays[label] for label in new_delays if label not in old_delays]
 
     steps: list[Step] = [Declare(q) for q in new_plan.queues if q.name not in old_queues]
-    steps += [Bind(b) for b in new_plan.bindings if _key(b) not in old_bindings]
+    steps += [
+        Bind(b)
+        for b in new_plan.bindings
+        if _key(b) not in old_bindings and b.queue not in resharded
+    ]
+    steps += reshard.binds
     # A migration back leaves the redirects of the one it undoes: an entering rung's label
     # must route to its own queue only.
     for delay in entering:
@@ -253,14 +162,21 @@ def plan_migration(old: TopologySpec, new: TopologySpec) -> MigrationPlan:
         else:
             steps.append(Bind(rung_binding(names.retry, names.rung(target), delay)))
             moves.append(Move(names.rung(delay), names.retry, rung_label(target), from_work=False))
-    steps += [Unbind(b) for b in old_plan.bindings if _key(b) not in new_bindings]
+    steps += [
+        Unbind(b)
+        for b in old_plan.bindings
+        if _key(b) not in new_bindings and b.queue not in resharded
+    ]
+    steps += reshard.unbinds
     steps += moves
+    steps += reshard.moves
     old_work = old.names.work
     if old_work != names.work:
         steps.append(Move(old_work, names.redeliver, None, from_work=True))
     # Without consumers too: a reader holding a rung's messages unacked (`consumer events show`)
     # gives them back when it ends, and a queue deleted meanwhile would take them with it.
     steps += [Delete(names.rung(delay), unused=True) for delay in leaving]
+    steps += reshard.deletes
     if old_work != names.work:
         steps.append(Delete(old_work, unused=True))
     return MigrationPlan(tuple(steps))

@@ -115,6 +115,9 @@ class Topology:
     exchanges: tuple[Exchange, ...]
     queues: tuple[Queue, ...]
     bindings: tuple[Binding, ...]
+    unbindings: tuple[Binding, ...] = ()
+    """Bindings that must not be there, removed after the plan's are made when present (a
+    migration to fewer shards left them: :mod:`topology.reshard`)."""
 
     @classmethod
     def merge(cls, parts: Iterable[Topology]) -> Topology:
@@ -123,12 +126,14 @@ class Topology:
         exchanges: dict[str, Exchange] = {}
         queues: list[Queue] = []
         bindings: list[Binding] = []
+        unbindings: list[Binding] = []
         for part in parts:
             for exchange in part.exchanges:
                 exchanges.setdefault(exchange.name, exchange)
             queues.extend(part.queues)
             bindings.extend(part.bindings)
-        return cls(tuple(exchanges.values()), tuple(queues), tuple(bindings))
+            unbindings.extend(part.unbindings)
+        return cls(tuple(exchanges.values()), tuple(queues), tuple(bindings), tuple(unbindings))
 
     @property
     def declarables(self) -> tuple[Exchange | Queue, ...]:

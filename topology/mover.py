@@ -17,8 +17,8 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractConnection, AbstractExchange, AbstractIncomingMessage
 
-from topology.migration_plan import Move
-from topology.names import RETRY_RUNG
+from topology.names import RETRY_RUNG, SHARD
+from topology.steps import Move
 
 __all__ = ["HeaderRewrite", "MoveFailed", "move_messages", "queue_state"]
 
@@ -71,6 +71,9 @@ def _copy(
     headers = {key: value for key, value in headers.items() if not key.lower().startswith("x-")}
     if rung is not None:
         headers[RETRY_RUNG] = rung
+    if step.shard is not None:
+        # A leaving shard's own label: the redeliver exchange hashes the copy again by its key.
+        headers[SHARD] = step.shard
     return aio_pika.Message(
         message.body,
         headers=headers,

@@ -37,6 +37,7 @@ __all__ = [
     "SHARD_WEIGHT",
     "TopologySpec",
     "build_topology",
+    "shard_redirect",
 ]
 
 # Dead-lettering out of a quorum queue is lossless only with at-least-once, which needs
@@ -162,7 +163,23 @@ def build_topology(spec: TopologySpec) -> Topology:
             for delay in spec.retry_delays
         ),
     )
-    return Topology(exchanges=exchanges, queues=(dead, *work, *rungs), bindings=bindings)
+    # A migration to fewer shards routed a removed shard's retries to the hash exchange: a shard
+    # of this plan with that label must have its retries back alone, not hashed as well.
+    unbindings = tuple(shard_redirect(names, shard) for shard in range(1, spec.shards + 1))
+    return Topology(
+        exchanges=exchanges,
+        queues=(dead, *work, *rungs),
+        bindings=bindings,
+        unbindings=unbindings if sharded else (),
+    )
+
+
+def shard_redirect(names: Names, shard: int) -> Binding:
+    """The redeliver exchange's binding that sends a retry of ``shard`` to the hash exchange, to
+    be hashed by its key: made by a migration to fewer shards for each shard it removes
+    (:mod:`topology.reshard`), removed by one that adds the shard back, and by ``apply``."""
+    arguments = {"x-match": "all", SHARD: shard_label(shard)}
+    return Binding(names.redeliver, names.hash, arguments=arguments, to_exchange=True)
 
 
 def _one_queue_routes(spec: TopologySpec) -> tuple[Binding, ...]:

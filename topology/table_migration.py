@@ -116,13 +116,6 @@ class TableMigration:
 
 def _by_queue(specs: Sequence[TopologySpec], which: str) -> dict[str | None, TopologySpec]:
     """Each queue's plan by its name; the service without a table is one queue named ``None``."""
-    for spec in specs:
-        if spec.shards > 1:
-            # The steps know one work queue per queue: a shard's messages would be left behind.
-            raise MigrationRefused(
-                f"queue {spec.names.queue} has shards = {spec.shards} in the {which} table: "
-                "migrating a sharded queue (resharding too) is not built yet"
-            )
     queues = {spec.names.queue: spec for spec in specs}
     if None in queues and len(specs) > 1:
         raise MigrationRefused(
@@ -284,7 +277,28 @@ def plan_table_migration(
             steps += _entering(spec, old)
     for name, spec in before.items():
         if name not in after:
-            steps += _leaving(spec, _heirs(spec, new))
+            if spec.shards > 1:
+                # Its leaving moves one work queue: the shards' messages would be left behind.
+                raise MigrationRefused(
+                    f"queue {name} has shards = {spec.shards} and leaves the table: not built; "
+                    "keep it in the table until its shards are drained"
+                )
+            heirs = _heirs(spec, new)
+            sharded = sorted(
+                {
+                    str(h.names.queue)
+                    for h in (heirs.heir, *dict(heirs.by_type).values())
+                    if h.shards > 1
+                }
+            )
+            if sharded:
+                # Its messages and retries would reach a sharded queue's redeliver exchange with
+                # no shard to return to, and be dropped there.
+                raise MigrationRefused(
+                    f"{_queue(name)} leaves the table for sharded queue {', '.join(sharded)}: "
+                    "not built; keep it in the table"
+                )
+            steps += _leaving(spec, heirs)
     # A stable sort: each queue's own steps keep their order within a phase.
     steps.sort(key=lambda step: _PHASES.index(type(step)))
     return TableMigration(MigrationPlan(tuple(steps)), _moves(old, new))

@@ -21,7 +21,6 @@ from consumer.amqp.connect import preflight_broker_support
 from consumer.cli.pipes import end_by_sigpipe
 from consumer.cli.producer import (
     PublishRequest,
-    payload_problem,
     publish_event,
     repeat_command,
     shard_key,
@@ -44,7 +43,7 @@ from consumer.errors import (
     PublishFailed,
 )
 from consumer.observe.tracing_setup import TracingSetup
-from consumer.registry import HandlerRegistry
+from consumer.registry import HandlerRegistry, payload_problem
 from consumer.service.app import run
 from consumer.service.components import (
     broker_config,

@@ -16,14 +16,13 @@ from consumer.amqp.publisher import PERSISTENT, Publisher
 from consumer.envelope import envelope_body
 from consumer.errors import ConfigError, Unroutable
 from consumer.pipeline.tracing import Tracing, publish_span
-from consumer.registry import HandlerRegistry, payload_problem
+from consumer.registry import HandlerRegistry
 from topology.names import SHARD_KEY
 
 __all__ = [
     "PublishRequest",
     "envelope_body",
     "event_properties",
-    "payload_problem",
     "publish_event",
     "repeat_command",
     "shard_key",

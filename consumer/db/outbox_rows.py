@@ -34,6 +34,7 @@ SELECT id, event_id, type, order_key, body, headers::text AS headers,
        extract(epoch FROM clock_timestamp() - created_at)::float8 AS age
 FROM outbox
 WHERE sent_at IS NULL AND failed_at IS NULL
+  AND id <> ALL($2::bigint[]) AND (order_key IS NULL OR order_key <> ALL($3::text[]))
 ORDER BY id
 LIMIT $1
 FOR UPDATE SKIP LOCKED
@@ -117,10 +118,18 @@ def in_key_order(
     ]
 
 
-async def claim_batch(conn: asyncpg.Connection[Any], limit: int) -> tuple[list[OutboxRow], int]:
+async def claim_batch(
+    conn: asyncpg.Connection[Any],
+    limit: int,
+    *,
+    skip_ids: Sequence[int] = (),
+    skip_keys: Sequence[str] = (),
+) -> tuple[list[OutboxRow], int]:
     """Inside the caller's transaction: up to ``limit`` rows owed, in id order, locked against
-    the other replicas' rounds and cut by :func:`in_key_order`; and how many rows it held back."""
-    records = await conn.fetch(_CLAIM, limit)
+    the other replicas' rounds and cut by :func:`in_key_order`; and how many rows it held back.
+    The rows ``skip_ids``, and every row of the keys ``skip_keys``, are left out (rows resting
+    after a refusal: :mod:`consumer.service.outbox_resting`)."""
+    records = await conn.fetch(_CLAIM, limit, list(skip_ids), list(skip_keys))
     batch = [_row(record) for record in records]
     keys = sorted({row.order_key for row in batch if row.order_key is not None})
     if not keys:

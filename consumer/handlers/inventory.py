@@ -1,4 +1,6 @@
-"""Stock: ``inventory.restock`` adds to a SKU, ``inventory.reserve`` takes from it for an order."""
+"""Stock: ``inventory.restock`` adds to a SKU, ``inventory.reserve`` takes from it for an order
+and, when the order names someone to tell (``notify``), publishes a ``notification.requested``
+through the outbox, in the reservation's own transaction."""
 
 from __future__ import annotations
 
@@ -9,8 +11,18 @@ import asyncpg
 from pydantic import BaseModel, ConfigDict, Field
 
 from consumer import Envelope, PermanentError, register, register_batch
+from consumer.handlers.notifications import NotificationRequested, Recipient
 
-__all__ = ["MIGRATIONS", "Quantity", "Reserve", "Restock", "Sku", "reserve", "restock"]
+__all__ = [
+    "MIGRATIONS",
+    "RESERVED_TEMPLATE",
+    "Quantity",
+    "Reserve",
+    "Restock",
+    "Sku",
+    "reserve",
+    "restock",
+]
 
 # The reference handlers' tables and grants: consumer/handlers/sql, applied by `consumer migrate`
 # when this module (or the other reference module) is in CONSUMER_HANDLERS.
@@ -18,6 +30,9 @@ MIGRATIONS = "sql"
 
 Sku = Field(min_length=1, max_length=64)
 Quantity = Field(gt=0, le=1_000_000)
+
+RESERVED_TEMPLATE = "stock.reserved"
+"""The template of the notification a reservation with ``notify`` requests."""
 
 
 class Restock(BaseModel):
@@ -33,6 +48,9 @@ class Reserve(BaseModel):
     order_id: str = Field(min_length=1, max_length=64)
     sku: str = Sku
     qty: int = Quantity
+    notify: Recipient | None = None
+    """Whom to tell once the stock is reserved (a ``notification.requested`` follows); without
+    it, the reservation publishes nothing: the benchmarks' and the chaos suite's workloads."""
 
 
 # One round trip each: the stock change and its movement row in a single statement.
@@ -96,7 +114,8 @@ async def reserve(
     """Take ``qty`` from the SKU for an order; an unknown SKU or too little stock is permanent.
 
     Events are decided in order against the locked rows: an event that does not fit fails alone
-    and takes nothing, and a later, smaller one can still fit.
+    and takes nothing, and a later, smaller one can still fit. Each reservation made with
+    ``notify`` publishes its notification (:func:`_announce`); a failed one publishes nothing.
     """
     if len(events) == 1:
         return [await _reserve_one(events[0], conn)]
@@ -123,6 +142,8 @@ async def reserve(
             [event.payload.sku for event in taken],
             [event.payload.qty for event in taken],
         )
+        for event in taken:
+            await _announce(event)
     return results
 
 
@@ -135,6 +156,7 @@ async def _reserve_one(
         _RESERVE_ONE, event.event_id, payload.order_id, payload.sku, payload.qty
     )
     if movement is not None:
+        await _announce(event)
         return None
     available = await conn.fetchval("SELECT available FROM stock WHERE sku = $1", payload.sku)
     if available is None:
@@ -146,3 +168,16 @@ def _insufficient(payload: Reserve, available: int) -> PermanentError:
     return PermanentError(
         f"insufficient stock for {payload.sku!r}: {available} available, {payload.qty} asked"
     )
+
+
+async def _announce(event: Envelope[Reserve]) -> None:
+    """The notification of a reservation made, if its order asked for one: keyed by the order,
+    so an order's notifications are published in the order its reservations were made."""
+    payload = event.payload
+    if payload.notify is None:
+        return
+    params = {"order_id": payload.order_id, "sku": payload.sku, "qty": payload.qty}
+    notification = NotificationRequested(
+        recipient=payload.notify, template=RESERVED_TEMPLATE, params=params
+    )
+    await event.publish("notification.requested", notification, key=payload.order_id)

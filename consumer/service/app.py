@@ -64,13 +64,14 @@ from consumer.service.components import (
     memory_budget,
     names_for,
     receipt_window,
+    relay_config,
     topology_spec,
 )
 from consumer.service.concurrency import Concurrency
 from consumer.service.dispatch import Dispatcher
 from consumer.service.isolated import IsolationGate
 from consumer.service.memory import worst_case, worst_case_of_queues
-from consumer.service.outbox_relay import OutboxRelay, RelayConfig
+from consumer.service.outbox_relay import OutboxRelay
 from consumer.service.pruner import PeriodicPruner
 from consumer.service.supervisor import Service, ServiceConfig
 from consumer.service.watchdog import LoopWatchdog
@@ -232,15 +233,7 @@ def build_service(
     )
     relay = (
         OutboxRelay(
-            RelayConfig(
-                exchange=settings.exchange,
-                batch_size=settings.outbox_batch_size,
-                poll=settings.outbox_poll.total_seconds(),
-                reconnect_max_delay=settings.reconnect_max_delay.total_seconds(),
-                statement_timeout=settings.hard_timeout.total_seconds() * 3,
-                stop_grace=settings.publish_timeout.total_seconds(),
-                max_body_bytes=settings.max_body_bytes,
-            ),
+            relay_config(settings, registry),
             connect=database.connect_one,
             publisher=lambda: settler.publisher,
             logger=logger,

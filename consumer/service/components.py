@@ -23,6 +23,7 @@ from consumer.pipeline.envelope_parser import EnvelopeLimits
 from consumer.registry import HandlerRegistry
 from consumer.service.concurrency_policy import MAX_BATCH_SIZE, Limits
 from consumer.service.memory import MemoryBudget
+from consumer.service.outbox_relay import RelayConfig
 from topology.model import Topology
 from topology.names import Names
 from topology.plan import TopologySpec, build_topology
@@ -40,6 +41,7 @@ __all__ = [
     "memory_budget",
     "names_for",
     "receipt_window",
+    "relay_config",
     "table_specs",
     "table_topology",
     "topology_for",
@@ -193,6 +195,26 @@ def idle_in_transaction_timeout(settings: Settings, registry: HandlerRegistry) -
     ]
     longest = max(limits).total_seconds()
     return max(settings.hard_timeout.total_seconds() * 3, 2 * longest)
+
+
+def relay_config(settings: Settings, registry: HandlerRegistry) -> RelayConfig:
+    """The outbox relay's part. A round waits for its confirms inside its transaction, sending
+    no statement, for at most three confirms' time, and never more than half the time after which
+    the server ends a session idle in a transaction: ended before its mark, a slow round would be
+    made again, the same rows published again, for ever."""
+    return RelayConfig(
+        exchange=settings.exchange,
+        batch_size=settings.outbox_batch_size,
+        poll=settings.outbox_poll.total_seconds(),
+        reconnect_max_delay=settings.reconnect_max_delay.total_seconds(),
+        statement_timeout=settings.hard_timeout.total_seconds() * 3,
+        publish_limit=min(
+            settings.publish_timeout.total_seconds() * 3,
+            idle_in_transaction_timeout(settings, registry) / 2,
+        ),
+        stop_grace=settings.publish_timeout.total_seconds(),
+        max_body_bytes=settings.max_body_bytes,
+    )
 
 
 def envelope_limits(settings: Settings) -> EnvelopeLimits:

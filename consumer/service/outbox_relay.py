@@ -10,6 +10,8 @@ consumers' receipts absorb the copy.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import struct
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,12 +37,15 @@ from consumer.errors import Unroutable
 from consumer.logs import Logger
 from consumer.observe.metrics import Metrics
 from consumer.service.backoff import Backoff
+from consumer.service.outbox_resting import RestingRows
 from topology.names import SHARD_KEY
 
 __all__ = ["OutboxRelay", "RelayConfig", "RoundResult"]
 
 _DEPTH_EVERY = 1.0
 """Seconds between two counts of the rows owed (the depth metrics), however many rounds run."""
+_MAX_SHORTSTR = 255
+"""AMQP's short strings (a routing key) are at most this many bytes."""
 _RETRY_FIRST = 0.05
 """The first wait after a round held rows back or had a publish fail: a replica's round ends
 within milliseconds, and its marks notify nobody."""
@@ -55,6 +60,11 @@ class RelayConfig:
     reconnect_max_delay: float = 30.0
     statement_timeout: float = 60.0
     """The longest one of the relay's statements may take before its connection counts as lost."""
+    publish_limit: float = 30.0
+    """The longest a round's publishes may take, its transaction open and its rows locked
+    meanwhile (against the other replicas, and holding back the outbox's prune and the database's
+    vacuum): past it, the rows not yet confirmed are released, unsent, for a later round. A
+    confirm the broker holds back (a memory or disk alarm) is otherwise waited for without end."""
     stop_grace: float = 10.0
     """How long a stop waits for the round in progress (its publishes confirmed and marked)."""
     max_body_bytes: int | None = None
@@ -73,12 +83,20 @@ class RoundResult:
     held: int = 0
     full: bool = False
     no_publisher: bool = False
+    resting: bool = False
+    """Rows refused for the moment were left out of the claim, for a while."""
 
     @property
     def again_soon(self) -> bool:
         """Rows are owed that a short wait may let through (a transient failure, another
-        replica's round holding a key's earlier row, the broker connection being made)."""
-        return self.no_publisher or self.held > 0 or any(not r.permanent for r in self.refused)
+        replica's round holding a key's earlier row, the broker connection being made, rows
+        resting after a refusal)."""
+        return (
+            self.no_publisher
+            or self.resting
+            or self.held > 0
+            or any(not r.permanent for r in self.refused)
+        )
 
 
 class OutboxRelay:
@@ -104,6 +122,7 @@ class OutboxRelay:
         self._stopped = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._last_depth = float("-inf")
+        self._resting = RestingRows(_RETRY_FIRST, config.poll)
 
     async def __aenter__(self) -> OutboxRelay:
         if self._task is not None or self._stopped.is_set():
@@ -178,10 +197,23 @@ class OutboxRelay:
             if self._stopped.is_set():
                 return
             self._wake.clear()
-            result = await self._round(conn)
+            try:
+                result = await self._round(conn)
+            except asyncpg.PostgresError:
+                # The server answered with an error (a read-only session, a grant missing): the
+                # rows owed and their age are counted all the same, or with every round failing
+                # they would never show, and no alert on them could fire. (Not after a timeout
+                # or a lost session: it would only put off the new session.)
+                with contextlib.suppress(Exception):
+                    await self._observe_depth(conn, force=False)
+                raise
             backoff.reset()
             await self._observe_depth(conn, force=not woken)
-            if result.full and not result.again_soon:
+            if result.published:
+                # The broker takes rows: what it refused meanwhile (resting now) or a key held
+                # elsewhere waits a short while again, not a wait doubled round after round.
+                retry.reset()
+            if result.full and (result.published or not result.again_soon):
                 self._wake.set()
                 retry.reset()
             elif result.again_soon:
@@ -202,10 +234,17 @@ class OutboxRelay:
         async with asyncio.timeout(timeout):
             if not await any_owed(conn):
                 return RoundResult()
+        skipped = self._resting.skipped()
         async with conn.transaction():
             async with asyncio.timeout(timeout):
-                batch, held = await claim_batch(conn, self._config.batch_size)
-            result = RoundResult(held=held, full=len(batch) + held >= self._config.batch_size)
+                batch, held = await claim_batch(
+                    conn, self._config.batch_size, skip_ids=skipped.ids, skip_keys=skipped.keys
+                )
+            result = RoundResult(
+                held=held,
+                full=len(batch) + held >= self._config.batch_size,
+                resting=bool(skipped.ids),
+            )
             if not batch:
                 return result
             confirmed = await self._publish_all(publisher, batch, result)
@@ -214,6 +253,14 @@ class OutboxRelay:
                     await mark_sent(conn, confirmed)
                 await mark_refused(conn, result.refused)
         result.published = len(confirmed)
+        keys = {row.id: row.order_key for row in batch}
+        for row_id in confirmed:
+            self._resting.done(row_id)
+        for refusal in result.refused:
+            if refusal.permanent:
+                self._resting.done(refusal.id)
+            else:
+                self._resting.refused(refusal.id, keys[refusal.id])
         self._metrics.outbox_published.inc(len(confirmed))
         for refusal in result.refused:
             self._metrics.outbox_refused.labels(
@@ -233,13 +280,17 @@ class OutboxRelay:
     ) -> list[int]:
         """Every row published, the ids confirmed. A key's rows go one after another, each after
         the confirm of the one before, and a key stops at its first transient failure (its later
-        rows must not overtake it); rows without a key, and different keys, go side by side."""
+        rows must not overtake it); rows without a key, and different keys, go side by side. A
+        chain still waiting after ``publish_limit`` is cut there: the row it waits for counts as
+        a transient failure, and neither it nor the rest of its chain is marked."""
         started = time.monotonic()
         confirmed: list[int] = []
+        waiting: dict[int, OutboxRow] = {}
 
-        async def chain(rows: Sequence[OutboxRow]) -> None:
+        async def chain(number: int, rows: Sequence[OutboxRow]) -> None:
             limit = self._config.max_body_bytes
             for row in rows:
+                waiting[number] = row
                 if limit is not None and len(row.body) > limit:
                     text = (
                         f"a body of {len(row.body)} bytes, larger than CONSUMER_MAX_BODY_BYTES "
@@ -247,10 +298,15 @@ class OutboxRelay:
                     )
                     result.refused.append(Refusal(row.id, text, permanent=True))
                     continue
+                properties = _properties(row)
+                unsendable = _unsendable(row, properties)
+                if unsendable is not None:
+                    result.refused.append(Refusal(row.id, unsendable, permanent=True))
+                    continue
                 try:
                     await publisher.publish(
                         row.body,
-                        _properties(row),
+                        properties,
                         exchange=self._config.exchange,
                         routing_key=row.type,
                     )
@@ -263,8 +319,26 @@ class OutboxRelay:
                     return
                 confirmed.append(row.id)
                 self._metrics.outbox_publish_latency.observe(row.age + time.monotonic() - started)
+            del waiting[number]
 
-        await asyncio.gather(*(chain(rows) for rows in _chains(batch)))
+        chains = [
+            asyncio.create_task(chain(number, rows)) for number, rows in enumerate(_chains(batch))
+        ]
+        try:
+            _, late = await asyncio.wait(chains, timeout=self._config.publish_limit)
+        finally:
+            # Also on the round's own cancel (a stop past its grace): no chain outlives it.
+            for task in chains:
+                task.cancel()
+            await asyncio.gather(*chains, return_exceptions=True)
+        for number, task in enumerate(chains):
+            row = waiting.get(number)
+            if task in late and row is not None:
+                text = (
+                    f"no confirm within the round's limit ({self._config.publish_limit:g}s): "
+                    "the broker blocking the connection?"
+                )
+                result.refused.append(Refusal(row.id, text, permanent=False))
         return confirmed
 
     async def _observe_depth(self, conn: asyncpg.Connection[Any], *, force: bool) -> None:
@@ -307,6 +381,24 @@ def _chains(batch: Sequence[OutboxRow]) -> list[list[OutboxRow]]:
             keyed[row.order_key] = chain = [row]
             chains.append(chain)
     return chains
+
+
+def _unsendable(row: OutboxRow, properties: Basic.Properties) -> str | None:
+    """Why the row's publish cannot be put into AMQP frames at all, or None: a header value no
+    AMQP table can hold (an integer past 64 bits, which JSON and jsonb take), a type past 255
+    bytes (a row written with SQL). Such a publish raises the same encoder error every time:
+    counted transient, it would be tried for ever and hold every later row of its key behind it.
+    Only a row with headers of its own is encoded to see (about 20 us): the relay's own
+    properties always encode."""
+    if len(row.type.encode()) > _MAX_SHORTSTR:
+        return f"not sendable as AMQP: a type of more than {_MAX_SHORTSTR} bytes"
+    if not row.headers:
+        return None
+    try:
+        properties.marshal()
+    except (TypeError, ValueError, struct.error) as error:
+        return f"not sendable as AMQP: {error}"
+    return None
 
 
 def _properties(row: OutboxRow) -> Basic.Properties:

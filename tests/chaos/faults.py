@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
+import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
+from tests.chaos.relay_kill import kills_recorded
 from tests.chaos.world import World
 from tests.servers import ThrowawayRabbit
 
@@ -50,6 +52,46 @@ class Kill:
         if self.restart:
             await asyncio.sleep(self.down_s)
             await world.start(self.consumer)
+
+
+@dataclass(frozen=True)
+class RelayKill:
+    """Arm consumer ``consumer``'s relay (:mod:`.relay_kill`): at its next round with confirmed
+    rows its process SIGKILLs itself between the confirms and the mark, leaving rows published
+    and not marked sent; then start it again, as a supervisor would. A kill that does not land
+    within ``land_within`` seconds is a violation (the scenario proves nothing then)."""
+
+    consumer: int = 0
+    land_within: float = 60.0
+    needs_stream: ClassVar[bool] = True
+    """The runner opens the stream's gate before this fault, not after: it strikes at the
+    relay's next round with rows, and a stream held at the gate could leave the relay none (the
+    consumers drain the few events past the fault's point within a fraction of a second on a
+    quiet machine)."""
+
+    @property
+    def label(self) -> str:
+        return f"consumer-{self.consumer}'s relay SIGKILLed between a confirm and the mark"
+
+    @property
+    def cuts_broker_links(self) -> bool:
+        return True
+
+    async def inject(self, world: World) -> None:
+        arm, record = world.relay_files(self.consumer)
+        before = len(kills_recorded(record))
+        arm.touch()
+        deadline = time.monotonic() + self.land_within
+        while len(kills_recorded(record)) == before or world.alive(self.consumer):
+            if time.monotonic() > deadline:
+                arm.unlink(missing_ok=True)
+                world.violations.append(
+                    f"{self.label}: the kill did not land within {self.land_within:g}s"
+                )
+                return
+            await asyncio.sleep(0.05)
+        await world.revive_crashed()
+        await world.wait_ready(self.consumer)
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,18 @@ def _deaths(headers: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+@dataclass(frozen=True, slots=True)
+class OutboxRecord:
+    """The ``outbox`` rows of one event id (one, unless a row was written twice)."""
+
+    rows: int = 1
+    sent: int = 1
+    """Of :attr:`rows`, those marked sent (``sent_at``)."""
+    failed: int = 0
+    """Of :attr:`rows`, those the relay failed for good (``failed_at``)."""
+    caused_by: uuid.UUID | None = None
+
+
 @dataclass
 class EndState:
     effects: Counter[uuid.UUID] = field(default_factory=Counter)
@@ -102,6 +114,16 @@ class EndState:
     """Messages still in the work queue or a delay queue after the consumers stopped."""
     leftover_samples: list[str] = field(default_factory=list)
     """What some of them are: message id, redelivered, delivery count, attempt, x-death."""
+    outbox: dict[uuid.UUID, OutboxRecord] = field(default_factory=dict)
+    """``outbox`` rows by event id."""
+    outbox_owed: int = 0
+    """``outbox`` rows neither sent nor failed: what the relays still owe (0 at the end)."""
+    republished: list[uuid.UUID] = field(default_factory=list)
+    """Event ids of the rows a relay had published and seen confirmed, but not yet marked sent,
+    when its process was SIGKILLed (``outbox-relay-kill``): the relay must publish each again,
+    and the consumers' receipts absorb the copy."""
+    republished_missing: int = 0
+    """Row ids a relay kill recorded that are not in ``outbox`` at the end (a violation)."""
 
     @property
     def applied(self) -> int:
@@ -133,8 +155,39 @@ async def read_database(dsn: str, consumer: str, state: EndState) -> None:
             for row in await conn.fetch("SELECT sku, available FROM stock")
         }
         state.handler_calls = int(await conn.fetchval("SELECT count(*) FROM handler_calls"))
+        for row in await conn.fetch(
+            "SELECT event_id, count(*) AS rows, count(sent_at) AS sent, count(failed_at) AS failed,"
+            " min(caused_by::text) AS caused_by FROM outbox GROUP BY event_id"
+        ):
+            cause = row["caused_by"]
+            state.outbox[row["event_id"]] = OutboxRecord(
+                rows=int(row["rows"]),
+                sent=int(row["sent"]),
+                failed=int(row["failed"]),
+                caused_by=uuid.UUID(cause) if cause is not None else None,
+            )
+        state.outbox_owed = int(
+            await conn.fetchval(
+                "SELECT count(*) FROM outbox WHERE sent_at IS NULL AND failed_at IS NULL"
+            )
+        )
     finally:
         await conn.close()
+
+
+async def read_republished(dsn: str, row_ids: list[int], state: EndState) -> None:
+    """The event ids of the ``outbox`` rows ``row_ids`` (those a relay kill left published,
+    confirmed and unmarked): :attr:`EndState.republished`."""
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        rows = await conn.fetch(
+            "SELECT event_id FROM outbox WHERE id = ANY($1::bigint[]) ORDER BY id", row_ids
+        )
+    finally:
+        await conn.close()
+    state.republished = [row["event_id"] for row in rows]
+    if len(rows) != len(set(row_ids)):
+        state.republished_missing = len(set(row_ids)) - len(rows)
 
 
 async def list_dead_letters(

@@ -40,6 +40,7 @@ from tests.chaos.observe import (
     QueueProbe,
     list_dead_letters,
     read_database,
+    read_republished,
     sample_messages,
     take_dead_letters,
 )
@@ -105,6 +106,10 @@ tables and 32 MiB bodies."""
 GATE_GRACE = 10.0
 """The stream waits at a fault's gate; if its share of effects is not reached this long after,
 the fault strikes anyway (and the report says it was late)."""
+FAULT_HOLD = 30.0
+"""What the stream's deadline allows per fault beyond :data:`GATE_GRACE`: the fault and the
+consumers' readiness after it (a RabbitMQ restart took 28-34s at a load average of 18, eight
+relay kills and restarts 2-20s each: issue 34's long runs, whose streams ran out of time)."""
 
 
 def _say(message: str) -> None:
@@ -211,6 +216,7 @@ async def run(
                 "cluster_events": None,
                 "pruning_events": None,
                 "net_events": None,
+                "outbox_events": None,
             }
         )
     scenarios = chosen(profile, only)
@@ -302,6 +308,9 @@ async def run(
                 f"scenario {scenario.slug}: {'invariants hold' if result.ok else 'FAILED'} "
                 f"in {result.seconds:.0f}s"
             )
+            if result.verdict is not None and not result.ok:
+                for violation in result.verdict.violations[:5]:
+                    _say(f"  violated: {violation[:300]}")
             if result.ok and not keep_logs:
                 shutil.rmtree(log_root / scenario.slug, ignore_errors=True)
     finally:
@@ -391,6 +400,7 @@ async def run_scenario(
         ),
         proxy_control=log_dir / "proxy-control" if scenario.via_proxy else None,
         first_node=scenario.first_node,
+        wraps_relay=scenario.wraps_relay,
     )
     events = scenario.events or profile.events
     progress = asyncio.create_task(world.progress.run(), name="progress")
@@ -471,9 +481,14 @@ async def run_scenario(
                 resources.bodies, bodies_log = await _measure(world, blocks[2])
                 _say(f"  among oversized bodies: {_rate(resources.bodies)}")
                 block_logs.append(bodies_log)
-        # Publishing takes events / rate; faults and a slow machine can stretch it, within bounds.
+        # Publishing takes events / rate; faults and a slow machine can stretch it, within bounds:
+        # the stream waits at each fault's gate (up to GATE_GRACE) and for the consumers to be
+        # ready again after it (30s and more for a restart on a loaded machine).
         rate = scenario.rate or profile.rate
-        publish_deadline = min(run_deadline + 60, time.monotonic() + events / rate * 3 + 90)
+        holding = len(scenario.faults) * (GATE_GRACE + FAULT_HOLD)
+        publish_deadline = min(
+            run_deadline + 60, time.monotonic() + events / rate * 3 + 90 + holding
+        )
         producer = ResilientProducer(env.amqp_url, env.settings().exchange, shard_keys=keys)
         stream = [p for p in workload.publications if p.event.kind is not Kind.ID_CONFLICT]
         total = len(stream)
@@ -537,6 +552,8 @@ async def run_scenario(
             await list_dead_letters(env.env(), state, label or None)
             await take_dead_letters(env.amqp_url, dead, state, label)
         await read_database(env.database_url, name, state)
+        if scenario.wraps_relay:
+            await read_republished(env.database_url, world.relay_kill_records(), state)
         if placed is not None and on_cluster is not None:
             world.notes += await _shard_findings(
                 on_cluster, world, workload, placed, keys, state, log.sent_at
@@ -547,6 +564,7 @@ async def run_scenario(
             state,
             extra_dead_allowed=scenario.cuts_broker_links,
             expired_copies=_expiry_age(env) if scenario.expired_copies else None,
+            consumer=name,
         )
         result.metrics, failures = world.metrics_check(
             state.applied,
@@ -560,6 +578,8 @@ async def run_scenario(
         if scenario.losses_reported:
             excuse_losses(verdict, "reported, not a violation: asynchronous replication")
         verdict.violations += world.unexpected_exits + world.violations
+        if scenario.relays_all:
+            verdict.violations += _relays_idle(world, verdict)
         verdict.figures.restarts = world.restarts
         verdict.figures.stranded = stranding.stranded
         verdict.figures.recovered = stranding.recovered
@@ -660,6 +680,22 @@ async def _until_applied(dsn: str, event_ids: list[uuid.UUID], deadline: float) 
         await conn.close()
 
 
+def _relays_idle(world: World, verdict: Verdict) -> list[str]:
+    """Where several replicas must relay side by side: each one's rows published (the last
+    scrape of each of its processes), in a note; a consumer whose relay published none is a
+    violation."""
+    published = world.relay_published()
+    verdict.notes.append(
+        "outbox rows published by each consumer's relay: "
+        + ", ".join(f"consumer-{index} {count:.0f}" for index, count in sorted(published.items()))
+    )
+    return [
+        f"consumer-{index}'s relay published no row"
+        for index in range(len(world.services))
+        if not published.get(index)
+    ]
+
+
 def _broken_links(world: World) -> list[str]:
     """Where no fault touches the broker: every lost connection and every redelivery."""
     losses = world.broker_losses()
@@ -677,11 +713,13 @@ async def _inject(
     fault: Fault
     for gate, (share, fault) in enumerate(scenario.schedule()):
         on_time = await _wait_for_share(
-            world, math.ceil(share * workload.to_apply), gates.reached[gate], deadline
+            world, math.ceil(share * workload.effects_due), gates.reached[gate], deadline
         )
         applied_at = world.progress.applied
         began = time.monotonic()
         _say(f"  {fault.label} at {applied_at} applied")
+        if getattr(fault, "needs_stream", False):
+            gates.open(gate)  # it waits for events to flow (faults.RelayKill)
         await fault.inject(world)
         gates.open(gate)
         records.append(
@@ -737,9 +775,16 @@ async def _settle(
                 continue
             busy = sum(depth or 0 for depth in depths[: len(busy_queues)])
             busy += await world.in_flight()
+            if workload.effects_due > workload.to_apply:
+                # Follow-ups owed by the relays are work too: not yet in any queue.
+                owed = await _owed_rows(world.env.database_url)
+                if owed is None:
+                    await asyncio.sleep(0.5)
+                    continue
+                busy += owed
             dead = sum(depth or 0 for depth in depths[len(busy_queues) :])
             applied = world.progress.applied
-            if busy == 0 and applied >= workload.to_apply and dead >= expected_dead:
+            if busy == 0 and applied >= workload.effects_due and dead >= expected_dead:
                 settled_polls += 1
                 if settled_polls >= 2:
                     return None
@@ -751,12 +796,32 @@ async def _settle(
             elif busy == 0 and time.monotonic() - changed > QUIET_FOR:
                 return (
                     f"stopped waiting: queues empty and nothing moved for {QUIET_FOR:.0f}s with "
-                    f"{applied} of {workload.to_apply} effects and {dead} of {expected_dead} dead"
+                    f"{applied} of {workload.effects_due} effects and {dead} of {expected_dead} "
+                    "dead"
                 )
             await asyncio.sleep(0.3)
     finally:
         await probe.close()
     return f"not settled within {timeout:.0f}s"
+
+
+async def _owed_rows(dsn: str) -> int | None:
+    """Outbox rows neither sent nor failed; None while the database cannot say."""
+    try:
+        conn = await asyncpg.connect(dsn, timeout=5)
+    except Exception:
+        return None
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT count(*) FROM outbox WHERE sent_at IS NULL AND failed_at IS NULL",
+                timeout=5,
+            )
+        )
+    except Exception:
+        return None
+    finally:
+        conn.terminate()
 
 
 def _busy_queues(env: TestEnv) -> list[str]:

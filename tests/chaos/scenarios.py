@@ -3,6 +3,7 @@ broker resource alarm; hostile producers) and the two profiles that size them.""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -18,13 +19,15 @@ from tests.chaos.faults import (
     FreezePostgres,
     Kill,
     KillNode,
+    RelayKill,
     RestartPostgres,
     RestartRabbit,
     RollingRestart,
     Terminate,
 )
 from tests.chaos.netfaults import CommitCut, Cut, Degrade, NodePartition
-from tests.chaos.workload import SLOW_S, Kind
+from tests.chaos.workload import OUTBOX_HANDLERS, SLOW_S, Kind
+from tests.support import TEST_HANDLERS
 
 # What every consumer of every scenario runs with, on top of tests.support.TestEnv's test settings
 # (retry ladder 200ms,400ms,800ms; shutdown grace 10s; reconnect backoff capped at 1s).
@@ -133,6 +136,18 @@ handler, or a storm of dead letters, in one queue costs the other two (their rat
 during and after, reported)."""
 
 
+OUTBOX = (
+    "outbox-relay-kill",
+    "outbox-rabbit-restart",
+    "outbox-postgres-restart",
+    "outbox-replicas",
+)
+"""The outbox's scenarios (issue 34)."""
+
+OUTBOX_NAMED_ONLY = tuple(slug for slug in OUTBOX if slug != "outbox-relay-kill")
+"""Run in the short profile only when named: one outbox scenario runs in `make test`."""
+
+
 NET_NAMED_ONLY = ("net-broker-cut", "net-pg-request-lost", "clock-behind", "net-clean")
 """Run in the short profile only when named: one scenario of each kind runs in `make test`."""
 
@@ -193,6 +208,10 @@ class Profile:
     the faulty queue."""
     storm: int = 150
     """``queue-table``: ``odd_poison`` events dead-lettered in a burst from the faulty queue."""
+    relay_kills: int = 3
+    """``outbox-relay-kill``: SIGKILLs of the relay between a confirm and the mark."""
+    outbox_events: int | None = None
+    """Publications of the outbox scenarios (None: :attr:`events`)."""
     settle_timeout: float = 60.0
     """After publishing, how long the consumers get to finish."""
     budget: float = 220.0
@@ -240,9 +259,16 @@ PROFILES = {
                 # long only: the lab cluster's start is about 1-2.5 minutes here.
                 "net-node-partition-leader",
                 *QUEUE_TABLE_ALONE,
+                # One outbox scenario in `make test` (the relay killed in its window); the
+                # broker's and the database's restarts and the replicas long only.
+                *OUTBOX_NAMED_ONLY,
             }
         ),
         alarm_s=3.0,
+        # `outbox-relay-kill` in `make test`: 18-33s with 2,000 events at load averages of 7-10
+        # here, 86s at 15 (each relay kill's restart 1-7s, the follow-ups about 40% more
+        # effects); half of that for the suite's other work.
+        outbox_events=1_000,
         node_freeze_s=10.0,
         node_partition_s=25.0,
         cluster_events=1_500,
@@ -281,6 +307,7 @@ PROFILES = {
         probe=2_000,
         named_only=frozenset({"handler-faults"}),
         pruning_events=5_000,
+        relay_kills=8,
         stalls=20,
         storm=2_000,
         settle_timeout=300,
@@ -359,6 +386,12 @@ class Scenario:
     """PostgreSQL's answers to the service may be lost while its statements arrive: a COMMIT
     that committed unknown to the service is counted a ``duplicate`` when its event's re-run
     finds the receipt, so the consumers' ``processed`` may fall short of the effects."""
+    wraps_relay: bool = False
+    """The consumers run under :mod:`tests.chaos.relay_kill` (their relay's mark step wrapped,
+    armed by :class:`~tests.chaos.faults.RelayKill`)."""
+    relays_all: bool = False
+    """Every consumer's relay must have published rows (their last scrapes before they ended):
+    several replicas relayed the outbox side by side."""
 
     @property
     def cuts_broker_links(self) -> bool:
@@ -533,6 +566,67 @@ def scenarios_for(profile: Profile) -> list[Scenario]:
         *sharded(profile),
         *in_the_lab(profile),
         *skewed_clocks(profile),
+        *outbox_scenarios(profile),
+    ]
+
+
+OUTBOX_SETTINGS = {"handlers": f"{TEST_HANDLERS},{OUTBOX_HANDLERS}"}
+"""The outbox scenarios' handlers: the test handlers and the outbox causes' and follow-ups'."""
+OUTBOX_SHARES = {Kind.OUTBOX: 0.15, Kind.OUTBOX_FLAKY: 0.03, Kind.OUTBOX_PERMANENT: 0.02}
+"""The outbox causes, as shares of a scenario's publications, mixed into the normal stream: about
+a fifth of the events publish 1 to 3 follow-ups each (about 40% more effects)."""
+EXIT_SIGKILL = -signal.SIGKILL
+"""What a process that SIGKILLed itself exits with, as :mod:`subprocess` reports it."""
+
+
+def outbox_mix(events: int) -> dict[Kind, int]:
+    """The outbox causes of a scenario of ``events`` publications (:data:`OUTBOX_SHARES`)."""
+    return {kind: max(1, round(share * events)) for kind, share in OUTBOX_SHARES.items()}
+
+
+def outbox_scenarios(profile: Profile) -> list[Scenario]:
+    """The transactional outbox's promise (issue 34) under faults: handlers publish follow-ups in
+    their own transaction (some then fail, once or for good), the relays publish them, and the
+    checks follow every follow-up id (:func:`~tests.chaos.verify.check_outbox`)."""
+    p = profile
+    events = p.outbox_events or p.events
+    mix = outbox_mix(events)
+    causes = "handlers publish 1-3 follow-ups (some then fail once, some for good)"
+
+    def outbox(slug: str, title: str, **more: Any) -> Scenario:
+        return Scenario(
+            slug,
+            f"outbox: {title}; {causes}",
+            settings=OUTBOX_SETTINGS,
+            mix_in=mix,
+            events=events,
+            **more,
+        )
+
+    return [
+        outbox(
+            "outbox-relay-kill",
+            f"the relay SIGKILLed between a confirm and the mark x{p.relay_kills}, restarted",
+            faults=[RelayKill()] * p.relay_kills,
+            self_exits=frozenset({EXIT_SIGKILL}),
+            wraps_relay=True,
+        ),
+        outbox(
+            "outbox-rabbit-restart",
+            f"RabbitMQ restart x{p.rabbit_restarts} while the relay publishes",
+            faults=[RestartRabbit()] * p.rabbit_restarts,
+        ),
+        outbox(
+            "outbox-postgres-restart",
+            f"PostgreSQL restart x{p.postgres_restarts} while the relay publishes",
+            faults=[RestartPostgres()] * p.postgres_restarts,
+        ),
+        outbox(
+            "outbox-replicas",
+            "2 consumers, both relays on, sharing the rows (SKIP LOCKED)",
+            consumers=2,
+            relays_all=True,
+        ),
     ]
 
 

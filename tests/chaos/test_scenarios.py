@@ -3,11 +3,12 @@ its documentation says."""
 
 from __future__ import annotations
 
+import signal
 import tomllib
 
 from consumer.durations import parse_duration
 from consumer.registry import HandlerRegistry
-from tests.chaos.faults import FreezeNode, KillNode
+from tests.chaos.faults import FreezeNode, KillNode, RelayKill, RestartPostgres, RestartRabbit
 from tests.chaos.netfaults import NodePartition
 from tests.chaos.netsite import NET_TICKTIME
 from tests.chaos.scenarios import (
@@ -16,6 +17,7 @@ from tests.chaos.scenarios import (
     NET,
     NET_CLUSTER,
     NET_NAMED_ONLY,
+    OUTBOX,
     PROFILES,
     QUEUE_TABLE_ALONE,
     SHARDED_CLUSTER,
@@ -28,6 +30,8 @@ from tests.chaos.workload import (
     HOSTILE,
     MAX_QTY,
     MIX,
+    OUTBOX_CAUSES,
+    OUTBOX_HANDLERS,
     SEED_STOCK,
     SLOW_S,
     STALL_S,
@@ -196,6 +200,39 @@ def test_the_queue_table_s_troubles_alone_run_long_and_only_when_named_short() -
             assert not scenario.faults
             assert scenario.faulty_queue == "faulty"
             assert len(tomllib.loads(scenario.queue_table)["queues"]) == 3
+
+
+def test_the_outbox_scenarios_run_one_short_and_all_long_with_their_causes_and_handlers() -> None:
+    short = [s.slug for s in chosen(PROFILES["short"]) if s.slug in OUTBOX]
+    long = [s.slug for s in chosen(PROFILES["long"]) if s.slug in OUTBOX]
+
+    # `make test`: the relay killed in its window; the restarts and the replicas long only
+    assert short == ["outbox-relay-kill"]
+    assert long == list(OUTBOX)
+    for profile in PROFILES.values():
+        scenarios = {s.slug: s for s in scenarios_for(profile) if s.slug in OUTBOX}
+        for scenario in scenarios.values():
+            assert set(scenario.mix_in) == OUTBOX_CAUSES, scenario.slug
+            assert OUTBOX_HANDLERS in scenario.settings["handlers"].split(","), scenario.slug
+        kill = scenarios["outbox-relay-kill"]
+        assert kill.wraps_relay
+        assert kill.faults == [RelayKill()] * profile.relay_kills
+        assert kill.self_exits == frozenset({-signal.SIGKILL})
+        assert scenarios["outbox-replicas"].consumers == 2
+        assert scenarios["outbox-replicas"].relays_all
+        assert not any(s.wraps_relay for s in scenarios.values() if s is not kill)
+        assert [type(f) for f in scenarios["outbox-rabbit-restart"].faults] == [RestartRabbit] * (
+            profile.rabbit_restarts
+        )
+        assert [type(f) for f in scenarios["outbox-postgres-restart"].faults] == (
+            [RestartPostgres] * profile.postgres_restarts
+        )
+    # No other scenario runs the outbox's handlers or wraps the relay: their behaviour unchanged
+    for scenario in scenarios_for(PROFILES["long"]):
+        if scenario.slug not in OUTBOX:
+            assert not set(scenario.mix_in) & OUTBOX_CAUSES, scenario.slug
+            assert "handlers" not in scenario.settings, scenario.slug
+            assert not scenario.wraps_relay, scenario.slug
 
 
 def test_the_sharded_cluster_scenarios_strike_a_shard_leader_with_every_type_in_3_shards() -> None:

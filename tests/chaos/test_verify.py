@@ -13,6 +13,7 @@ import pytest
 
 from consumer.amqp.field_table import UNREADABLE_KEY
 from consumer.errors import Poison, PoisonReason
+from consumer.outbox import follow_up_id
 from consumer.pipeline.envelope_parser import EnvelopeLimits, EnvelopeParser
 from tests.chaos.hostile import (
     FORGED_ATTEMPT,
@@ -25,7 +26,7 @@ from tests.chaos.hostile import (
     SAFE_ONCE_READ,
     Wire,
 )
-from tests.chaos.observe import DeadCopy, EndState
+from tests.chaos.observe import DeadCopy, EndState, OutboxRecord
 from tests.chaos.producer import Attempt, PublishLog
 from tests.chaos.report import RunReport, ScenarioResult
 from tests.chaos.resources import cpu_used, memory_budget, parse_cpu_seconds, parse_memory
@@ -1031,3 +1032,161 @@ def test_gathered_moves_a_queues_trouble_into_its_stretch() -> None:
     total = len(workload.publications)
     assert 0.2 * total < places[0]
     assert places[-1] < 0.6 * total
+
+
+# -- the transactional outbox (issue 34) -------------------------------------------------------
+
+OUTBOX_CONSUMER = "chaos-outbox"
+EVERY_CAUSE = {Kind.OUTBOX: 30, Kind.OUTBOX_FLAKY: 10, Kind.OUTBOX_PERMANENT: 10}
+
+
+def perfect_outbox(workload: Workload) -> tuple[PublishLog, EndState]:
+    """:func:`perfect`, and each follow-up of a cause that applied: one outbox row, sent, and
+    one receipt and one effect downstream."""
+    log, state = perfect(workload)
+    for follow_up, (cause, _) in workload.follow_ups(OUTBOX_CONSUMER).items():
+        if cause.kind.applies:
+            state.outbox[follow_up] = OutboxRecord(caused_by=cause.event_id)
+            state.receipts[follow_up] = 1
+            state.effects[follow_up] = 1
+    return log, state
+
+
+def outbox_check(workload: Workload, state: EndState, log: PublishLog) -> Verdict:
+    return check(workload, log, state, extra_dead_allowed=True, consumer=OUTBOX_CONSUMER)
+
+
+def follow_ups_of(workload: Workload, kind: Kind) -> list[uuid.UUID]:
+    return [
+        follow_up
+        for follow_up, (cause, _) in workload.follow_ups(OUTBOX_CONSUMER).items()
+        if cause.kind is kind
+    ]
+
+
+def test_outbox_causes_are_mixed_in_by_number_with_ids_derived_as_the_service_derives_them() -> (
+    None
+):
+    workload = plan_workload(1_000, seed=5, faults=EVERY_CAUSE)
+
+    kinds = Counter(event.kind for event in workload.events)
+    assert {kind: kinds[kind] for kind in EVERY_CAUSE} == EVERY_CAUSE
+    causes = list(workload.of_kind(*EVERY_CAUSE))
+    assert {cause.routing_key for cause in causes} == {"test.outbox", "test.outbox_many"}
+    assert {cause.follow_ups for cause in causes} == {1, 2, 3}
+    for cause in causes:
+        emit = json.loads(cause.body)["payload"]
+        assert emit["count"] == cause.follow_ups
+        assert emit.get("fail_transient", 0) == (1 if cause.kind is Kind.OUTBOX_FLAKY else 0)
+        assert emit.get("permanent", False) is (cause.kind is Kind.OUTBOX_PERMANENT)
+    assert Kind.OUTBOX_PERMANENT.dead_reason == "permanent_failure"
+    follow_ups = workload.follow_ups(OUTBOX_CONSUMER)
+    assert len(follow_ups) == sum(cause.follow_ups for cause in causes)
+    cause = causes[0]
+    assert cause.event_id is not None
+    assert follow_up_id(cause.event_id, OUTBOX_CONSUMER, 0) in follow_ups
+    # Another consumer's handler would write other ids.
+    assert not set(follow_ups) & set(workload.follow_ups("another"))
+    applying = sum(cause.follow_ups for cause in causes if cause.kind.applies)
+    assert workload.effects_due == workload.to_apply + applying
+    assert plan_workload(1_000, seed=5).effects_due == plan_workload(1_000, seed=5).to_apply
+
+
+def test_a_faultless_end_state_with_outbox_causes_passes_every_check() -> None:
+    workload = plan_workload(1_000, seed=5, faults=EVERY_CAUSE)
+    log, state = perfect_outbox(workload)
+
+    verdict = outbox_check(workload, state, log)
+
+    assert verdict.ok, verdict.violations
+    figures = verdict.figures
+    assert figures.follow_ups == figures.follow_ups_applied == figures.outbox_rows > 0
+    assert figures.rolled_back_ids == len(follow_ups_of(workload, Kind.OUTBOX_PERMANENT)) > 0
+    assert any(note.startswith("outbox: ") for note in verdict.notes)
+
+
+def test_a_follow_up_lost_applied_twice_or_unsent_is_caught() -> None:
+    workload = plan_workload(1_000, seed=5, faults=EVERY_CAUSE)
+    log, state = perfect_outbox(workload)
+    lost, doubled, unsent, twice = follow_ups_of(workload, Kind.OUTBOX)[:4]
+    del state.effects[lost]
+    del state.receipts[lost]
+    state.effects[doubled] = 2
+    state.outbox[unsent] = dataclasses.replace(state.outbox[unsent], sent=0)
+    state.outbox_owed = 1
+    state.outbox[twice] = dataclasses.replace(state.outbox[twice], rows=2, sent=2)
+
+    verdict = outbox_check(workload, state, log)
+
+    assert verdict.figures.lost == 1
+    assert verdict.figures.duplicated == 1
+    assert any(v.startswith("LOST: follow-ups") for v in verdict.violations)
+    assert any(v.startswith("DUPLICATED follow-up effects") for v in verdict.violations)
+    [rows] = [v for v in verdict.violations if v.startswith("follow-ups without exactly one")]
+    assert rows.startswith("follow-ups without exactly one outbox row sent: 2 ")
+    assert "outbox rows never sent at the end: 1" in verdict.violations
+
+
+def test_a_retried_cause_whose_rolled_back_rows_stayed_is_caught() -> None:
+    # A flaky cause's first attempt published and raised: its rows went with the rollback, and
+    # the retry wrote the same ids once. A row left from the first attempt is a second row.
+    workload = plan_workload(1_000, seed=5, faults=EVERY_CAUSE)
+    log, state = perfect_outbox(workload)
+    flaky = follow_ups_of(workload, Kind.OUTBOX_FLAKY)[0]
+    state.outbox[flaky] = dataclasses.replace(state.outbox[flaky], rows=2, sent=1)
+
+    verdict = outbox_check(workload, state, log)
+
+    assert any(v.startswith("follow-ups without exactly one") for v in verdict.violations)
+
+
+@pytest.mark.parametrize("where", ["outbox", "receipt", "effect"])
+def test_a_follow_up_of_a_cause_that_failed_for_good_found_anywhere_is_caught(where: str) -> None:
+    workload = plan_workload(1_000, seed=5, faults=EVERY_CAUSE)
+    log, state = perfect_outbox(workload)
+    rolled_back = follow_ups_of(workload, Kind.OUTBOX_PERMANENT)[0]
+    if where == "outbox":
+        state.outbox[rolled_back] = OutboxRecord()
+    elif where == "receipt":
+        state.receipts[rolled_back] = 1
+    else:
+        state.effects[rolled_back] = 1
+
+    verdict = outbox_check(workload, state, log)
+
+    [found] = [v for v in verdict.violations if v.startswith("ROLLED BACK")]
+    assert found.startswith("ROLLED BACK: follow-ups of causes that failed for good found: 1 ")
+
+
+def test_an_outbox_row_no_planned_cause_wrote_is_caught() -> None:
+    workload = plan_workload(1_000, seed=5, faults=EVERY_CAUSE)
+    log, state = perfect_outbox(workload)
+    state.outbox[uuid.uuid4()] = OutboxRecord()
+
+    verdict = outbox_check(workload, state, log)
+
+    assert any(v.startswith("outbox rows of no planned cause: 1") for v in verdict.violations)
+
+
+def test_rows_republished_after_a_relay_kill_must_be_sent_and_applied_once() -> None:
+    workload = plan_workload(1_000, seed=5, faults=EVERY_CAUSE)
+    log, state = perfect_outbox(workload)
+    republished = follow_ups_of(workload, Kind.OUTBOX)[:5]
+    state.republished = list(republished)
+
+    verdict = outbox_check(workload, state, log)
+
+    assert verdict.ok, verdict.violations
+    assert verdict.figures.republished == 5
+
+    # The copy applied a second time (receipts did not absorb it), and a row never sent again.
+    state.effects[republished[0]] = 2
+    state.outbox[republished[1]] = dataclasses.replace(state.outbox[republished[1]], sent=0)
+    state.republished_missing = 1
+
+    verdict = outbox_check(workload, state, log)
+
+    [not_absorbed] = [v for v in verdict.violations if v.startswith("rows republished")]
+    assert not_absorbed.startswith("rows republished after a relay kill not absorbed once: 2 ")
+    assert any(v.startswith("DUPLICATED follow-up effects") for v in verdict.violations)
+    assert any("missing from the outbox: 1" in v for v in verdict.violations)

@@ -82,6 +82,18 @@ class Figures:
     recovered: int = 0
     """Of :attr:`stranded`, those the runbook's step had forwarded."""
     handler_calls: int = 0
+    follow_ups: int = 0
+    """Follow-ups the outbox causes that apply must publish (issue 34): one outbox row, sent,
+    and one effect each."""
+    follow_ups_applied: int = 0
+    """Of :attr:`follow_ups`, those with an effect."""
+    outbox_rows: int = 0
+    """Rows in ``outbox`` at the end."""
+    republished: int = 0
+    """Rows a relay killed between the confirm and the mark had published: each published again
+    (the same ``event_id``) and absorbed by the receipts (one effect)."""
+    rolled_back_ids: int = 0
+    """Follow-up ids the outbox causes that failed for good would have written: found nowhere."""
 
 
 THROUGHPUT_FLOOR = 0.5
@@ -264,8 +276,11 @@ def check(
     *,
     extra_dead_allowed: bool,
     expired_copies: timedelta | None = None,
+    consumer: str = "",
 ) -> Verdict:
-    """Every invariant; the figures for the table. ``expired_copies``: the scenario's expiry age
+    """Every invariant; the figures for the table. ``consumer``: the consumers'
+    ``CONSUMER_NAME``, of which the outbox causes' follow-up ids are derived
+    (:func:`check_outbox`). ``expired_copies``: the scenario's expiry age
     (``CONSUMER_RECEIPT_RETENTION`` less ``CONSUMER_RECEIPT_MARGIN``) where its receipts' window
     is short; a copy of an applied event dead-lettered ``expired`` (a late duplicate) is then
     counted in a note, not reported as an innocent dead letter, but only where the event's age
@@ -395,7 +410,9 @@ def check(
     _check_dead_reasons(workload, state, verdict, expired_copies=expired_copies)
     _check_true_headers(workload, state, verdict)
     _check_listing(workload, state, verdict, expired_copies=expired_copies is not None)
-    _check_unknown_rows(workload, state, verdict)
+    follow_ups = workload.follow_ups(consumer)
+    _check_unknown_rows(workload, state, verdict, set(follow_ups))
+    check_outbox(workload, state, verdict, follow_ups)
 
     stock = workload.stock()
     for event in expired_events:
@@ -623,8 +640,12 @@ def _listed_as_forged(event: PlannedEvent, row: dict[str, object]) -> str | None
     return None
 
 
-def _check_unknown_rows(workload: Workload, state: EndState, verdict: Verdict) -> None:
-    known = set(workload.by_event_id)
+def _check_unknown_rows(
+    workload: Workload, state: EndState, verdict: Verdict, follow_ups: set[uuid.UUID]
+) -> None:
+    """No effect or receipt of an id never published; ``follow_ups``: the outbox causes'
+    follow-up ids, whose rows :func:`check_outbox` judges."""
+    known = set(workload.by_event_id) | follow_ups
     strangers = [
         str(event_id)
         for rows in (state.effects, state.movements, state.notifications, state.receipts)
@@ -634,6 +655,103 @@ def _check_unknown_rows(workload: Workload, state: EndState, verdict: Verdict) -
     _report(verdict, "rows for event ids never published", strangers)
     if state.foreign_receipts:
         verdict.violations.append(f"receipts of other consumers: {state.foreign_receipts}")
+
+
+def check_outbox(
+    workload: Workload,
+    state: EndState,
+    verdict: Verdict,
+    follow_ups: dict[uuid.UUID, tuple[PlannedEvent, int]],
+) -> None:
+    """The outbox's promise (issue 34), from the end state:
+
+    - every follow-up of a cause that applied has exactly one ``outbox`` row, caused by it, marked
+      sent and not failed, and exactly one effect and one receipt downstream (none of them lost,
+      none applied twice; a cause retried after its rows were rolled back wrote them once);
+    - the ids a cause that failed for good would have written (derived as the service derives
+      them) are nowhere: no outbox row, no receipt, no effect (a rolled-back transaction never
+      publishes);
+    - nothing is owed at the end (no row unsent and not failed) and no row failed for good, nor
+      is there a row no planned cause accounts for;
+    - each row a relay had published and seen confirmed but not marked when it was SIGKILLed
+      (:attr:`EndState.republished`) was published again and marked, and is applied once.
+
+    A lost follow-up counts in :attr:`Figures.lost`, each effect beyond a follow-up's first in
+    :attr:`Figures.duplicated`."""
+    figures = verdict.figures
+    figures.outbox_rows = sum(record.rows for record in state.outbox.values())
+    figures.republished = len(state.republished)
+    lost: list[str] = []
+    doubled: list[str] = []
+    wrong_rows: list[str] = []
+    receipts_wrong: list[str] = []
+    rolled_back: list[str] = []
+    for follow_up, (cause, position) in follow_ups.items():
+        tag = f"{cause.key}/{position}"
+        record = state.outbox.get(follow_up)
+        effects = state.effects.get(follow_up, 0)
+        receipts = state.receipts.get(follow_up, 0)
+        if not cause.kind.applies:
+            figures.rolled_back_ids += 1
+            if record is not None or effects or receipts:
+                rows = record.rows if record is not None else 0
+                rolled_back.append(f"{tag}: {rows} rows, {effects} effects, {receipts} receipts")
+            continue
+        if not cause.event_id or not state.effects.get(cause.event_id):
+            continue  # the cause is lost (reported as such): its follow-ups with it
+        figures.follow_ups += 1
+        if record is None:
+            wrong_rows.append(f"{tag}: no outbox row")
+        elif (
+            record.rows != 1
+            or record.sent != 1
+            or record.failed
+            or (record.caused_by != cause.event_id)
+        ):
+            wrong_rows.append(
+                f"{tag}: {record.rows} rows, {record.sent} sent, {record.failed} failed, "
+                f"caused by {record.caused_by}"
+            )
+        if effects:
+            figures.follow_ups_applied += 1
+        else:
+            lost.append(tag)
+        if effects > 1:
+            figures.duplicated += effects - 1
+            doubled.append(f"{tag}x{effects}")
+        if receipts != (1 if effects else 0):
+            receipts_wrong.append(f"{tag}: {receipts} receipts, {effects} effects")
+    figures.lost += len(lost)
+    strangers = [str(event_id) for event_id in state.outbox if event_id not in follow_ups]
+    not_absorbed = []
+    for event_id in state.republished:
+        again = state.outbox.get(event_id)
+        effects = state.effects.get(event_id, 0)
+        if effects != 1 or again is None or not again.sent:
+            sent = "sent" if again is not None and again.sent else "not sent"
+            not_absorbed.append(f"{event_id}: {effects} effects, {sent}")
+    _report(verdict, "LOST: follow-ups published through the outbox with no effect", lost)
+    _report(verdict, "DUPLICATED follow-up effects", doubled)
+    _report(verdict, "follow-ups without exactly one outbox row sent", wrong_rows)
+    _report(verdict, "follow-up receipts that do not match the effect", receipts_wrong)
+    _report(verdict, "ROLLED BACK: follow-ups of causes that failed for good found", rolled_back)
+    _report(verdict, "outbox rows of no planned cause", strangers)
+    _report(verdict, "rows republished after a relay kill not absorbed once", not_absorbed)
+    if state.outbox_owed:
+        verdict.violations.append(f"outbox rows never sent at the end: {state.outbox_owed}")
+    if state.republished_missing:
+        verdict.violations.append(
+            f"rows a relay kill left unmarked missing from the outbox: {state.republished_missing}"
+        )
+    if follow_ups or state.outbox:
+        verdict.notes.append(
+            f"outbox: {figures.outbox_rows} rows written, {state.outbox_owed} owed at the end; "
+            f"{figures.follow_ups_applied} "
+            f"of {figures.follow_ups} follow-ups applied; {figures.republished} rows published "
+            f"and confirmed but not marked when a relay was SIGKILLed, published again and "
+            f"absorbed; {figures.rolled_back_ids} ids of rolled-back runs (causes that failed "
+            "for good) found nowhere"
+        )
 
 
 EXCUSABLE_LOSSES = (

@@ -47,6 +47,28 @@ stall             ``test.behave``, ``sleep_s`` 3s on its first call   one receip
                   (a stalled handler; ``queue-table``: 5s timeout)
 ================  ==================================================  =============================
 
+Outbox causes (issue 34), mixed in the same way: each publishes 1 to 3 ``test.outboxed`` follow-ups
+through ``event.publish`` (keyed by the cause's key: its follow-ups are published in order), whose
+handler records one ``test_effects`` row per follow-up (``tests.handlers.outboxing``):
+
+================  ==================================================  =============================
+kind              message                                             must end as
+================  ==================================================  =============================
+outbox            ``test.outbox*``, ``count`` 1 to 3                  one receipt, one effect; each
+                                                                      follow-up one outbox row,
+                                                                      sent, applied once
+outbox_flaky      the same, ``fail_transient`` 1: publishes, then     retried, then as ``outbox``
+                  fails (its rows rolled back), applied on retry      (one row per follow-up id)
+outbox_permanent  the same, ``permanent``: publishes, then fails for  dead: permanent_failure; the
+                  good                                                ids its follow-ups would have
+                                                                      had nowhere (no row, receipt
+                                                                      or effect)
+================  ==================================================  =============================
+
+A follow-up's ``event_id`` is derived from its cause's, the consumer's name and its position
+(:func:`consumer.outbox.follow_up_id`): :meth:`Workload.follow_ups` gives every id a scenario's
+causes write, or would have written.
+
 A hostile producer's messages, mixed in the same way (:mod:`.hostile` puts them on the wire):
 
 =========================  ===========================================  ===========================
@@ -94,6 +116,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from consumer.cli.producer import envelope_body
+from consumer.outbox import follow_up_id
 from tests.chaos.hostile import COMPLEX_ARRAYS, SAFE_ONCE_READ, Wire, sent_id
 
 BEHAVE = "test.behave"
@@ -102,6 +125,13 @@ ODD = "test.odd"
 RESTOCK = "inventory.restock"
 RESERVE = "inventory.reserve"
 NOTIFY = "notification.requested"
+OUTBOX = "test.outbox"
+OUTBOX_MANY = "test.outbox_many"
+OUTBOX_HANDLERS = "tests.handlers.outboxing"
+"""The handlers of the outbox causes and their follow-ups: added to a scenario's
+``CONSUMER_HANDLERS`` where it mixes them in."""
+MAX_FOLLOW_UPS = 3
+"""The most follow-ups one outbox cause publishes."""
 UNKNOWN = "chaos.unknown"
 """A type no handler takes: the runner binds it to the work queue, as a handler removed since the
 topology was applied leaves it (under another type's routing key it would be
@@ -159,6 +189,10 @@ class Kind(enum.Enum):
     FORGED_DEAD_LETTER = "forged_dead_letter"
     ROUTING_KEY_MISMATCH = "routing_key_mismatch"
     ID_CONFLICT = "id_conflict"
+    # The transactional outbox (issue 34): only where a scenario mixes them in.
+    OUTBOX = "outbox"
+    OUTBOX_FLAKY = "outbox_flaky"
+    OUTBOX_PERMANENT = "outbox_permanent"
 
     @property
     def applies(self) -> bool:
@@ -241,6 +275,8 @@ _APPLIES = frozenset(
         Kind.SLOW_DUPLICATE,
         Kind.STALL,
         Kind.HOSTILE_HEADERS,
+        Kind.OUTBOX,
+        Kind.OUTBOX_FLAKY,
     }
 )
 _POISON = frozenset(
@@ -320,7 +356,9 @@ OVERSIZED_BYTES = 4 * 1024 * 1024
 """A ``body_too_large`` body, unless the profile says otherwise: 16 times the 256 KiB limit."""
 ROUTED_QTY = 500
 """What an ``inventory.restock`` under a ``notification.*`` key would have added (issue 29)."""
-MIXED_IN = HANDLER_FAULTS | HOSTILE
+OUTBOX_CAUSES = frozenset({Kind.OUTBOX, Kind.OUTBOX_FLAKY, Kind.OUTBOX_PERMANENT})
+"""Events whose handler publishes follow-ups through the outbox (issue 34)."""
+MIXED_IN = HANDLER_FAULTS | HOSTILE | OUTBOX_CAUSES
 """Every kind a scenario mixes in by number."""
 
 # Shares of the unique events of the normal mix; the duplicates come on top (DUPLICATE_SHARE of
@@ -355,6 +393,9 @@ class PlannedEvent:
     """A hostile producer's headers or properties around the body (:mod:`.hostile`)."""
     victim: str | None = None
     """``id_conflict``: the key of the event whose ``event_id`` and ``occurred_at`` it reuses."""
+    follow_ups: int = 0
+    """An outbox cause: how many follow-ups its handler publishes (and, for one that fails for
+    good, would have)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,6 +455,24 @@ class Workload:
     @property
     def to_apply(self) -> int:
         return sum(1 for event in self.events if event.kind.applies)
+
+    @property
+    def effects_due(self) -> int:
+        """Effects once everything is applied: one per event that must apply, plus one per
+        follow-up its outbox causes publish."""
+        return self.to_apply + sum(
+            event.follow_ups for event in self.of_kind(*OUTBOX_CAUSES) if event.kind.applies
+        )
+
+    def follow_ups(self, consumer: str) -> dict[uuid.UUID, tuple[PlannedEvent, int]]:
+        """Every follow-up id the outbox causes write under ``consumer`` (``CONSUMER_NAME``), or
+        would have written had they not failed for good: its cause and its position."""
+        found: dict[uuid.UUID, tuple[PlannedEvent, int]] = {}
+        for event in self.of_kind(*OUTBOX_CAUSES):
+            assert event.event_id is not None
+            for position in range(event.follow_ups):
+                found[follow_up_id(event.event_id, consumer, position)] = (event, position)
+        return found
 
     def publications_of(self, event: PlannedEvent) -> list[Publication]:
         return [
@@ -510,6 +569,16 @@ def _event(
         return PlannedEvent(
             key, kind, event_id, NOTIFY, envelope_body(NOTIFY, request, event_id=event_id)
         )
+    if kind in OUTBOX_CAUSES:
+        count = rng.randint(1, MAX_FOLLOW_UPS)
+        emit: dict[str, object] = {"key": key, "count": count}
+        if kind is Kind.OUTBOX_FLAKY:
+            emit["fail_transient"] = 1
+        elif kind is Kind.OUTBOX_PERMANENT:
+            emit["permanent"] = True
+        event_type = rng.choice((OUTBOX, OUTBOX_MANY))
+        body = envelope_body(event_type, emit, event_id=event_id)
+        return PlannedEvent(key, kind, event_id, event_type, body, follow_ups=count)
     if kind is Kind.NOT_JSON:
         return PlannedEvent(key, kind, None, BEHAVE, f"chaos {key}: {{not json".encode())
     if kind is Kind.INVALID_ENVELOPE:

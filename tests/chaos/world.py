@@ -24,7 +24,7 @@ from typing import Any
 
 import asyncpg
 
-from tests.chaos import shards, table
+from tests.chaos import relay_kill, shards, table
 from tests.chaos.netsite import NetSite
 from tests.servers import (
     PostgresServer,
@@ -96,6 +96,8 @@ def summarise_metrics(
             key = "dead:" + label.get("reason", "?")
         elif name == "consumer_redeliveries_total":
             key = "redelivered"
+        elif name == "consumer_outbox_published_total":
+            key = "outbox_published"
         else:
             continue
         summary[key] = summary.get(key, 0.0) + value
@@ -128,7 +130,11 @@ class Progress:
                         self.applied = value
                         self._changed.set()
                     await asyncio.sleep(0.2)
-            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            except Exception:
+                # Any failure of the connection (a restart can leave asyncpg's protocol in a
+                # state it reports as InternalClientError, no PostgresError nor
+                # InterfaceError): connect again. A count that stops moving would hold every
+                # fault's gate and end the settling early.
                 await asyncio.sleep(0.5)
             finally:
                 if conn is not None:
@@ -165,8 +171,12 @@ class World:
         service_database_url: str | None = None,
         proxy_control: Path | None = None,
         first_node: int = 1,
+        wraps_relay: bool = False,
     ) -> None:
         self.env = env
+        self.wraps_relay = wraps_relay
+        """The consumers run under :mod:`tests.chaos.relay_kill`: a fault can arm each one's
+        relay to SIGKILL its process between a confirm and the mark (:meth:`relay_files`)."""
         self.first_node = first_node
         """On a cluster: consumer ``n``'s node list starts at node ``n + first_node``."""
         self.rabbit = rabbit
@@ -217,7 +227,12 @@ class World:
         if self.service_database_url is not None:
             overrides["database_url"] = self.service_database_url
         if self.net is None:
-            service = ServiceProcess(self.env, f"consumer-{index}", **overrides)
+            launcher = relay_kill.launcher() if self.wraps_relay else []
+            service = ServiceProcess(self.env, f"consumer-{index}", launcher=launcher, **overrides)
+            if self.wraps_relay:
+                arm, record = self.relay_files(index)
+                service.environment[relay_kill.ARM] = str(arm)
+                service.environment[relay_kill.RECORD] = str(record)
             if self.clock_file is not None:
                 service.environment = faked(service.environment, self.clock_file, "+0s")
             return service
@@ -226,6 +241,12 @@ class World:
         return ServiceProcess(
             self.env, f"consumer-{index}", launcher=self.net.launcher("service"), **overrides
         )
+
+    def relay_files(self, index: int) -> tuple[Path, Path]:
+        """Consumer ``index``'s relay kill files: the one that arms its next kill, and the
+        record of the rows each kill left confirmed and unmarked (:mod:`.relay_kill`)."""
+        folder = self.env.log_dir
+        return folder / f"relay-arm-{index}", folder / f"relay-killed-{index}.jsonl"
 
     # -- consumers --------------------------------------------------------------------------
 
@@ -389,6 +410,24 @@ class World:
                 if line.get("event") == "lost RabbitMQ":
                     lost[re.sub(r"\d+", "N", str(line.get("error")))] += 1
         return lost
+
+    def relay_published(self) -> dict[int, float]:
+        """Outbox rows each consumer's relay published, by the last scrape of every process
+        (a killed one's rows since that scrape are not counted)."""
+        published: dict[int, float] = {}
+        for lifetime in self.lifetimes:
+            count = lifetime.scraped.get("outbox_published", 0.0)
+            published[lifetime.consumer] = published.get(lifetime.consumer, 0.0) + count
+        return published
+
+    def relay_kill_records(self) -> list[int]:
+        """The outbox row ids every relay kill left published, confirmed and unmarked."""
+        return [
+            row
+            for index in range(len(self.services))
+            for kill in relay_kill.kills_recorded(self.relay_files(index)[1])
+            for row in kill
+        ]
 
     def redeliveries(self) -> int:
         """Deliveries the broker flagged as redelivered, by the last scrape of every process."""

@@ -27,11 +27,13 @@ from tests.support import (
     assert_applied_once,
     behave,
     connect_any,
+    count_rows,
+    depth_is,
     drain_queue,
-    fetchval,
     movements_at_least,
     queue_depth,
     queue_exists,
+    queue_of,
     restocks,
     run_cli,
     wait_until,
@@ -75,14 +77,6 @@ def _apply(environment: dict[str, str]) -> None:
     assert applied.returncode == 0, applied.stderr
 
 
-async def _count(env: TestEnv, table: str) -> int:
-    return int(await fetchval(env.database_url, f"SELECT count(*) FROM {table}"))
-
-
-def _queue(env: TestEnv, queue: str | None, part: str = "work") -> str:
-    return f"{env.name}.{part}" if queue is None else f"{env.name}.{queue}.{part}"
-
-
 class _Load:
     """Restocks and ``test.behave`` events, some of those failing twice so that a ladder holds
     some of them while the bindings move; paced, and on until stopped."""
@@ -113,16 +107,16 @@ class _Load:
                 await asyncio.sleep(0.1)
 
     async def all_applied(self) -> bool:
-        return await _count(self.env, "stock_movements") >= len(self.stock) and await _count(
-            self.env, "test_effects"
-        ) >= len(self.behaving)
+        moved = await count_rows(self.env, "stock_movements")
+        behaved = await count_rows(self.env, "test_effects")
+        return moved >= len(self.stock) and behaved >= len(self.behaving)
 
     async def assert_applied_once(self) -> None:
         await wait_until(self.all_applied, timeout=180, what="every event applied")
         url = self.env.database_url
         await assert_applied_once(url, [event_id for *_, event_id in self.stock], "stock_movements")
         await assert_applied_once(url, [event_id for *_, event_id in self.behaving])
-        assert await _count(self.env, "receipts") == len(self.stock) + len(self.behaving)
+        assert await count_rows(self.env, "receipts") == len(self.stock) + len(self.behaving)
 
 
 async def _roll_over(
@@ -197,13 +191,13 @@ async def test_from_no_table_to_a_table_under_load_each_event_is_applied_once(
     )
 
     # And the one queue and its rungs are gone, its dead letters kept (none), nothing dead
-    assert not await queue_exists(env.amqp_url, _queue(env, None))
+    assert not await queue_exists(env.amqp_url, queue_of(env, None))
     for rung in OLD_RUNGS:
-        assert not await queue_exists(env.amqp_url, _queue(env, None, rung))
-    assert await queue_depth(env.amqp_url, _queue(env, None, "dead")) == 0
+        assert not await queue_exists(env.amqp_url, queue_of(env, None, rung))
+    assert await queue_depth(env.amqp_url, queue_of(env, None, "dead")) == 0
     for queue in QUEUES:
-        assert await queue_depth(env.amqp_url, _queue(env, queue, "dead")) == 0
-        assert await queue_depth(env.amqp_url, _queue(env, queue)) == 0
+        assert await queue_depth(env.amqp_url, queue_of(env, queue, "dead")) == 0
+        assert await queue_depth(env.amqp_url, queue_of(env, queue)) == 0
     check = run_cli("consumer", "topology", "check", env=env.env(queues_file=str(table)))
     assert check.returncode == 0, check.stdout + check.stderr
     assert await new.stop() == 0
@@ -240,11 +234,11 @@ async def test_from_a_table_back_to_no_table_under_load_each_event_is_applied_on
 
     # And the table's work queues and rungs are gone, their dead letters kept (none)
     for queue in QUEUES:
-        assert not await queue_exists(env.amqp_url, _queue(env, queue))
-        assert not await queue_exists(env.amqp_url, _queue(env, queue, "retry.300ms"))
-        assert await queue_depth(env.amqp_url, _queue(env, queue, "dead")) == 0
-    assert await queue_depth(env.amqp_url, _queue(env, None, "dead")) == 0
-    assert await queue_depth(env.amqp_url, _queue(env, None)) == 0
+        assert not await queue_exists(env.amqp_url, queue_of(env, queue))
+        assert not await queue_exists(env.amqp_url, queue_of(env, queue, "retry.300ms"))
+        assert await queue_depth(env.amqp_url, queue_of(env, queue, "dead")) == 0
+    assert await queue_depth(env.amqp_url, queue_of(env, None, "dead")) == 0
+    assert await queue_depth(env.amqp_url, queue_of(env, None)) == 0
     check = run_cli("consumer", "topology", "check", env=env.env())
     assert check.returncode == 0, check.stdout + check.stderr
     assert await new.stop() == 0
@@ -272,7 +266,7 @@ async def test_an_old_replicas_retry_is_routed_by_type_then_the_rollback_restore
         for n in range(5):
             await producer.send("test.behave", behave(f"waiting{n}"))
             await producer.send("inventory.restock", {"sku": "SKU", "qty": 1})
-    await wait_until(lambda: _depth_is(env, None, 10), what="the events in the one queue")
+    await wait_until(lambda: depth_is(env, None, 10), what="the events in the one queue")
     migrate = ("consumer", "topology", "migrate", "--from-queues-file=none")
     table_env = env.env(queues_file=str(table))
 
@@ -283,8 +277,8 @@ async def test_an_old_replicas_retry_is_routed_by_type_then_the_rollback_restore
     assert forth.returncode == 0, forth.stdout + forth.stderr
     (moved,) = [line for line in forth.stdout.splitlines() if f"of {env.name}.work by" in line]
     assert moved.endswith(": moved 10")
-    assert await queue_depth(env.amqp_url, _queue(env, "behave")) == 5
-    assert await queue_depth(env.amqp_url, _queue(env, "stock")) == 5
+    assert await queue_depth(env.amqp_url, queue_of(env, "behave")) == 5
+    assert await queue_depth(env.amqp_url, queue_of(env, "stock")) == 5
 
     # And a retry an old replica publishes to its ladder reaches the queue its type has now,
     # through that queue's rung
@@ -292,7 +286,7 @@ async def test_an_old_replicas_retry_is_routed_by_type_then_the_rollback_restore
     await _publish_retry(env, "inventory.restock", {"sku": "SKU", "qty": 1}, "800ms")
 
     async def routed() -> bool:
-        return await _depth_is(env, "behave", 6) and await _depth_is(env, "stock", 6)
+        return await depth_is(env, "behave", 6) and await depth_is(env, "stock", 6)
 
     await wait_until(routed, what="each retry in its type's queue")
 
@@ -302,30 +296,26 @@ async def test_an_old_replicas_retry_is_routed_by_type_then_the_rollback_restore
     # Then the one queue is back with what the table's queues held, and takes every type again
     assert back.returncode == 0, back.stdout + back.stderr
     assert f"migrated: {env.name}.work is the work queue, without a queue table" in back.stdout
-    assert await queue_depth(env.amqp_url, _queue(env, None)) == 12
+    assert await queue_depth(env.amqp_url, queue_of(env, None)) == 12
     for queue in QUEUES:
-        assert not await queue_exists(env.amqp_url, _queue(env, queue))
+        assert not await queue_exists(env.amqp_url, queue_of(env, queue))
     async with env.producer() as producer:
         await producer.send("test.behave", behave("back"))
-    await wait_until(lambda: _depth_is(env, None, 13), what="the later event in the one queue")
+    await wait_until(lambda: depth_is(env, None, 13), what="the later event in the one queue")
     # And a retry published to the old ladder goes to its own rung only
     await _publish_retry(env, "test.behave", behave("retried again"), "400ms")
-    await wait_until(lambda: _depth_is(env, None, 14), what="the retry in the one queue")
+    await wait_until(lambda: depth_is(env, None, 14), what="the retry in the one queue")
 
     # And the service without a table applies what it holds, nothing dead-lettered
     service = ServiceProcess(env)
     await service.start().wait_ready()
 
     async def applied() -> bool:
-        return await _count(env, "receipts") == 14
+        return await count_rows(env, "receipts") == 14
 
     await wait_until(applied, timeout=60, what="every event applied")
     assert await service.stop() == 0
-    assert await queue_depth(env.amqp_url, _queue(env, None, "dead")) == 0
-
-
-async def _depth_is(env: TestEnv, queue: str | None, depth: int) -> bool:
-    return await queue_depth(env.amqp_url, _queue(env, queue)) == depth
+    assert await queue_depth(env.amqp_url, queue_of(env, None, "dead")) == 0
 
 
 async def test_an_old_replicas_retry_while_the_old_rungs_wait_goes_to_one_rung_only(
@@ -354,19 +344,19 @@ async def test_an_old_replicas_retry_while_the_old_rungs_wait_goes_to_one_rung_o
     try:
         channel = await connection.channel()
         await channel.default_exchange.publish(
-            aio_pika.Message(b"{}", message_id="marker"), _queue(env, None, "retry.400ms")
+            aio_pika.Message(b"{}", message_id="marker"), queue_of(env, None, "retry.400ms")
         )
     finally:
         await connection.close()
 
     # Then the retry reaches the queue its type has now, through that queue's rung
-    await wait_until(lambda: _depth_is(env, "behave", 1), what="the retry in its type's queue")
+    await wait_until(lambda: depth_is(env, "behave", 1), what="the retry in its type's queue")
     # And the old rung holds no second copy: when the marker comes out of it into the one
     # queue, nothing came before it
     drained: list[str | None] = []
 
     async def marker_out() -> bool:
-        drained.extend(m.message_id for m in await drain_queue(env.amqp_url, _queue(env, None)))
+        drained.extend(m.message_id for m in await drain_queue(env.amqp_url, queue_of(env, None)))
         return "marker" in drained
 
     await wait_until(marker_out, what="the marker through the old rung")

@@ -86,13 +86,31 @@ async def sent(env: TestEnv, event_id: uuid.UUID) -> bool:
     )
 
 
+async def failed_once(conn: asyncpg.Connection[Any], event_id: uuid.UUID) -> str:
+    """Asserts that the row was refused for good at its first attempt, never sent: its error."""
+    (row,) = await conn.fetch(
+        "SELECT sent_at, failed_at, attempts, last_error FROM outbox WHERE event_id = $1",
+        event_id,
+    )
+    assert row["sent_at"] is None
+    assert row["failed_at"] is not None
+    assert row["attempts"] == 1
+    return str(row["last_error"])
+
+
 def relay_name(env: TestEnv, label: str) -> str:
     return f"{env.name}-{label}"
 
 
 @asynccontextmanager
 async def relay(
-    env: TestEnv, label: str = "relay", *, poll: float = NEVER_POLLS, batch_size: int = 100
+    env: TestEnv,
+    label: str = "relay",
+    *,
+    poll: float = NEVER_POLLS,
+    batch_size: int = 100,
+    publish_limit: float = 30.0,
+    server_settings: dict[str, str] | None = None,
 ) -> AsyncIterator[Metrics]:
     """A relay on a broker connection of its own (confirms, mandatory publishes, as the
     service's publishing channel), its database sessions named ``<test>-<label>``."""
@@ -104,7 +122,11 @@ async def relay(
 
         async def connect() -> asyncpg.Connection[Any]:
             return await asyncpg.connect(
-                env.database_url, server_settings={"application_name": relay_name(env, label)}
+                env.database_url,
+                server_settings={
+                    "application_name": relay_name(env, label),
+                    **(server_settings or {}),
+                },
             )
 
         config = RelayConfig(
@@ -112,6 +134,7 @@ async def relay(
             batch_size=batch_size,
             poll=poll,
             reconnect_max_delay=1.0,
+            publish_limit=publish_limit,
         )
         async with OutboxRelay(
             config,
@@ -297,16 +320,10 @@ async def test_an_unroutable_row_fails_for_good_and_the_rows_after_it_go(env: Te
             after = await enqueue(conn, {"sku": "A", "qty": 1}, key="K")
             await wait_until(lambda: sent(env, after), what="the row after the unroutable one")
             # Then the unroutable row is failed for good, its error kept, and never sent
-            (row,) = await conn.fetch(
-                "SELECT sent_at, failed_at, attempts, last_error FROM outbox WHERE event_id = $1",
-                lost,
-            )
+            error = await failed_once(conn, lost)
         finally:
             await conn.close()
-        assert row["sent_at"] is None
-        assert row["failed_at"] is not None
-        assert row["attempts"] == 1
-        assert "could not route 'nobody.listens'" in row["last_error"]
+        assert "could not route 'nobody.listens'" in error
         assert metrics.outbox_refused.labels(kind="permanent")._value.get() == 1
     messages = await drain_queue(env.amqp_url, env.names.work)
     assert [message.message_id for message in messages] == [str(after)]

@@ -17,10 +17,12 @@ from tests.support import (
     TestEnv,
     assert_applied_once,
     behave,
-    fetchval,
+    count_rows,
+    depth_is,
     movements_at_least,
     queue_depth,
     queue_exists,
+    queue_of,
     restocks,
     run_cli,
     wait_until,
@@ -52,18 +54,6 @@ def _tables(env: TestEnv, tmp_path: Path) -> tuple[Path, Path]:
     applied = run_cli("topology", "apply", env=env.env())
     assert applied.returncode == 0, applied.stderr
     return old, new
-
-
-async def _count(env: TestEnv, table: str) -> int:
-    return int(await fetchval(env.database_url, f"SELECT count(*) FROM {table}"))
-
-
-def _queue(env: TestEnv, queue: str, part: str = "work") -> str:
-    return f"{env.name}.{queue}.{part}"
-
-
-async def _depth_is(env: TestEnv, queue: str, depth: int) -> bool:
-    return await queue_depth(env.amqp_url, _queue(env, queue)) == depth
 
 
 async def test_a_type_moved_between_queues_under_load_is_applied_once_and_lost_nowhere(
@@ -127,7 +117,7 @@ async def test_a_type_moved_between_queues_under_load_is_applied_once_and_lost_n
 
     # Then every event is applied exactly once, through whichever queue it came
     async def all_applied() -> bool:
-        return await _count(env, "stock_movements") >= len(stock) and await _count(
+        return await count_rows(env, "stock_movements") >= len(stock) and await count_rows(
             env, "test_effects"
         ) >= len(behaving)
 
@@ -136,7 +126,7 @@ async def test_a_type_moved_between_queues_under_load_is_applied_once_and_lost_n
         env.database_url, [event_id for *_, event_id in stock], "stock_movements"
     )
     await assert_applied_once(env.database_url, [event_id for *_, event_id in behaving])
-    assert await _count(env, "receipts") == len(stock) + len(behaving)
+    assert await count_rows(env, "receipts") == len(stock) + len(behaving)
     # Both queues carried the moved type: the old one its stragglers, the new one the rest
     assert await new.metric(
         "consumer_messages_total", type="test.behave", outcome="processed", queue="b"
@@ -144,8 +134,8 @@ async def test_a_type_moved_between_queues_under_load_is_applied_once_and_lost_n
 
     # And nothing is dead, nothing is left in a queue
     for queue in ("a", "b"):
-        assert await queue_depth(env.amqp_url, _queue(env, queue, "dead")) == 0
-        assert await queue_depth(env.amqp_url, _queue(env, queue)) == 0
+        assert await queue_depth(env.amqp_url, queue_of(env, queue, "dead")) == 0
+        assert await queue_depth(env.amqp_url, queue_of(env, queue)) == 0
     check = run_cli("consumer", "topology", "check", env=new_env)
     assert check.returncode == 0, check.stdout + check.stderr
 
@@ -156,8 +146,8 @@ async def test_a_type_moved_between_queues_under_load_is_applied_once_and_lost_n
             await producer.send("test.behave", behave(f"after{i}"))
 
     # Then the old queue is given none of it: it waits in its new queue only
-    await wait_until(lambda: _depth_is(env, "b", 20), what="the events in queue b")
-    assert await queue_depth(env.amqp_url, _queue(env, "a")) == 0
+    await wait_until(lambda: depth_is(env, "b", 20), what="the events in queue b")
+    assert await queue_depth(env.amqp_url, queue_of(env, "a")) == 0
 
 
 async def test_a_dry_run_and_a_rollback_of_a_moved_type(env: TestEnv, tmp_path: Path) -> None:
@@ -185,8 +175,8 @@ async def test_a_dry_run_and_a_rollback_of_a_moved_type(env: TestEnv, tmp_path: 
     # And the old table's routing is back: the moved type reaches queue a only
     async with env.producer() as producer:
         await producer.send("test.behave", behave("back"))
-    await wait_until(lambda: _depth_is(env, "a", 1), what="the event in queue a")
-    assert await queue_depth(env.amqp_url, _queue(env, "b")) == 0
+    await wait_until(lambda: depth_is(env, "a", 1), what="the event in queue a")
+    assert await queue_depth(env.amqp_url, queue_of(env, "b")) == 0
 
 
 async def test_the_settings_flags_are_refused_with_a_table(env: TestEnv, tmp_path: Path) -> None:
@@ -222,7 +212,7 @@ async def test_a_queue_leaving_the_table_has_what_it_holds_moved_then_back(
         waiting = [
             await producer.send("test.odd", {"key": f"o{n}", "name": "x"}) for n in range(30)
         ]
-    await wait_until(lambda: _depth_is(env, "b", 30), what="the events in queue b")
+    await wait_until(lambda: depth_is(env, "b", 30), what="the events in queue b")
 
     # When the migration runs
     migrate = ("consumer", "topology", "migrate", f"--from-queues-file={old_table}")
@@ -234,26 +224,26 @@ async def test_a_queue_leaving_the_table_has_what_it_holds_moved_then_back(
         f"move the messages of {env.name}.b.work to exchange {env.name}.a.redeliver: moved 30"
         in (merged_run.stdout)
     )
-    assert not await queue_exists(env.amqp_url, _queue(env, "b"))
-    assert not await queue_exists(env.amqp_url, _queue(env, "b", "retry.300ms"))
-    assert await queue_exists(env.amqp_url, _queue(env, "b", "dead"))
-    assert await queue_depth(env.amqp_url, _queue(env, "a")) == 30
+    assert not await queue_exists(env.amqp_url, queue_of(env, "b"))
+    assert not await queue_exists(env.amqp_url, queue_of(env, "b", "retry.300ms"))
+    assert await queue_exists(env.amqp_url, queue_of(env, "b", "dead"))
+    assert await queue_depth(env.amqp_url, queue_of(env, "a")) == 30
 
     # When it is rolled back: b is declared again, and its types routed to it
     back = run_cli(*migrate, "--rollback", env=merged_env)
     assert back.returncode == 0, back.stdout + back.stderr
     async with env.producer() as producer:
         later = [await producer.send("test.odd", {"key": f"p{n}", "name": "x"}) for n in range(5)]
-    await wait_until(lambda: _depth_is(env, "b", 5), what="the later events in queue b")
+    await wait_until(lambda: depth_is(env, "b", 5), what="the later events in queue b")
 
     # Then the service on the old table applies each of them once
     service = ServiceProcess(env)
     await service.start().wait_ready()
 
     async def applied() -> bool:
-        return await _count(env, "receipts") == len(waiting) + len(later)
+        return await count_rows(env, "receipts") == len(waiting) + len(later)
 
     await wait_until(applied, timeout=60, what="every event applied")
     assert await service.stop() == 0
     for queue in ("a", "b"):
-        assert await queue_depth(env.amqp_url, _queue(env, queue, "dead")) == 0
+        assert await queue_depth(env.amqp_url, queue_of(env, queue, "dead")) == 0

@@ -172,16 +172,17 @@ async def test_fewer_shards_than_the_broker_has_stop_apply_and_fail_check(
     # Then it stops, one line, nothing changed: the hash exchange still sends s3 its keys' events
     assert applied.returncode == 1, applied.stdout + applied.stderr
     assert applied.stderr.splitlines() == [
-        f"error: {env.name}.stock.work.s3 exists, beyond queue stock's shards = 2: changing a "
-        "queue's shard count is not built yet, nothing was changed"
+        f"error: {env.name}.stock.work.s3 exists, beyond queue stock's shards = 2: a queue's "
+        "shard count changes with `consumer topology migrate --from-queues-file OLD.toml`, "
+        "nothing was changed"
     ]
 
     # And check does not call it in place
     check = run_cli("topology", "check", env=env.env())
     assert check.returncode == 1, check.stdout + check.stderr
     assert (
-        f"{env.name}.stock.work.s3 exists, beyond queue stock's shards = 2: changing a queue's "
-        "shard count is not built yet"
+        f"{env.name}.stock.work.s3 exists, beyond queue stock's shards = 2: a queue's shard "
+        "count changes with `consumer topology migrate --from-queues-file OLD.toml`"
     ) in check.stdout.splitlines()
     assert "in place" not in check.stdout
 

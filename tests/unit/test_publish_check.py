@@ -8,8 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, field_validator
 
-from consumer.cli.producer import payload_problem
-from consumer.registry import Handler, HandlerRegistry
+from consumer.registry import Handler, HandlerRegistry, payload_problem
 
 
 class Strict(BaseModel):

@@ -261,11 +261,17 @@ def test_the_missing_plugin_is_one_line_that_names_it() -> None:
 # -- migrate --------------------------------------------------------------------------------------
 
 
-def test_migrating_a_sharded_queue_is_refused_for_now(tmp_path: Path) -> None:
+def test_sharding_an_unsharded_queue_is_refused_with_one_line(tmp_path: Path) -> None:
     specs = table_specs(table(tmp_path))
 
-    with pytest.raises(MigrationRefused, match=r"queue orders has shards = 3 in the new table"):
+    with pytest.raises(MigrationRefused) as refused:
         plan_table_migration([build_spec(spec) for spec in specs], specs)
+
+    assert str(refused.value) == (
+        "queue orders: from shards = 1 to 3 is not built: an unsharded queue's redeliver "
+        "exchange is fanout, a sharded one's headers, and RabbitMQ cannot change an exchange's "
+        "type; reshard between 2 or more shards"
+    )
 
 
 def build_spec(spec: TopologySpec) -> TopologySpec:

@@ -72,7 +72,8 @@ async def _shards_beyond(
     beyond = {spec.shard_beyond: spec for spec in specs if spec.shard_beyond is not None}
     return [
         f"{name} exists, beyond queue {beyond[name].names.queue}'s shards = "
-        f"{beyond[name].shards}: changing a queue's shard count is not built yet"
+        f"{beyond[name].shards}: a queue's shard count changes with `consumer topology migrate "
+        "--from-queues-file OLD.toml`"
         for name in await present_queues(connection, beyond)
     ]
 

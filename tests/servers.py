@@ -162,6 +162,13 @@ class ThrowawayRabbit:
         target.chmod(mode)
         return target
 
+    def enable_plugins(self, *plugins: str) -> None:
+        """Enable these plugins at the node's next start (its ``enabled_plugins`` file)."""
+        self._prepare()
+        target = self.base / "enabled_plugins"
+        target.write_text(f"[{','.join(plugins)}].\n")
+        shutil.chown(target, "rabbitmq", "rabbitmq")
+
     def start(self, timeout: float = 90) -> None:
         self._prepare()
         if self.config:
@@ -281,6 +288,11 @@ class ThrowawayRabbitCluster:
         """The comma-separated list ``CONSUMER_AMQP_URL`` takes."""
         return ",".join(self.urls)
 
+    def enable_plugins(self, *plugins: str) -> None:
+        """Enable these plugins on every node, at its next start."""
+        for node in self.nodes:
+            node.enable_plugins(*plugins)
+
     def start(self) -> None:
         """Start every node (in parallel: each takes seconds) and join the others to the first."""
         began = time.monotonic()
@@ -382,6 +394,11 @@ class ThrowawayRabbitCluster:
 
     def leader_of(self, queue: str, vhost: str = "/") -> int:
         """The index of the node that leads quorum queue ``queue``, asked of a live node."""
+        return self.leaders_of([queue], vhost)[queue]
+
+    def leaders_of(self, queues: Sequence[str], vhost: str = "/") -> dict[str, int]:
+        """The index of the node leading each of ``queues`` (quorum queues), in one question to
+        a live node."""
         for node in self.nodes:
             if node.beam_pid() is None:
                 continue
@@ -398,10 +415,14 @@ class ThrowawayRabbitCluster:
             )
             if result.returncode != 0:
                 continue
-            for row in json.loads(result.stdout):
-                if row.get("name") == queue and row.get("leader"):
-                    return self.index_of(str(row["leader"]))
-        raise RuntimeError(f"no live node knows the leader of {queue}")
+            found = {
+                str(row["name"]): self.index_of(str(row["leader"]))
+                for row in json.loads(result.stdout)
+                if row.get("name") in queues and row.get("leader")
+            }
+            if set(found) == set(queues):
+                return found
+        raise RuntimeError(f"no live node knows the leader of each of {', '.join(queues)}")
 
     def destroy(self) -> None:
         """SIGKILL every node (nothing of it is kept) and remove their folders."""

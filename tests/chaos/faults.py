@@ -10,8 +10,9 @@ import asyncio
 import signal
 import subprocess
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from tests.chaos.relay_kill import kills_recorded
 from tests.chaos.world import World
@@ -270,18 +271,21 @@ class BrokerAlarm:
         await world.wait_ready()
 
 
-NodeChoice = Literal["leader", "connected"]
-"""Which cluster node a fault strikes: the one leading the work queue, or the one consumer-0 is
-connected to."""
+NodeChoice = Literal["leader", "connected", "shard-leader"]
+"""Which cluster node a fault strikes: the one leading the work queue, the one consumer-0 is
+connected to, or one leading shards of a sharded queue (:meth:`World.node_of`)."""
 
 
 @dataclass(frozen=True)
 class KillNode:
     """SIGKILL one node of the cluster (no goodbye to the others or to clients), then start it
-    again: it rejoins, and its replicas catch up."""
+    again: it rejoins, and its replicas catch up. ``flowing``: the stream is not held meanwhile
+    (the node's return runs in the background, :attr:`World.background`), so events keep coming
+    to the queues the node did not lead while it is down."""
 
     target: NodeChoice = "leader"
     down_s: float = 2.0
+    flowing: bool = False
 
     @property
     def label(self) -> str:
@@ -295,10 +299,14 @@ class KillNode:
         cluster = world.need_cluster()
         index = await world.node_of(self.target)
         await asyncio.to_thread(cluster.kill, index)
-        await asyncio.sleep(self.down_s)
-        await asyncio.to_thread(cluster.start_node, index)
-        await asyncio.to_thread(cluster.await_members, len(cluster.nodes))
-        await world.wait_ready()
+
+        async def back() -> None:
+            await asyncio.sleep(self.down_s)
+            await asyncio.to_thread(cluster.start_node, index)
+            await asyncio.to_thread(cluster.await_members, len(cluster.nodes))
+            await world.wait_ready()
+
+        await _after(world, back(), self.flowing, "node back")
 
 
 @dataclass(frozen=True)
@@ -308,6 +316,8 @@ class FreezeNode:
 
     seconds: float
     target: NodeChoice = "leader"
+    flowing: bool = False
+    """The stream is not held meanwhile (as :class:`KillNode`'s)."""
 
     @property
     def label(self) -> str:
@@ -321,12 +331,25 @@ class FreezeNode:
         cluster = world.need_cluster()
         index = await world.node_of(self.target)
         cluster.freeze(index)
-        try:
-            await asyncio.sleep(self.seconds)
-        finally:
-            cluster.thaw(index)
-        await asyncio.to_thread(cluster.await_members, len(cluster.nodes))
-        await world.wait_ready()
+
+        async def thawed() -> None:
+            try:
+                await asyncio.sleep(self.seconds)
+            finally:
+                cluster.thaw(index)
+            await asyncio.to_thread(cluster.await_members, len(cluster.nodes))
+            await world.wait_ready()
+
+        await _after(world, thawed(), self.flowing, "node thawed")
+
+
+async def _after(world: World, rest: Coroutine[Any, Any, None], flowing: bool, name: str) -> None:
+    """The rest of a node fault: awaited (the stream held at its gate meanwhile), or, flowing,
+    left to the background (the runner awaits it before the queues settle)."""
+    if flowing:
+        world.background.append(asyncio.create_task(rest, name=name))
+    else:
+        await rest
 
 
 @dataclass(frozen=True)

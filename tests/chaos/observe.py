@@ -22,6 +22,7 @@ import asyncpg
 
 from consumer.amqp import wire
 from tests.support import REPO, connect_any
+from topology.names import SHARD
 
 FIRST_DEATH_REASON = "x-first-death-reason"
 DEAD_REASON = "consumer-dead-reason"
@@ -61,6 +62,8 @@ class DeadCopy:
     """``consumer-dead-lettered-at``: the service's clock when it dead-lettered the copy."""
     queue: str = ""
     """The queue table's queue whose dead-letter queue held it (``""``: the service's one)."""
+    shard: str | None = None
+    """``consumer-shard``: the shard of a sharded queue it was consumed from (``s2``)."""
 
 
 def _deaths(headers: dict[str, Any]) -> str:
@@ -240,6 +243,7 @@ async def take_dead_letters(url: str, queue: str, state: EndState, label: str = 
                     header_names=frozenset(headers),
                     dead_lettered_at=_text(headers.get(DEAD_LETTERED_AT)),
                     queue=label,
+                    shard=_text(headers.get(SHARD)),
                 )
             )
         state.dead_read_at = datetime.now(UTC)

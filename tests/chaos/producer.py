@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import enum
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import aio_pika
@@ -23,6 +23,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange, 
 from tests.chaos import hostile
 from tests.chaos.workload import Publication, attempt_id
 from tests.support import connect_any
+from topology.names import SHARD_KEY
 
 PUBLISH_TIMEOUT = 10.0
 TICK = 0.05
@@ -66,6 +67,9 @@ class PublishLog:
     confirmed_at: dict[str, float] = field(default_factory=dict)
     """When each confirmed attempt's confirm came (wall clock, ``time.time()``): how long an
     event then waited for its commit (``queue-table*``'s figures)."""
+    sent_at: dict[str, float] = field(default_factory=dict)
+    """When each publication's first attempt went out (wall clock, epoch seconds), by its
+    message id."""
 
     @property
     def resent(self) -> int:
@@ -81,16 +85,27 @@ def merged(*logs: PublishLog) -> PublishLog:
         out.unsent += log.unsent
         out.reconnects += log.reconnects
         out.confirmed_at.update(log.confirmed_at)
+        out.sent_at.update(log.sent_at)
     return out
 
 
 class ResilientProducer:
     """Publishes a workload at a steady rate to ``exchange`` on ``url``."""
 
-    def __init__(self, url: str, exchange: str, *, window: int = 200) -> None:
+    def __init__(
+        self,
+        url: str,
+        exchange: str,
+        *,
+        window: int = 200,
+        shard_keys: Mapping[str, str] | None = None,
+    ) -> None:
+        """``shard_keys``: each event's ``consumer-shard-key`` by its plan key (a sharded
+        queue's hash exchange hashes it); an event not in it goes without."""
         self._url = url
         self._exchange_name = exchange
         self._window = window
+        self._shard_keys = shard_keys or {}
         self._connection: AbstractConnection | None = None
         self._exchange: AbstractExchange | None = None
         self.log = PublishLog()
@@ -131,7 +146,11 @@ class ResilientProducer:
         )
         # Set after construction: the constructor makes an empty-looking raw table ``{}``.
         headers = hostile.headers(event.wire)
-        message.headers = headers if headers is not None else {}
+        if headers is None:
+            headers = {}
+            if (key := self._shard_keys.get(event.key)) is not None:
+                headers[SHARD_KEY] = key
+        message.headers = headers
         # Set after construction: the constructor makes it a plain str, losing hostile bytes.
         message.message_id = hostile.message_id(event.wire, attempt_id(publication, attempt))
         await exchange.publish(
@@ -180,6 +199,9 @@ class ResilientProducer:
     async def _publish_confirmed(self, batch: Sequence[Publication], deadline: float) -> bool:
         """Publish ``batch`` until every one is confirmed; False if the deadline came first."""
         pending = [(publication, 0) for publication in batch]
+        now = time.time()
+        for publication in batch:
+            self.log.sent_at.setdefault(publication.message_id, now)
         while pending:
             if time.monotonic() > deadline:
                 return False

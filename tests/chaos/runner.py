@@ -32,7 +32,7 @@ import asyncpg
 
 from consumer.config.queue_table import QueueTable
 from consumer.db.migrations import migrate
-from tests.chaos import table
+from tests.chaos import shards, table
 from tests.chaos.faults import Fault
 from tests.chaos.netfaults import flow_findings, partition_findings
 from tests.chaos.netsite import NetSite, from_tester, net_site
@@ -228,6 +228,8 @@ async def run(
     rabbit = ThrowawayRabbit()
     postgres = ThrowawayPostgres()
     cluster = ThrowawayRabbitCluster() if any(s.site == "cluster" for s in scenarios) else None
+    if cluster is not None and any(shards.sharded(s.queue_table) for s in scenarios):
+        cluster.enable_plugins(shards.HASH_PLUGIN)
     lab = contextlib.AsyncExitStack()
     net: NetSite | None = None
     net_cluster: NetSite | None = None
@@ -433,6 +435,13 @@ async def run_scenario(
         )
         if scenario.trouble is not None:
             workload = gathered(workload, scenario.mix_in.keys(), *scenario.trouble)
+        keys: dict[str, str] = {}
+        placed: shards.Placement | None = None
+        if shards.sharded(scenario.queue_table) and on_cluster is not None:
+            keys = shards.shard_keys(workload)
+            queues = table.broker_queues(env)
+            [exchange] = queues.hash.values()
+            placed = await shards.place(on_cluster, exchange, queues.shards, workload, keys)
         if scenario.self_exits or scenario.supervised:
             supervisor = asyncio.create_task(world.supervise(), name="supervisor")
         blocks: list[Workload] = []
@@ -482,7 +491,7 @@ async def run_scenario(
         publish_deadline = min(
             run_deadline + 60, time.monotonic() + events / rate * 3 + 90 + holding
         )
-        producer = ResilientProducer(env.amqp_url, env.settings().exchange)
+        producer = ResilientProducer(env.amqp_url, env.settings().exchange, shard_keys=keys)
         stream = [p for p in workload.publications if p.event.kind is not Kind.ID_CONFLICT]
         total = len(stream)
         gates = Gates(
@@ -547,6 +556,10 @@ async def run_scenario(
         await read_database(env.database_url, name, state)
         if scenario.wraps_relay:
             await read_republished(env.database_url, world.relay_kill_records(), state)
+        if placed is not None and on_cluster is not None:
+            world.notes += await _shard_findings(
+                on_cluster, world, workload, placed, keys, state, log.sent_at
+            )
         verdict = check(
             workload,
             log,
@@ -831,6 +844,8 @@ async def _queue_by_queue(
     queues = table.read_table(env)
     assert queues is not None
     table.by_queue_checked(workload, state, verdict, queues, scenario.faulty_queue)
+    if not scenario.mix_in:
+        return []  # no trouble in any queue: no rates around it
     stretch = await table.trouble_of(env.database_url, workload, set(scenario.mix_in))
     if stretch is None:
         return ["the faulty queue's events were never called: no throughput around them"]
@@ -873,6 +888,40 @@ async def _isolation(
     return table.describe_isolation(windows, crashes, scenario.faulty_queue, restarts, processes)
 
 
+async def _shard_findings(
+    cluster: ThrowawayRabbitCluster,
+    world: World,
+    workload: Workload,
+    placed: shards.Placement,
+    keys: dict[str, str],
+    state: EndState,
+    sent_at: dict[str, float],
+) -> list[str]:
+    """A sharded queue's figures (notes; a shard with no publication is a violation): where the
+    hash ring put the events at the start and at the end, the dead copies' shards against it, the
+    shard leaders struck and moved, and each shard's pause after the strike."""
+    queues = table.broker_queues(world.env)
+    [exchange] = queues.hash.values()
+    notes: list[str] = []
+    try:
+        await shards.place(cluster, exchange, queues.shards, workload, keys, placed)
+    except (RuntimeError, subprocess.SubprocessError) as error:
+        notes.append(f"the hash ring's placement at the end unknown: {error}")
+    found, violations = shards.placement_findings(placed, workload, state.dead)
+    notes += found
+    world.violations += violations
+    if world.strike is not None:
+        after = await asyncio.to_thread(cluster.leaders_of, queues.shards)
+        names = [node.node for node in cluster.nodes]
+        notes.append(shards.describe_strike(world.strike, after, names))
+        notes.append(
+            await shards.pauses(
+                world.env.database_url, world.env.name, placed, workload, world.strike, sent_at
+            )
+        )
+    return notes
+
+
 async def _count_leftovers(env: TestEnv, state: EndState) -> None:
     """Messages in the work and delay queues once the consumers have stopped (whatever they held
     is back in the queue by then). Passive declares: ``rabbitmqctl list_queues`` shows quorum
@@ -899,10 +948,19 @@ async def _stranded(cluster: ThrowawayRabbitCluster, env: TestEnv, world: World)
     the end (after the runbook's step, if it was needed): expired retry copies or rejected
     messages RabbitMQ has not forwarded. The checks, which see only ready messages, count the
     events held there as lost; this says where they are."""
-    for queue, held in (await held_back(cluster, _busy_queues(env), world.notes)).items():
+    busy = _busy_queues(env)
+    unknown: list[str] = []
+    held_at_end = await held_back(cluster, busy, unknown)
+    world.notes += unknown
+    for queue, held in held_at_end.items():
         world.notes.append(
             f"{queue}: RabbitMQ still holds {held} messages in its at-least-once dead-lettering "
             "at the end, not forwarded (not ready, so not 'left')"
+        )
+    if not held_at_end and not unknown:
+        world.notes.append(
+            f"at the end RabbitMQ held nothing for dead-lettering in any of the {len(busy)} work "
+            f"and delay queues ({', '.join(q.removeprefix(env.name + '.') for q in busy)})"
         )
 
 

@@ -82,6 +82,8 @@ CLUSTER_SETTINGS = {"quorum_initial_group_size": "3"}
 MIB = 1024 * 1024
 
 
+SHARDED_CLUSTER = ("cluster-shards-leader-kill", "cluster-shards-node-freeze")
+"""The cluster's leader kill and node freeze with the work queue in 3 shards (:func:`sharded`)."""
 BEYOND_ONE = (
     "cluster-leader-kill",
     "cluster-node-freeze",
@@ -90,6 +92,7 @@ BEYOND_ONE = (
     "cluster-scale-out",
     "pg-failover-sync",
     "pg-failover-async",
+    *SHARDED_CLUSTER,
 )
 """The scenarios on a RabbitMQ cluster or a PostgreSQL failover pair."""
 
@@ -569,6 +572,7 @@ def scenarios_for(profile: Profile) -> list[Scenario]:
         *queue_table_alone(profile),
         queue_table_processes(profile),
         *beyond_one_machine(profile),
+        *sharded(profile),
         *in_the_lab(profile),
         *skewed_clocks(profile),
         *outbox_scenarios(profile),
@@ -961,3 +965,51 @@ def chosen(profile: Profile, only: Sequence[str] = ()) -> list[Scenario]:
     if only:
         return [scenario for scenario in every if scenario.slug in only]
     return [scenario for scenario in every if scenario.slug not in profile.named_only]
+
+
+SHARDS = 3
+SHARDED_QUEUE = "sharded"
+SHARDED_TABLE = f"""
+# Every type of the test handlers, in one queue spread over {SHARDS} shards by key.
+[queues.{SHARDED_QUEUE}]
+types = ["test.behave", "test.behave_many", "test.odd", "inventory.restock", "inventory.reserve",
+         "notification.requested"]
+shards = {SHARDS}
+"""
+"""The sharded scenarios' table: the whole workload through the shards (poison and the unknown
+type too: the runner binds it to the queue's hash exchange)."""
+
+
+def sharded(profile: Profile) -> list[Scenario]:
+    """:func:`beyond_one_machine`'s leader kill and node freeze with the work queue in
+    :data:`SHARDS` shards, each led by the node the balanced locator gave it: the fault strikes
+    the node leading the most shards among those consumer-0 is not connected to
+    (:func:`~tests.chaos.shards.pick_shard_leader`). The stream is not held while the node is
+    down or frozen: the shards it does not lead keep taking events, and the report gives each
+    shard's longest pause in commits from the strike on."""
+    p = profile
+    faults: list[tuple[str, str, Fault]] = [
+        (
+            "leader-kill",
+            "SIGKILL of a shard's leader node + restart, the stream flowing",
+            KillNode("shard-leader", flowing=True),
+        ),
+        (
+            "node-freeze",
+            f"SIGSTOP of a shard's leader node {p.node_freeze_s:g}s, the stream flowing",
+            FreezeNode(p.node_freeze_s, "shard-leader", flowing=True),
+        ),
+    ]
+    return [
+        Scenario(
+            f"cluster-shards-{name}",
+            f"cluster, work queue in {SHARDS} shards: {title}",
+            faults=[fault],
+            settings=CLUSTER_SETTINGS,
+            site="cluster",
+            events=p.cluster_events,
+            queue_table=SHARDED_TABLE,
+            faulty_queue=SHARDED_QUEUE,
+        )
+        for name, title, fault in faults
+    ]

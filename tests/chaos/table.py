@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -24,16 +24,25 @@ from topology.apply import apply_topology
 @dataclass(frozen=True)
 class BrokerQueues:
     """The work, delay and dead-letter queues the consumers use, each table queue's (labelled)
-    or the service's one (labelled ``""``)."""
+    or the service's one (labelled ``""``); a sharded queue's work queues are its shards."""
 
-    work: dict[str, str]
+    work: dict[str, list[str]]
     delay: dict[str, list[str]]
     dead: dict[str, str]
+    hash: dict[str, str] = field(default_factory=dict)
+    """A sharded queue's consistent-hash exchange, by label."""
 
     @property
     def busy(self) -> list[str]:
-        """Work and delay queues: empty once everything is settled."""
-        return [queue for label, work in self.work.items() for queue in (work, *self.delay[label])]
+        """Work queues (every shard) and delay queues: empty once everything is settled."""
+        return [
+            queue for label, works in self.work.items() for queue in (*works, *self.delay[label])
+        ]
+
+    @property
+    def shards(self) -> list[str]:
+        """Every sharded queue's shard queues."""
+        return [q for label, works in self.work.items() if label in self.hash for q in works]
 
 
 def read_table(env: TestEnv) -> QueueTable | None:
@@ -48,28 +57,38 @@ def broker_queues(env: TestEnv) -> BrokerQueues:
     if table is None:
         names, settings = env.names, env.settings()
         return BrokerQueues(
-            {"": names.work},
+            {"": [names.work]},
             {"": [names.rung(delay) for delay in settings.retry_delays]},
             {"": names.dead},
         )
-    work, delay, dead = {}, {}, {}
+    work, delay, dead, hashes = {}, {}, {}, {}
     for queue in table.queues:
         names = names_for(queue.settings, queue.name)
-        work[queue.label] = names.work
+        work[queue.label] = [names.work]
+        if queue.shards > 1:
+            work[queue.label] = [names.shard(n) for n in range(1, queue.shards + 1)]
+            hashes[queue.label] = names.hash
         delay[queue.label] = [names.rung(d) for d in queue.settings.retry_delays]
         dead[queue.label] = names.dead
-    return BrokerQueues(work, delay, dead)
+    return BrokerQueues(work, delay, dead, hashes)
 
 
 async def set_up(env: TestEnv, unknown_to: str) -> None:
     """Declare the topology of the queue table ``env`` uses (:meth:`TestEnv.use_queue_table`,
     before any consumer is made; removed with the scenario's), and bind the type no handler
-    takes to queue ``unknown_to``'s work queue, as a handler removed since leaves it."""
+    takes to queue ``unknown_to``'s work queue (a sharded queue's hash exchange), as a handler
+    removed since leaves it."""
+    queues = broker_queues(env)
     connection = await connect_any(env.amqp_url)
     try:
         await apply_topology(connection, env.topologies[-1])
         channel = await connection.channel()
-        queue = await channel.get_queue(broker_queues(env).work[unknown_to], ensure=False)
+        if unknown_to in queues.hash:
+            exchange = await channel.get_exchange(queues.hash[unknown_to], ensure=False)
+            await exchange.bind(env.settings().exchange, UNKNOWN)
+            return
+        [work] = queues.work[unknown_to]
+        queue = await channel.get_queue(work, ensure=False)
         await queue.bind(env.settings().exchange, UNKNOWN)
     finally:
         await connection.close()

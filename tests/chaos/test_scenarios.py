@@ -7,7 +7,8 @@ import signal
 import tomllib
 
 from consumer.durations import parse_duration
-from tests.chaos.faults import Kill, RelayKill, RestartPostgres, RestartRabbit
+from consumer.registry import HandlerRegistry
+from tests.chaos.faults import FreezeNode, Kill, KillNode, RelayKill, RestartPostgres, RestartRabbit
 from tests.chaos.netfaults import NodePartition
 from tests.chaos.netsite import NET_TICKTIME
 from tests.chaos.scenarios import (
@@ -20,6 +21,7 @@ from tests.chaos.scenarios import (
     PROFILES,
     QUEUE_TABLE_ALONE,
     QUEUE_TABLE_PROCESSES,
+    SHARDED_CLUSTER,
     chosen,
     scenarios_for,
 )
@@ -37,6 +39,7 @@ from tests.chaos.workload import (
     Kind,
     check_faults,
 )
+from tests.support import TEST_HANDLERS
 
 
 def _seconds(text: str) -> float:
@@ -261,3 +264,25 @@ def test_the_queue_table_over_processes_has_queue_table_s_troubles_and_spares_th
         kill = split.faults[0]
         assert isinstance(kill, Kill)
         assert kill.consumer == 0
+
+
+def test_the_sharded_cluster_scenarios_strike_a_shard_leader_with_every_type_in_3_shards() -> None:
+    # Long only, as the other cluster scenarios (named in the short profile)
+    assert set(SHARDED_CLUSTER) <= set(BEYOND_ONE)
+    handled = set(HandlerRegistry.from_modules(TEST_HANDLERS.split(",")))
+    for profile in PROFILES.values():
+        found = {s.slug: s for s in scenarios_for(profile) if s.slug in SHARDED_CLUSTER}
+        assert list(found) == list(SHARDED_CLUSTER)
+        kill, freeze = found.values()
+        assert [type(f) for f in kill.faults] == [KillNode]
+        assert [type(f) for f in freeze.faults] == [FreezeNode]
+        for scenario in found.values():
+            [fault] = scenario.faults
+            assert isinstance(fault, KillNode | FreezeNode)
+            assert fault.target == "shard-leader"
+            assert fault.flowing  # the other shards keep taking events while it is down
+            assert scenario.site == "cluster"
+            [row] = tomllib.loads(scenario.queue_table)["queues"].values()
+            # The whole workload through the shards, so every shard sees every kind
+            assert row["shards"] == 3
+            assert set(row["types"]) == handled

@@ -19,13 +19,13 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
-from tests.chaos import relay_kill
+from tests.chaos import relay_kill, shards, table
 from tests.chaos.netsite import NetSite
 from tests.servers import (
     PostgresServer,
@@ -222,6 +222,8 @@ class World:
         """Exits by themselves with an allowed code, by consumer and code: each one restarted."""
         self.restarted: Counter[int] = Counter()
         """Restarts after an exit by itself (allowed or not), by consumer index."""
+        self.strike: shards.Strike | None = None
+        """Where a fault struck a sharded queue's shard leader: the node, when, the leaders."""
 
     def _service(self, index: int, amqp_url: str | None) -> ServiceProcess:
         overrides: dict[str, str] = {"http_port": str(free_port())}
@@ -477,11 +479,22 @@ class World:
         return self.pair
 
     async def node_of(self, target: str) -> int:
-        """The index of the node leading the work queue (``leader``) or the one consumer-0 is
-        connected to (``connected``: by the port of its connection, named with its pid)."""
+        """The index of the node leading the work queue (``leader``), the one consumer-0 is
+        connected to (``connected``: by the port of its connection, named with its pid), or the
+        one a sharded queue's fault strikes (``shard-leader``: :func:`.shards.pick_shard_leader`,
+        recorded in :attr:`strike`)."""
         cluster = self.need_cluster()
         if target == "leader":
             return await asyncio.to_thread(cluster.leader_of, self.env.names.work)
+        if target == "shard-leader":
+            connected = await self.node_of("connected")
+            led = await asyncio.to_thread(cluster.leaders_of, table.broker_queues(self.env).shards)
+            struck = shards.pick_shard_leader(led, connected)
+            self.strike = shards.Strike(struck, connected, datetime.now(UTC), led)
+            self.background.append(
+                asyncio.create_task(shards.watch_elections(cluster, self.strike), name="elections")
+            )
+            return struck
         ports = await asyncio.to_thread(cluster.connection_ports, f":{self.services[0].pid}")
         for index, node in enumerate(cluster.nodes):
             if node.port in ports:

@@ -254,14 +254,11 @@ async def test_without_the_plugin_apply_stops_with_one_line_and_declares_nothing
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[ThrowawayRabbitCluster]:
+def cluster() -> Iterator[ThrowawayRabbitCluster]:
     """Three nodes of the test's own, each with the consistent-hash exchange's plugin."""
-    plugins = tmp_path / "enabled_plugins"
-    plugins.write_text("[rabbitmq_consistent_hash_exchange].\n")
     nodes = ThrowawayRabbitCluster()
     try:
-        for node in nodes.nodes:
-            node.add_file("enabled_plugins", plugins, mode=0o644)
+        nodes.enable_plugins("rabbitmq_consistent_hash_exchange")
         nodes.start()
         yield nodes
     finally:

@@ -290,6 +290,26 @@ async def test_apply_of_more_shards_after_a_reshard_to_fewer_removes_the_redirec
     assert depths == [0, 0, 1]
 
 
+async def test_a_reshard_from_fewer_shards_than_the_broker_has_is_refused(
+    env: TestEnv, tmp_path: Path
+) -> None:
+    # Given a queue of 4 shards on the broker (as a migration from 4 to 3 stopped with exit 75
+    # leaves it), and events of 30 keys in its shards
+    _four, three, two = tables(env, tmp_path, 4, 3, 2)
+    await _publish_keys(env, [f"key-{n}" for n in range(30)], 1)
+
+    # When a migration to 2 shards is told the install has 3
+    code, output = await migrate(env, three, two)
+
+    # Then it is refused with one line naming the shard beyond, and nothing is done: s4 is not
+    # left bound to the hash exchange with no replica consuming it
+    assert code == 1, output
+    assert f"{shard(env, 4)} exists" in output
+    assert f"move the messages of {shard(env, 3)}" not in output
+    assert await queue_exists(env.amqp_url, shard(env, 3))
+    assert sum([await queue_depth(env.amqp_url, q) for q in shards(env, range(1, 5))]) == 30
+
+
 async def test_a_sharded_queue_new_to_the_table_takes_a_type_from_an_unsharded_one(
     env: TestEnv, tmp_path: Path
 ) -> None:

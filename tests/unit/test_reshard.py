@@ -193,6 +193,19 @@ def test_a_ladder_change_and_a_reshard_go_together() -> None:
     assert moved == {"svc.q.retry.1s", "svc.q.retry.5s", "svc.q.work.s3"}
 
 
+def test_a_reshard_needs_the_shard_beyond_the_counts_it_was_given_absent_on_the_broker() -> None:
+    # A shard beyond the old count (fewer shards) or the new one (more) on the broker says the
+    # install has more shards than the tables say: an earlier migration to fewer shards not
+    # finished, or a wrong --from-queues-file. Its shards would be left bound to the hash
+    # exchange, taking keys no replica consumes, or holding what nobody moves.
+    assert plan_migration(queue(3), queue(2)).absent == ("svc.q.work.s4",)
+    assert plan_migration(queue(2), queue(4)).absent == ("svc.q.work.s5",)
+    assert plan_migration(queue(3), queue(3)).absent == ()
+    assert plan_migration(queue(1), queue(1)).absent == ()
+    table = plan_table_migration([queue(3)], [queue(2)])
+    assert table.plan.absent == ("svc.q.work.s4",)
+
+
 # -- refused ------------------------------------------------------------------------------------
 
 

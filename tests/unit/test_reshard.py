@@ -19,7 +19,7 @@ from topology.migration_plan import (
     Unbind,
     plan_migration,
 )
-from topology.model import Binding
+from topology.model import Binding, Topology
 from topology.names import SHARD, Names
 from topology.plan import TopologySpec, build_topology
 from topology.reshard import redirect_binding
@@ -287,6 +287,24 @@ def test_check_still_names_a_redirect_of_a_shard_the_plan_has() -> None:
     differences = compare_bindings(plan, [*plan.bindings, redirect(2)])
 
     assert differences.describe() == [f"not in the plan: {redirect(2).describe()}"]
+
+
+def test_check_judges_a_redirect_by_its_own_queue_s_shards_not_another_queue_s() -> None:
+    # q went from 3 shards to 2 beside r, which has 3: q's redirect of s3 is a retired one (q
+    # has no s3), though r has an s3; and a binding of q's redeliver exchange to r's hash
+    # exchange is no redirect a reshard makes
+    plan = Topology.merge([build_topology(queue(2)), build_topology(queue(3, "r"))])
+    across = Binding(
+        "svc.q.redeliver",
+        "svc.r.hash",
+        arguments={"x-match": "all", SHARD: "s7"},
+        to_exchange=True,
+    )
+
+    assert compare_bindings(plan, [*plan.bindings, redirect(3)]).describe() == []
+    assert compare_bindings(plan, [*plan.bindings, across]).describe() == [
+        f"not in the plan: {across.describe()}"
+    ]
 
 
 def test_apply_removes_the_redirects_of_the_plan_s_own_shards_and_only_a_sharded_plan() -> None:

@@ -39,17 +39,31 @@ def _key(binding: Binding) -> tuple[str, str, str, tuple[tuple[str, str], ...], 
     return binding.exchange, binding.queue, binding.routing_key, arguments, binding.to_exchange
 
 
-def _retired_shard(binding: Binding, hashing: set[str], labels: set[str]) -> bool:
-    """A redeliver exchange's binding to a hash exchange on a shard label the plan has not: a
-    migration to fewer shards left it, so that a retry of a removed shard is hashed by its key
-    (:mod:`topology.reshard`). It routes nothing the plan's shards are stamped with."""
+def _shard_labels(plan: Topology) -> dict[tuple[str, str], set[str]]:
+    """Each sharded queue's (redeliver exchange, hash exchange), paired by the shards both are
+    bound to, with the labels of its own shards: another queue's are not its."""
+    hashes = {b.queue: b.exchange for b in plan.bindings if b.exchange in _hashing(plan)}
+    labels: dict[tuple[str, str], set[str]] = {}
+    for binding in plan.bindings:
+        label = binding.arguments.get(SHARD)
+        if label is not None and not binding.to_exchange and binding.queue in hashes:
+            pair = (binding.exchange, hashes[binding.queue])
+            labels.setdefault(pair, set()).add(str(label))
+    return labels
+
+
+def _hashing(plan: Topology) -> set[str]:
+    return {e.name for e in plan.exchanges if e.type is ExchangeType.CONSISTENT_HASH}
+
+
+def _retired_shard(binding: Binding, labels: dict[tuple[str, str], set[str]]) -> bool:
+    """A redeliver exchange's binding to its own queue's hash exchange on a shard label that
+    queue has not: a migration to fewer shards left it, so that a retry of a removed shard is
+    hashed by its key (:mod:`topology.reshard`). It routes nothing the queue's shards are
+    stamped with."""
     label = binding.arguments.get(SHARD)
-    return (
-        binding.to_exchange
-        and binding.queue in hashing
-        and label is not None
-        and str(label) not in labels
-    )
+    own = labels.get((binding.exchange, binding.queue))
+    return binding.to_exchange and own is not None and label is not None and str(label) not in own
 
 
 def compare_bindings(plan: Topology, present: Iterable[Binding]) -> BindingDifferences:
@@ -63,16 +77,16 @@ def compare_bindings(plan: Topology, present: Iterable[Binding]) -> BindingDiffe
     queues = {queue.name for queue in plan.queues}
     # A hash exchange is the service's alone, and whatever it is bound to takes a share of the
     # keys: a shard the plan has not (a table whose shards went down) counts too.
-    hashing = {e.name for e in plan.exchanges if e.type is ExchangeType.CONSISTENT_HASH}
+    hashing = _hashing(plan)
     missing = tuple(b for b in plan.bindings if _key(b) not in have)
-    labels = {str(b.arguments[SHARD]) for b in plan.bindings if SHARD in b.arguments}
+    labels = _shard_labels(plan)
     unplanned = tuple(
         b
         for b in present
         if b.exchange in exchanges
         and (b.exchange in hashing or b.queue in (exchanges if b.to_exchange else queues))
         and _key(b) not in wanted
-        and not _retired_shard(b, hashing, labels)
+        and not _retired_shard(b, labels)
     )
     return BindingDifferences(missing, unplanned)
 

@@ -196,8 +196,16 @@ async def run_migration(
 
     A step that cannot finish yet (an old work queue still consumed after ``wait`` seconds)
     stops the run: the report's :attr:`~MigrationReport.pending` says why, and running the same
-    migration again goes on from there.
+    migration again goes on from there. A queue of ``plan.absent`` on the broker raises
+    :class:`MigrationConflict` before any step.
     """
+    for queue in plan.absent:
+        if await queue_state(connection, queue) is not None:
+            # Before any step: the tables do not describe the install, so the steps are wrong.
+            raise MigrationConflict(
+                f"{queue} exists: the install has more shards than the tables say (a migration "
+                "to fewer shards not finished: run it again, or roll it back)"
+            )
     runner = _Runner(connection, plan, rewrite_work_headers, confirm_timeout, wait)
     results: list[StepResult] = []
     for number, step in enumerate(plan.steps[:steps], 1):

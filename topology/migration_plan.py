@@ -179,4 +179,4 @@ def plan_migration(old: TopologySpec, new: TopologySpec) -> MigrationPlan:
     steps += reshard.deletes
     if old_work != names.work:
         steps.append(Delete(old_work, unused=True))
-    return MigrationPlan(tuple(steps))
+    return MigrationPlan(tuple(steps), reshard.absent)

@@ -78,6 +78,10 @@ class Reshard:
     unbinds: tuple[Unbind, ...] = ()
     moves: tuple[Move, ...] = ()
     deletes: tuple[Delete, ...] = ()
+    absent: tuple[str, ...] = ()
+    """The shard beyond the larger of the two counts: on the broker, the install has more shards
+    than the tables say (a migration to fewer shards not finished, a wrong old table), and the
+    steps would leave that shard bound to the hash exchange, taking keys no replica consumes."""
 
 
 def reshard_refusal(old: TopologySpec, new: TopologySpec) -> str | None:
@@ -112,7 +116,7 @@ def plan_reshard(old: TopologySpec, new: TopologySpec) -> Reshard:
         ]
         # What a migration to fewer shards left: a retry of the shard must come back to it only.
         unbinds = [Unbind(redirect_binding(new, shard), to_exchange=True) for shard in entering]
-        return Reshard(binds=tuple(binds), unbinds=tuple(unbinds))
+        return Reshard(binds=tuple(binds), unbinds=tuple(unbinds), absent=_beyond(new))
     leaving = range(old.shards, new.shards, -1)  # the last first
     names = old.names
     return Reshard(
@@ -126,4 +130,11 @@ def plan_reshard(old: TopologySpec, new: TopologySpec) -> Reshard:
             for s in leaving
         ),
         deletes=tuple(Delete(names.shard(shard), unused=True) for shard in leaving),
+        absent=_beyond(old),
     )
+
+
+def _beyond(spec: TopologySpec) -> tuple[str, ...]:
+    # Not the shards between the two counts: a rollback of a migration to fewer shards that
+    # stopped half-way finds them there, and binds them back.
+    return () if spec.shard_beyond is None else (spec.shard_beyond,)

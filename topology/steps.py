@@ -146,6 +146,9 @@ Step = DeclareExchange | Declare | Bind | Unbind | Move | Delete
 @dataclass(frozen=True, slots=True)
 class MigrationPlan:
     steps: tuple[Step, ...]
+    absent: tuple[str, ...] = ()
+    """Queues the broker must not have for the steps to be right, checked before the first:
+    the shard beyond a resharded queue's count (:mod:`topology.reshard`)."""
 
     @property
     def changes_nothing(self) -> bool:

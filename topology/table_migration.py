@@ -270,9 +270,12 @@ def plan_table_migration(
             "a migration keeps CONSUMER_NAME and CONSUMER_EXCHANGE: a new name is a new service"
         )
     steps: list[Step] = []
+    absent: list[str] = []
     for name, spec in after.items():
         if name in before:
-            steps += plan_migration(before[name], spec).steps
+            plan = plan_migration(before[name], spec)
+            steps += plan.steps
+            absent += plan.absent
         else:
             steps += _entering(spec, old)
     for name, spec in before.items():
@@ -301,4 +304,4 @@ def plan_table_migration(
             steps += _leaving(spec, heirs)
     # A stable sort: each queue's own steps keep their order within a phase.
     steps.sort(key=lambda step: _PHASES.index(type(step)))
-    return TableMigration(MigrationPlan(tuple(steps)), _moves(old, new))
+    return TableMigration(MigrationPlan(tuple(steps), tuple(absent)), _moves(old, new))

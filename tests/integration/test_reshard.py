@@ -31,7 +31,7 @@ from tests.support import (
     run_cli,
     wait_until,
 )
-from topology.names import SHARD, SHARD_KEY
+from topology.names import RETRY_RUNG, SHARD, SHARD_KEY
 
 KEYS = 40
 
@@ -288,6 +288,54 @@ async def test_apply_of_more_shards_after_a_reshard_to_fewer_removes_the_redirec
     await _retry_of(env, "s3", "k")
     depths = [await queue_depth(env.amqp_url, q) for q in shards(env, range(1, 4))]
     assert depths == [0, 0, 1]
+
+
+async def test_a_reshard_from_fewer_shards_than_the_broker_has_is_refused(
+    env: TestEnv, tmp_path: Path
+) -> None:
+    # Given a queue of 4 shards on the broker (as a migration from 4 to 3 stopped with exit 75
+    # leaves it), and events of 30 keys in its shards
+    _four, three, two = tables(env, tmp_path, 4, 3, 2)
+    await _publish_keys(env, [f"key-{n}" for n in range(30)], 1)
+
+    # When a migration to 2 shards is told the install has 3
+    code, output = await migrate(env, three, two)
+
+    # Then it is refused with one line naming the shard beyond, and nothing is done: s4 is not
+    # left bound to the hash exchange with no replica consuming it
+    assert code == 1, output
+    assert f"{shard(env, 4)} exists" in output
+    assert f"move the messages of {shard(env, 3)}" not in output
+    assert await queue_exists(env.amqp_url, shard(env, 3))
+    assert sum([await queue_depth(env.amqp_url, q) for q in shards(env, range(1, 5))]) == 30
+
+
+async def test_a_retry_of_a_removed_shard_expiring_in_its_rung_reaches_its_key_s_shard(
+    env: TestEnv, tmp_path: Path
+) -> None:
+    # Given a queue taken from 3 shards to 2 by the migration
+    three, two = tables(env, tmp_path, 3, 2)
+    code, output = await migrate(env, three, two)
+    assert code == 0, output
+
+    # When a retry copy of s3 (an old replica's) waits in the 200ms rung and expires: the rung
+    # dead-letters it (at least once) through the redeliver exchange, which has no s3 any more
+    async with env.producer() as producer:
+        body = envelope_body("test.behave", behave("k"), event_id=uuid.uuid4())
+        await producer.send_raw(
+            body,
+            "test.behave",
+            headers={SHARD: "s3", SHARD_KEY: "k", RETRY_RUNG: "200ms"},
+            exchange=f"{env.name}.work.retry",
+        )
+
+    # Then the redirect hashes it to a staying shard: not lost, not stuck in the rung
+    async def arrived() -> bool:
+        depths = [await queue_depth(env.amqp_url, q) for q in shards(env, (1, 2))]
+        return sum(depths) == 1
+
+    await wait_until(arrived, what="the expired retry of s3 in s1 or s2")
+    assert await queue_depth(env.amqp_url, f"{env.name}.work.retry.200ms") == 0
 
 
 async def test_a_sharded_queue_new_to_the_table_takes_a_type_from_an_unsharded_one(

@@ -19,7 +19,7 @@ from topology.migration_plan import (
     Unbind,
     plan_migration,
 )
-from topology.model import Binding
+from topology.model import Binding, Topology
 from topology.names import SHARD, Names
 from topology.plan import TopologySpec, build_topology
 from topology.reshard import redirect_binding
@@ -193,6 +193,19 @@ def test_a_ladder_change_and_a_reshard_go_together() -> None:
     assert moved == {"svc.q.retry.1s", "svc.q.retry.5s", "svc.q.work.s3"}
 
 
+def test_a_reshard_needs_the_shard_beyond_the_counts_it_was_given_absent_on_the_broker() -> None:
+    # A shard beyond the old count (fewer shards) or the new one (more) on the broker says the
+    # install has more shards than the tables say: an earlier migration to fewer shards not
+    # finished, or a wrong --from-queues-file. Its shards would be left bound to the hash
+    # exchange, taking keys no replica consumes, or holding what nobody moves.
+    assert plan_migration(queue(3), queue(2)).absent == ("svc.q.work.s4",)
+    assert plan_migration(queue(2), queue(4)).absent == ("svc.q.work.s5",)
+    assert plan_migration(queue(3), queue(3)).absent == ()
+    assert plan_migration(queue(1), queue(1)).absent == ()
+    table = plan_table_migration([queue(3)], [queue(2)])
+    assert table.plan.absent == ("svc.q.work.s4",)
+
+
 # -- refused ------------------------------------------------------------------------------------
 
 
@@ -274,6 +287,24 @@ def test_check_still_names_a_redirect_of_a_shard_the_plan_has() -> None:
     differences = compare_bindings(plan, [*plan.bindings, redirect(2)])
 
     assert differences.describe() == [f"not in the plan: {redirect(2).describe()}"]
+
+
+def test_check_judges_a_redirect_by_its_own_queue_s_shards_not_another_queue_s() -> None:
+    # q went from 3 shards to 2 beside r, which has 3: q's redirect of s3 is a retired one (q
+    # has no s3), though r has an s3; and a binding of q's redeliver exchange to r's hash
+    # exchange is no redirect a reshard makes
+    plan = Topology.merge([build_topology(queue(2)), build_topology(queue(3, "r"))])
+    across = Binding(
+        "svc.q.redeliver",
+        "svc.r.hash",
+        arguments={"x-match": "all", SHARD: "s7"},
+        to_exchange=True,
+    )
+
+    assert compare_bindings(plan, [*plan.bindings, redirect(3)]).describe() == []
+    assert compare_bindings(plan, [*plan.bindings, across]).describe() == [
+        f"not in the plan: {across.describe()}"
+    ]
 
 
 def test_apply_removes_the_redirects_of_the_plan_s_own_shards_and_only_a_sharded_plan() -> None:

@@ -347,11 +347,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BenchError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    text = table(result)
-    saved = report.save(result, text, options.results_dir, result["started"])
-    print(text)
-    print(f"saved {saved} and {saved.with_suffix('.txt').name}")
-    print(report.json_line({key: value for key, value in result.items() if key != "runs_detail"}))
+    summary = {key: value for key, value in result.items() if key != "runs_detail"}
+    report.publish(result, table(result), options.results_dir, summary)
     return 0
 
 

@@ -388,13 +388,16 @@ def save(result: dict[str, Any], text: str, directory: Path, stamp: str) -> Path
     return path
 
 
-def publish(result: dict[str, Any], text: str, directory: Path) -> None:
+def publish(
+    result: dict[str, Any], text: str, directory: Path, summary: dict[str, Any] | None = None
+) -> None:
     """A harness's ending: ``result`` and its printed ``text`` saved (:func:`save`, stamped with
-    ``result["started"]``), the text printed, where they went, and the summary line last."""
+    ``result["started"]``), the text printed, where they went, and the summary line last (of
+    ``summary``, when the harness leaves bulky parts of ``result`` out of it)."""
     saved = save(result, text, directory, result["started"])
     print(text)
     print(f"saved {saved} and {saved.with_suffix('.txt').name}")
-    print(json_line(result))
+    print(json_line(result if summary is None else summary))
 
 
 def json_line(result: dict[str, Any]) -> str:

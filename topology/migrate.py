@@ -19,18 +19,9 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.abc import ExchangeType as AmqpExchangeType
 
 from topology.apply import find_conflicts, missing, set_binding
-from topology.migration_plan import (
-    Bind,
-    Declare,
-    DeclareExchange,
-    Delete,
-    MigrationPlan,
-    Move,
-    Step,
-    Unbind,
-)
 from topology.model import Exchange, Queue, Topology
 from topology.mover import HeaderRewrite, move_messages, queue_state
+from topology.steps import Bind, Declare, DeclareExchange, Delete, MigrationPlan, Move, Step, Unbind
 
 __all__ = ["MigrationConflict", "MigrationReport", "StepResult", "run_migration"]
 

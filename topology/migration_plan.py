@@ -33,26 +33,15 @@ from topology.reshard import plan_reshard, reshard_refusal
 from topology.steps import (
     Bind,
     Declare,
-    DeclareExchange,
     Delete,
     MigrationPlan,
     Move,
-    Route,
     Step,
     Unbind,
 )
 
 __all__ = [
-    "Bind",
-    "Declare",
-    "DeclareExchange",
-    "Delete",
-    "MigrationPlan",
     "MigrationRefused",
-    "Move",
-    "Route",
-    "Step",
-    "Unbind",
     "nearest_rung",
     "plan_migration",
     "rung_binding",

@@ -45,24 +45,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
-from topology.migration_plan import (
+from topology.migration_plan import MigrationRefused, nearest_rung, plan_migration, rung_binding
+from topology.model import Binding
+from topology.names import ORIGINAL_ROUTING_KEY, rung_label
+from topology.plan import TopologySpec, build_topology
+from topology.steps import (
     Bind,
     Declare,
     DeclareExchange,
     Delete,
     MigrationPlan,
-    MigrationRefused,
     Move,
     Route,
     Step,
     Unbind,
-    nearest_rung,
-    plan_migration,
-    rung_binding,
 )
-from topology.model import Binding
-from topology.names import ORIGINAL_ROUTING_KEY, rung_label
-from topology.plan import TopologySpec, build_topology
 
 __all__ = ["TableMigration", "TypeMove", "plan_table_migration"]
 

@@ -39,7 +39,7 @@ from tests.support import (
     wait_until,
 )
 from topology.migrate import run_migration
-from topology.migration_plan import Move
+from topology.steps import Move
 from topology.table_migration import plan_table_migration
 
 # The one queue's types shared between two queues, each with a ladder of its own (the service

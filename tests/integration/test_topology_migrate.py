@@ -36,8 +36,9 @@ from tests.support import (
     wait_until,
 )
 from topology.migrate import run_migration
-from topology.migration_plan import MigrationPlan, Move, plan_migration
+from topology.migration_plan import plan_migration
 from topology.names import RETRY_RUNG
+from topology.steps import MigrationPlan, Move
 
 NEW = {"retry_delays": "200ms,1s", "delivery_limit": "30", "work_queue_version": "2"}
 FROM = (

@@ -8,20 +8,11 @@ from typing import TypeVar
 
 import pytest
 
-from topology.migration_plan import (
-    Bind,
-    Declare,
-    Delete,
-    MigrationPlan,
-    MigrationRefused,
-    Move,
-    Step,
-    Unbind,
-    plan_migration,
-)
+from topology.migration_plan import MigrationRefused, plan_migration
 from topology.model import Binding
 from topology.names import RETRY_RUNG, Names
 from topology.plan import TopologySpec, build_topology
+from topology.steps import Bind, Declare, Delete, MigrationPlan, Move, Step, Unbind
 
 S = TypeVar("S", Declare, Bind, Unbind, Move, Delete)
 TYPES = ("inventory.restock", "test.behave")

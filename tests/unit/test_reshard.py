@@ -8,21 +8,12 @@ from datetime import timedelta
 import pytest
 
 from topology.bindings import compare_bindings
-from topology.migration_plan import (
-    Bind,
-    Declare,
-    Delete,
-    MigrationPlan,
-    MigrationRefused,
-    Move,
-    Step,
-    Unbind,
-    plan_migration,
-)
+from topology.migration_plan import MigrationRefused, plan_migration
 from topology.model import Binding, Topology
 from topology.names import SHARD, Names
 from topology.plan import TopologySpec, build_topology
 from topology.reshard import redirect_binding
+from topology.steps import Bind, Declare, Delete, MigrationPlan, Move, Step, Unbind
 from topology.table_migration import plan_table_migration
 
 LADDER = (timedelta(seconds=1), timedelta(seconds=5))

@@ -6,19 +6,11 @@ from datetime import timedelta
 
 import pytest
 
-from topology.migration_plan import (
-    Bind,
-    Declare,
-    DeclareExchange,
-    Delete,
-    MigrationRefused,
-    Move,
-    Step,
-    Unbind,
-)
+from topology.migration_plan import MigrationRefused
 from topology.model import Binding
 from topology.names import RETRY_RUNG, Names
 from topology.plan import TopologySpec
+from topology.steps import Bind, Declare, DeclareExchange, Delete, Move, Step, Unbind
 from topology.table_migration import TypeMove, plan_table_migration
 
 LADDER = (timedelta(seconds=1), timedelta(seconds=5))

@@ -10,19 +10,11 @@ from typing import TypeVar
 
 import pytest
 
-from topology.migration_plan import (
-    Bind,
-    Declare,
-    Delete,
-    MigrationRefused,
-    Move,
-    Route,
-    Step,
-    Unbind,
-)
+from topology.migration_plan import MigrationRefused
 from topology.model import Binding
 from topology.names import ORIGINAL_ROUTING_KEY, RETRY_RUNG, Names
 from topology.plan import TopologySpec
+from topology.steps import Bind, Declare, Delete, Move, Route, Step, Unbind
 from topology.table_migration import TypeMove, plan_table_migration
 
 LADDER = (timedelta(seconds=1), timedelta(seconds=5))

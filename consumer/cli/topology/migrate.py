@@ -34,11 +34,12 @@ from consumer.durations import parse_duration
 from consumer.errors import BrokerUnreachable, BrokerUnsupported
 from consumer.service.components import broker_config, topology_spec
 from topology.migrate import MigrationConflict, MigrationReport, StepResult, run_migration
-from topology.migration_plan import MigrationPlan, MigrationRefused, plan_migration
+from topology.migration_plan import MigrationRefused, plan_migration
 from topology.model import Topology
 from topology.mover import HeaderRewrite, MoveFailed
 from topology.names import Names
 from topology.plan import build_topology
+from topology.steps import MigrationPlan
 
 __all__ = [
     "EXIT_PENDING",
